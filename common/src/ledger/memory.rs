@@ -1,0 +1,140 @@
+//! The embedded ledger: one mutex around a map of jobs.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use super::{JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Status};
+
+#[derive(Default)]
+pub struct MemoryLedger {
+    jobs: Mutex<HashMap<String, Job>>,
+}
+
+struct Job {
+    limits: Limits,
+    status: Status,
+    done: HashSet<u64>,
+}
+
+impl MemoryLedger {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn with_job<T>(&self, job: &str, f: impl FnOnce(&mut Job) -> T) -> Result<T, LedgerError> {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = jobs
+            .get_mut(job)
+            .ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+        Ok(f(entry))
+    }
+}
+
+impl Job {
+    /// The one place the state moves on counts: a limit exceeded fails the job, everything
+    /// done finalizes it. Returns true if the state moved.
+    fn settle_state(&mut self) -> bool {
+        let s = &mut self.status;
+        if s.state != JobState::Running {
+            return false;
+        }
+        if let Some(reason) = self
+            .limits
+            .exceeded(s.items_failed, s.batches_failed, s.total)
+        {
+            s.state = JobState::Failed;
+            s.reason = Some(reason);
+            return true;
+        }
+        if s.total == Some(s.done) {
+            s.state = JobState::Finalizing;
+            return true;
+        }
+        false
+    }
+}
+
+#[async_trait]
+impl Ledger for MemoryLedger {
+    async fn create(&self, job: &str, limits: Limits) -> Result<(), LedgerError> {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        if jobs.contains_key(job) {
+            return Err(LedgerError::JobExists(job.to_owned()));
+        }
+        jobs.insert(
+            job.to_owned(),
+            Job {
+                limits,
+                status: Status::new(),
+                done: HashSet::new(),
+            },
+        );
+        Ok(())
+    }
+
+    async fn seal(&self, job: &str, total: u64) -> Result<Recorded, LedgerError> {
+        self.with_job(job, |j| {
+            let first = j.status.total.is_none();
+            if first {
+                j.status.total = Some(total);
+            }
+            let transitioned = first && j.settle_state();
+            Recorded {
+                first,
+                transitioned,
+                status: j.status.clone(),
+            }
+        })
+    }
+
+    async fn record(
+        &self,
+        job: &str,
+        index: u64,
+        outcome: Outcome,
+    ) -> Result<Recorded, LedgerError> {
+        self.with_job(job, |j| {
+            let first = j.done.insert(index);
+            let mut transitioned = false;
+            if first {
+                let s = &mut j.status;
+                s.done += 1;
+                s.items_succeeded += outcome.succeeded;
+                s.items_failed += outcome.failed;
+                s.batches_failed += u64::from(outcome.batch_failed);
+                transitioned = j.settle_state();
+            }
+            Recorded {
+                first,
+                transitioned,
+                status: j.status.clone(),
+            }
+        })
+    }
+
+    async fn transition(
+        &self,
+        job: &str,
+        from: &[JobState],
+        to: JobState,
+        reason: Option<&str>,
+    ) -> Result<(bool, Status), LedgerError> {
+        self.with_job(job, |j| {
+            let moved = from.contains(&j.status.state);
+            if moved {
+                j.status.state = to;
+                if let Some(reason) = reason {
+                    j.status.reason = Some(reason.to_owned());
+                }
+            }
+            (moved, j.status.clone())
+        })
+    }
+
+    async fn status(&self, job: &str) -> Result<Option<Status>, LedgerError> {
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(jobs.get(job).map(|j| j.status.clone()))
+    }
+}

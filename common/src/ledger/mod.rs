@@ -1,0 +1,213 @@
+//! The ledger: a job's count, changed only by atomic, idempotent steps.
+//!
+//! Every step that decides something — record a mini-batch's outcome once, check the
+//! thresholds, seal the total, detect completion, flip the state — is one atomic operation
+//! of the implementation (a Lua script on Redis, a mutex in process), so two workers can
+//! never both see "first completion" or both flip the state. The state moves
+//! `Running → Finalizing → Completed`, or to `Failed`/`Canceled`, and never back.
+
+mod memory;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+pub use memory::MemoryLedger;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("job {0} is not in the ledger")]
+    UnknownJob(String),
+    #[error("job {0} is already in the ledger")]
+    JobExists(String),
+    #[error("ledger backend: {0}")]
+    Backend(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobState {
+    /// Mini-batches are being created and processed.
+    Running,
+    /// Every mini-batch is done; the finalizer is writing the output.
+    Finalizing,
+    Completed,
+    Failed,
+    Canceled,
+}
+
+impl JobState {
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Completed | JobState::Failed | JobState::Canceled
+        )
+    }
+
+    /// True while workers should still process the job's mini-batches.
+    pub fn accepts_work(self) -> bool {
+        self == JobState::Running
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Running => "Running",
+            JobState::Finalizing => "Finalizing",
+            JobState::Completed => "Completed",
+            JobState::Failed => "Failed",
+            JobState::Canceled => "Canceled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobState> {
+        [
+            JobState::Running,
+            JobState::Finalizing,
+            JobState::Completed,
+            JobState::Failed,
+            JobState::Canceled,
+        ]
+        .into_iter()
+        .find(|state| state.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The stop rules of CONTRACT.md §2: the job fails as soon as any is exceeded.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Failed items tolerated; -1 = no limit.
+    pub error_threshold: i64,
+    /// Failed mini-batches tolerated; `None` = no limit.
+    pub allowed_failed_count: Option<u64>,
+    /// Failed mini-batches tolerated, as a percentage of all mini-batches.
+    pub allowed_failed_percent: f64,
+}
+
+impl Limits {
+    /// No limit at all.
+    pub const NONE: Limits = Limits {
+        error_threshold: -1,
+        allowed_failed_count: None,
+        allowed_failed_percent: 100.0,
+    };
+
+    /// Which limit the counts exceed, as the reason the job failed. `total` is the number of
+    /// mini-batches once sealed (the percentage is judged only then).
+    pub fn exceeded(
+        &self,
+        failed_items: u64,
+        failed_batches: u64,
+        total: Option<u64>,
+    ) -> Option<String> {
+        if self.error_threshold >= 0 && failed_items > self.error_threshold as u64 {
+            return Some(format!(
+                "error_threshold exceeded: {failed_items} failed items > {}",
+                self.error_threshold
+            ));
+        }
+        if let Some(allowed) = self.allowed_failed_count
+            && failed_batches > allowed
+        {
+            return Some(format!(
+                "allowed_failed_count exceeded: {failed_batches} failed mini-batches > {allowed}"
+            ));
+        }
+        if let Some(total) = total
+            && total > 0
+            && failed_batches as f64 * 100.0 > self.allowed_failed_percent * total as f64
+        {
+            return Some(format!(
+                "allowed_failed_percent exceeded: {failed_batches} of {total} mini-batches failed (> {}%)",
+                self.allowed_failed_percent
+            ));
+        }
+        None
+    }
+}
+
+/// What one mini-batch came to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// Items that succeeded (returned elements, at most the items given).
+    pub succeeded: u64,
+    /// Items that failed.
+    pub failed: u64,
+    /// The mini-batch failed: it raised, timed out or returned fewer elements than it got.
+    pub batch_failed: bool,
+}
+
+/// A job's count at one instant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub state: JobState,
+    /// Mini-batches in the job; `None` until the producer has sealed it.
+    pub total: Option<u64>,
+    /// Mini-batches recorded so far.
+    pub done: u64,
+    pub items_succeeded: u64,
+    pub items_failed: u64,
+    pub batches_failed: u64,
+    /// Why the job failed or was canceled.
+    pub reason: Option<String>,
+}
+
+impl Status {
+    pub fn new() -> Status {
+        Status {
+            state: JobState::Running,
+            total: None,
+            done: 0,
+            items_succeeded: 0,
+            items_failed: 0,
+            batches_failed: 0,
+            reason: None,
+        }
+    }
+}
+
+impl Default for Status {
+    fn default() -> Self {
+        Status::new()
+    }
+}
+
+/// The answer to a recording step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recorded {
+    /// True the first time this mini-batch was recorded; a repeat changes nothing.
+    pub first: bool,
+    /// True when this very step moved the job's state (to Finalizing or Failed): its caller
+    /// owns what follows (finalizing, or announcing the failure).
+    pub transitioned: bool,
+    pub status: Status,
+}
+
+#[async_trait]
+pub trait Ledger: Send + Sync {
+    /// Enters a new job, Running, with its limits.
+    async fn create(&self, job: &str, limits: Limits) -> Result<(), LedgerError>;
+    /// Seals the number of mini-batches; the job moves to Finalizing if all are done.
+    async fn seal(&self, job: &str, total: u64) -> Result<Recorded, LedgerError>;
+    /// Records a mini-batch's outcome once, adds its failures and checks the limits.
+    async fn record(
+        &self,
+        job: &str,
+        index: u64,
+        outcome: Outcome,
+    ) -> Result<Recorded, LedgerError>;
+    /// Moves the job to `to` if its state is one of `from`, keeping `reason`. Returns whether
+    /// it moved, and the status after.
+    async fn transition(
+        &self,
+        job: &str,
+        from: &[JobState],
+        to: JobState,
+        reason: Option<&str>,
+    ) -> Result<(bool, Status), LedgerError>;
+    /// The job's status, or `None` if the ledger does not know the job.
+    async fn status(&self, job: &str) -> Result<Option<Status>, LedgerError>;
+}

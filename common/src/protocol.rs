@@ -1,0 +1,169 @@
+//! The private channel between a node agent and one runner process.
+//!
+//! Frames are a 4-byte big-endian length followed by a MessagePack map (`rmp_serde`'s named
+//! encoding), exchanged over a socket the agent hands the runner as file descriptor
+//! [`CHANNEL_FD`]. The runner's stdout and stderr belong to the user's script and never carry
+//! protocol. One request gets one reply, in order.
+
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+/// The file descriptor on which a runner finds its channel to the agent.
+pub const CHANNEL_FD: i32 = 3;
+
+/// Frames larger than this are refused (a runaway `run()` result, or a corrupt stream).
+pub const MAX_FRAME: usize = 1 << 30;
+
+/// Agent → runner.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Request {
+    /// First frame: load the script and call `init()`.
+    Init(InitParams),
+    /// Call `run()` on these local paths.
+    Run { mini_batch: u64, items: Vec<String> },
+    /// Call `shutdown()` and exit 0.
+    Shutdown,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InitParams {
+    /// Absolute path of the entry script.
+    pub entry_script: String,
+    /// Absolute path of the source directory (importable), if any.
+    pub source_directory: Option<String>,
+    /// `sys.argv[1:]`.
+    pub arguments: Vec<String>,
+    pub node_id: String,
+    /// `processNNN`.
+    pub process_name: String,
+    /// The job's log folder (`<output>/logs`); `EntryScript().log_dir`.
+    pub log_dir: String,
+    /// `EntryScript().output_dir`.
+    pub output_dir: String,
+    /// `WARNING`, `INFO` or `DEBUG`.
+    pub logging_level: String,
+    /// A virtualenv folder or a Python interpreter to run the script with.
+    pub environment: Option<String>,
+}
+
+/// Runner → agent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Reply {
+    /// The script is loaded and `init()` returned.
+    Ready(ReadyInfo),
+    /// Loading the script or `init()` failed. The runner exits after sending this.
+    InitFailed(ScriptError),
+    /// `run()` returned: one string per returned element.
+    Done { rows: Vec<String>, timing: Timing },
+    /// `run()` raised, or returned something that is not a list/array/DataFrame.
+    Failed { error: ScriptError, timing: Timing },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReadyInfo {
+    pub python_version: String,
+    pub python_prefix: String,
+    pub python_executable: String,
+    pub pid: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScriptError {
+    /// One line: `ValueError: cannot score 'bad.png'`.
+    pub message: String,
+    /// The full traceback text.
+    pub traceback: String,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct Timing {
+    /// Wall seconds inside `run()`.
+    pub run_seconds: f64,
+    /// Process CPU seconds spent during `run()`.
+    pub cpu_seconds: f64,
+}
+
+/// Writes one frame.
+pub fn write_frame<W: Write, T: Serialize>(w: &mut W, msg: &T) -> io::Result<()> {
+    let body = encode(msg)?;
+    w.write_all(&(body.len() as u32).to_be_bytes())?;
+    w.write_all(&body)?;
+    w.flush()
+}
+
+/// Writes one frame whose body [`encode`] already produced (to check its size first).
+pub fn write_encoded<W: Write>(w: &mut W, body: &[u8]) -> io::Result<()> {
+    check_len(u32::try_from(body.len()).unwrap_or(u32::MAX))?;
+    w.write_all(&(body.len() as u32).to_be_bytes())?;
+    w.write_all(body)?;
+    w.flush()
+}
+
+/// Reads one frame; `Ok(None)` at a clean end of stream.
+pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R) -> io::Result<Option<T>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = check_len(u32::from_be_bytes(len))?;
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    decode(&body).map(Some)
+}
+
+/// Encodes a message body (no length prefix).
+pub fn encode<T: Serialize>(msg: &T) -> io::Result<Vec<u8>> {
+    rmp_serde::to_vec_named(msg).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Decodes a message body (no length prefix).
+pub fn decode<T: DeserializeOwned>(body: &[u8]) -> io::Result<T> {
+    rmp_serde::from_slice(body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Validates a frame length read off the wire.
+pub fn check_len(len: u32) -> io::Result<usize> {
+    let len = len as usize;
+    if len > MAX_FRAME {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame of {len} bytes exceeds the {MAX_FRAME}-byte limit"),
+        ));
+    }
+    Ok(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_end_cleanly() {
+        let mut buf = Vec::new();
+        write_frame(
+            &mut buf,
+            &Request::Run {
+                mini_batch: 7,
+                items: vec!["a".into()],
+            },
+        )
+        .unwrap();
+        let mut r = io::Cursor::new(buf);
+        match read_frame::<_, Request>(&mut r).unwrap() {
+            Some(Request::Run { mini_batch, items }) => {
+                assert_eq!(mini_batch, 7);
+                assert_eq!(items, ["a"]);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(read_frame::<_, Request>(&mut r).unwrap().is_none());
+    }
+
+    #[test]
+    fn oversized_frames_are_refused() {
+        assert!(check_len(u32::MAX).is_err());
+    }
+}

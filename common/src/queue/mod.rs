@@ -1,0 +1,121 @@
+//! The mini-batch queue: at-least-once delivery with a delivery count.
+//!
+//! Semantics every implementation keeps (and [`crate::testing::queue`] checks):
+//! - a message is delivered to one consumer at a time; a consumer holds at most `prefetch`
+//!   unsettled deliveries;
+//! - [`Delivery::attempt`] is 1 on the first delivery and grows by one on every return,
+//!   including a delivery dropped unsettled (a consumer that died);
+//! - with a delivery limit `L`, a message is delivered at most `L + 1` times; the next return
+//!   dead-letters it (reason `delivery_limit`), as RabbitMQ's quorum queues do;
+//! - [`Disposition::DeadLetter`] moves a message to the dead-letter queue at once (reason
+//!   `rejected`), where operators can count and drain it.
+
+mod memory;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+pub use memory::MemoryQueue;
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("the queue is closed")]
+    Closed,
+    #[error("the broker refused the message: {0}")]
+    Refused(String),
+    #[error("queue backend: {0}")]
+    Backend(String),
+}
+
+/// How a queue is declared.
+#[derive(Debug, Clone, Default)]
+pub struct QueueOptions {
+    /// Returns tolerated before a message is dead-lettered; `None` = unlimited.
+    pub delivery_limit: Option<u32>,
+}
+
+/// Messages by where they are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Depth {
+    pub ready: u64,
+    pub unacked: u64,
+    pub dead: u64,
+}
+
+#[async_trait]
+pub trait Queue: Send + Sync {
+    /// Publishes one message; returns once the queue holds it (confirmed, durable).
+    async fn publish(&self, body: Vec<u8>) -> Result<(), QueueError>;
+    /// Opens a consumer on the mini-batch queue.
+    async fn consume(&self, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError>;
+    /// Opens a consumer on the dead-letter queue.
+    async fn consume_dead(&self, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError>;
+    /// Counts messages ready, delivered-but-unsettled, and dead-lettered.
+    async fn depth(&self) -> Result<Depth, QueueError>;
+}
+
+#[async_trait]
+pub trait Consumer: Send {
+    /// Waits for the next delivery.
+    async fn next(&mut self) -> Result<Delivery, QueueError>;
+}
+
+/// What becomes of a delivery. Decided in one place by the caller, never defaulted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Done with it: remove it from the queue.
+    Ack,
+    /// Hand it back for another attempt (counts toward the delivery limit).
+    Requeue,
+    /// Move it to the dead-letter queue now.
+    DeadLetter,
+}
+
+/// Settles one delivery with its queue.
+#[async_trait]
+pub trait Acker: Send + Sync {
+    /// Returns `Ok(false)` when the settlement could not be sent (the channel died): the
+    /// broker will redeliver the message.
+    async fn settle(&mut self, disposition: Disposition) -> Result<bool, QueueError>;
+}
+
+/// One delivered message. Dropping it unsettled returns it to the queue, as a dead consumer's
+/// messages return to a broker's.
+pub struct Delivery {
+    pub body: Bytes,
+    /// 1 on the first delivery.
+    pub attempt: u32,
+    /// Why it was dead-lettered (deliveries from the dead-letter queue only).
+    pub dead_reason: Option<String>,
+    acker: Box<dyn Acker>,
+}
+
+impl Delivery {
+    pub fn new(
+        body: Bytes,
+        attempt: u32,
+        dead_reason: Option<String>,
+        acker: Box<dyn Acker>,
+    ) -> Self {
+        Delivery {
+            body,
+            attempt,
+            dead_reason,
+            acker,
+        }
+    }
+
+    pub async fn settle(mut self, disposition: Disposition) -> Result<bool, QueueError> {
+        self.acker.settle(disposition).await
+    }
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("bytes", &self.body.len())
+            .field("attempt", &self.attempt)
+            .field("dead_reason", &self.dead_reason)
+            .finish()
+    }
+}

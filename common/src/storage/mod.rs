@@ -1,0 +1,119 @@
+//! Storage for inputs, output parts and the final output, addressed by keys relative to a
+//! root (a local folder, or an S3 bucket and prefix).
+//!
+//! Keys use `/` and never contain `..`, an empty segment or a leading `/`: [`check_key`]
+//! refuses them, so an object key can never escape a staging folder.
+
+mod local;
+
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+
+pub use local::LocalStorage;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("{0}: no such object")]
+    NotFound(String),
+    #[error("{key}: not a valid object key ({why})")]
+    BadKey { key: String, why: &'static str },
+    #[error("{key}: {source}")]
+    Io { key: String, source: std::io::Error },
+    #[error("storage backend: {0}")]
+    Backend(String),
+}
+
+/// One listed object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectMeta {
+    pub key: String,
+    pub size: u64,
+}
+
+#[async_trait]
+pub trait Storage: Send + Sync {
+    /// Lists the objects under `prefix` (a key prefix: `"a/"` lists a folder), recursively,
+    /// in byte order of their keys, as a stream: listing a million objects holds one page.
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxStream<'a, Result<ObjectMeta, StorageError>>;
+    async fn get(&self, key: &str) -> Result<Bytes, StorageError>;
+    /// Reads bytes `start..end` (end exclusive, clamped to the object's size).
+    async fn get_range(&self, key: &str, start: u64, end: u64) -> Result<Bytes, StorageError>;
+    /// Writes an object whole, replacing any previous one atomically.
+    async fn put(&self, key: &str, body: Bytes) -> Result<(), StorageError>;
+    /// Opens a writer for a large object written in pieces; it appears only on `finish`.
+    async fn writer(&self, key: &str) -> Result<Box<dyn ObjectWriter>, StorageError>;
+    /// Deletes every object under `prefix`.
+    async fn delete_prefix(&self, prefix: &str) -> Result<(), StorageError>;
+    /// The object's path on this machine, when the storage is a local folder: inputs there
+    /// need no staging.
+    fn local_path(&self, key: &str) -> Option<PathBuf>;
+}
+
+/// A large object being written in order (a multipart upload on S3).
+#[async_trait]
+pub trait ObjectWriter: Send {
+    async fn write(&mut self, piece: Bytes) -> Result<(), StorageError>;
+    /// Makes the object visible; returns its size.
+    async fn finish(self: Box<Self>) -> Result<u64, StorageError>;
+}
+
+/// Refuses keys that could escape a folder they are joined to.
+pub fn check_key(key: &str) -> Result<(), StorageError> {
+    let bad = |why| {
+        Err(StorageError::BadKey {
+            key: key.to_owned(),
+            why,
+        })
+    };
+    if key.is_empty() {
+        return bad("empty");
+    }
+    if key.starts_with('/') {
+        return bad("absolute");
+    }
+    if key.contains('\0') || key.contains('\\') {
+        return bad("NUL or backslash");
+    }
+    for segment in key.split('/') {
+        match segment {
+            "" => return bad("empty segment"),
+            "." | ".." => return bad("dot segment"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Joins a prefix and a relative key with exactly one `/` between them.
+pub fn join_key(prefix: &str, key: &str) -> String {
+    match (prefix.trim_end_matches('/'), key.trim_start_matches('/')) {
+        ("", key) => key.to_owned(),
+        (prefix, "") => prefix.to_owned(),
+        (prefix, key) => format!("{prefix}/{key}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_that_escape_are_refused() {
+        for key in ["", "/etc/passwd", "a/../../b", "..", "a//b", "./a", "a\\b"] {
+            assert!(check_key(key).is_err(), "{key:?} accepted");
+        }
+        for key in ["a", "a/b.png", "a/.hidden", "a/..b"] {
+            assert!(check_key(key).is_ok(), "{key:?} refused");
+        }
+    }
+
+    #[test]
+    fn join_key_puts_one_slash() {
+        assert_eq!(join_key("", "a"), "a");
+        assert_eq!(join_key("p/", "a"), "p/a");
+        assert_eq!(join_key("p", "/a"), "p/a");
+    }
+}

@@ -1,0 +1,327 @@
+//! The ledger conformance suite.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::ledger::{JobState, Ledger, Limits, Outcome};
+
+/// Generates one `#[tokio::test]` per case for the ledger built by `$make`, an async closure
+/// returning `Arc<dyn Ledger>`.
+#[macro_export]
+macro_rules! ledger_conformance {
+    ($make:expr) => {
+        $crate::ledger_conformance!(@cases $make;
+            record_is_idempotent, completes_when_sealed_and_all_done,
+            seal_after_last_record_completes, empty_job_completes_on_seal,
+            error_threshold_fails_once_exceeded, minus_one_ignores_failures,
+            failed_batch_count_and_percent, transition_only_from_allowed_states,
+            concurrent_records_count_once, unknown_job_is_an_error);
+    };
+    (@cases $make:expr; $($case:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                $crate::testing::ledger::$case($make).await;
+            }
+        )*
+    };
+}
+
+fn job() -> String {
+    format!("job-{}", super::random_suffix())
+}
+
+const OK: Outcome = Outcome {
+    succeeded: 10,
+    failed: 0,
+    batch_failed: false,
+};
+
+fn failed(items: u64) -> Outcome {
+    Outcome {
+        succeeded: 0,
+        failed: items,
+        batch_failed: true,
+    }
+}
+
+pub async fn record_is_idempotent<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(
+        &j,
+        Limits {
+            error_threshold: 100,
+            ..Limits::NONE
+        },
+    )
+    .await
+    .unwrap();
+    let r = l.record(&j, 0, failed(3)).await.unwrap();
+    assert!(r.first);
+    let again = l.record(&j, 0, failed(3)).await.unwrap();
+    assert!(!again.first);
+    assert!(!again.transitioned);
+    assert_eq!(
+        (
+            again.status.done,
+            again.status.items_failed,
+            again.status.batches_failed
+        ),
+        (1, 3, 1)
+    );
+}
+
+pub async fn completes_when_sealed_and_all_done<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(&j, Limits::NONE).await.unwrap();
+    let sealed = l.seal(&j, 2).await.unwrap();
+    assert!(!sealed.transitioned);
+    assert_eq!(sealed.status.total, Some(2));
+    let r = l.record(&j, 1, OK).await.unwrap();
+    assert_eq!(r.status.state, JobState::Running);
+    let r = l.record(&j, 0, OK).await.unwrap();
+    assert!(r.transitioned);
+    assert_eq!(r.status.state, JobState::Finalizing);
+    assert_eq!(r.status.items_succeeded, 20);
+    // A late duplicate neither moves the state nor claims the transition again.
+    let dup = l.record(&j, 0, OK).await.unwrap();
+    assert!(!dup.transitioned);
+    let (moved, s) = l
+        .transition(&j, &[JobState::Finalizing], JobState::Completed, None)
+        .await
+        .unwrap();
+    assert!(moved);
+    assert_eq!(s.state, JobState::Completed);
+}
+
+pub async fn seal_after_last_record_completes<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(&j, Limits::NONE).await.unwrap();
+    l.record(&j, 0, OK).await.unwrap();
+    let r = l.seal(&j, 1).await.unwrap();
+    assert!(r.transitioned);
+    assert_eq!(r.status.state, JobState::Finalizing);
+    let again = l.seal(&j, 1).await.unwrap();
+    assert!(!again.first && !again.transitioned);
+}
+
+pub async fn empty_job_completes_on_seal<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(&j, Limits::NONE).await.unwrap();
+    let r = l.seal(&j, 0).await.unwrap();
+    assert!(r.transitioned);
+    assert_eq!(r.status.state, JobState::Finalizing);
+}
+
+pub async fn error_threshold_fails_once_exceeded<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(
+        &j,
+        Limits {
+            error_threshold: 5,
+            ..Limits::NONE
+        },
+    )
+    .await
+    .unwrap();
+    let r = l.record(&j, 0, failed(5)).await.unwrap();
+    assert_eq!(
+        r.status.state,
+        JobState::Running,
+        "5 failures do not exceed a threshold of 5"
+    );
+    let r = l.record(&j, 1, failed(1)).await.unwrap();
+    assert!(r.transitioned);
+    assert_eq!(r.status.state, JobState::Failed);
+    let reason = r.status.reason.expect("a failed job says why");
+    assert!(
+        reason.contains("error_threshold") && reason.contains('6'),
+        "{reason}"
+    );
+    // Once failed, more outcomes are still counted but the state stays.
+    let r = l.record(&j, 2, OK).await.unwrap();
+    assert!(r.first && !r.transitioned);
+    assert_eq!(r.status.state, JobState::Failed);
+    let sealed = l.seal(&j, 3).await.unwrap();
+    assert_eq!(sealed.status.state, JobState::Failed);
+}
+
+pub async fn minus_one_ignores_failures<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(&j, Limits::NONE).await.unwrap();
+    l.seal(&j, 2).await.unwrap();
+    l.record(&j, 0, failed(1_000)).await.unwrap();
+    let r = l.record(&j, 1, failed(1_000)).await.unwrap();
+    assert_eq!(r.status.state, JobState::Finalizing);
+    assert_eq!(r.status.items_failed, 2_000);
+}
+
+pub async fn failed_batch_count_and_percent<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(
+        &j,
+        Limits {
+            allowed_failed_count: Some(1),
+            ..Limits::NONE
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        l.record(&j, 0, failed(1)).await.unwrap().status.state,
+        JobState::Running
+    );
+    let r = l.record(&j, 1, failed(1)).await.unwrap();
+    assert_eq!(r.status.state, JobState::Failed);
+    assert!(r.status.reason.unwrap().contains("allowed_failed_count"));
+
+    // 1 of 4 mini-batches is 25%: over a 20% limit, judged once the total is sealed.
+    let j = job();
+    l.create(
+        &j,
+        Limits {
+            allowed_failed_percent: 20.0,
+            ..Limits::NONE
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        l.record(&j, 0, failed(1)).await.unwrap().status.state,
+        JobState::Running
+    );
+    let r = l.seal(&j, 4).await.unwrap();
+    assert!(r.transitioned);
+    assert_eq!(r.status.state, JobState::Failed);
+    assert!(r.status.reason.unwrap().contains("allowed_failed_percent"));
+}
+
+pub async fn transition_only_from_allowed_states<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(&j, Limits::NONE).await.unwrap();
+    let (moved, s) = l
+        .transition(
+            &j,
+            &[JobState::Running],
+            JobState::Canceled,
+            Some("by user"),
+        )
+        .await
+        .unwrap();
+    assert!(moved);
+    assert_eq!(s.reason.as_deref(), Some("by user"));
+    let (moved, s) = l
+        .transition(&j, &[JobState::Running], JobState::Failed, Some("late"))
+        .await
+        .unwrap();
+    assert!(!moved);
+    assert_eq!(s.state, JobState::Canceled);
+    assert_eq!(
+        l.status(&j).await.unwrap().unwrap().state,
+        JobState::Canceled
+    );
+}
+
+/// Many workers recording the same mini-batches at once count each exactly once and see
+/// exactly one transition.
+pub async fn concurrent_records_count_once<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(&j, Limits::NONE).await.unwrap();
+    l.seal(&j, 50).await.unwrap();
+    let mut tasks = Vec::new();
+    for worker in 0..4 {
+        let (l, j) = (l.clone(), j.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut transitions = 0;
+            for i in 0..50u64 {
+                let index = (i + worker * 13) % 50;
+                let r = l
+                    .record(
+                        &j,
+                        index,
+                        Outcome {
+                            succeeded: 2,
+                            failed: 1,
+                            batch_failed: true,
+                        },
+                    )
+                    .await
+                    .unwrap();
+                transitions += u32::from(r.transitioned);
+            }
+            transitions
+        }));
+    }
+    let mut transitions = 0;
+    for t in tasks {
+        transitions += t.await.unwrap();
+    }
+    assert_eq!(transitions, 1);
+    let s = l.status(&j).await.unwrap().unwrap();
+    assert_eq!(
+        (s.done, s.items_succeeded, s.items_failed, s.batches_failed),
+        (50, 100, 50, 50)
+    );
+    assert_eq!(s.state, JobState::Finalizing);
+}
+
+pub async fn unknown_job_is_an_error<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    assert!(l.status(&j).await.unwrap().is_none());
+    assert!(l.record(&j, 0, OK).await.is_err());
+    l.create(&j, Limits::NONE).await.unwrap();
+    assert!(
+        l.create(&j, Limits::NONE).await.is_err(),
+        "a job id is entered once"
+    );
+}

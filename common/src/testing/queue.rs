@@ -1,0 +1,232 @@
+//! The queue conformance suite.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::queue::{Disposition, Queue, QueueOptions};
+
+/// Long enough for any real broker on loopback to deliver; only reached when a case fails.
+const PATIENCE: Duration = Duration::from_secs(20);
+/// How long a case waits to be sure nothing more arrives.
+const QUIET: Duration = Duration::from_millis(300);
+
+/// Generates one `#[tokio::test]` per case for the queue built by `$make`, an async closure
+/// taking [`QueueOptions`] and returning `Arc<dyn Queue>`.
+#[macro_export]
+macro_rules! queue_conformance {
+    ($make:expr) => {
+        $crate::queue_conformance!(@cases $make;
+            publish_then_consume_in_order, first_delivery_is_attempt_one,
+            requeue_counts_an_attempt, dropped_delivery_comes_back,
+            delivery_limit_dead_letters, dead_letter_disposition_is_immediate,
+            prefetch_bounds_unsettled, depth_counts_ready_and_unacked);
+    };
+    (@cases $make:expr; $($case:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                $crate::testing::queue::$case($make).await;
+            }
+        )*
+    };
+}
+
+async fn next(consumer: &mut Box<dyn crate::queue::Consumer>) -> crate::queue::Delivery {
+    tokio::time::timeout(PATIENCE, consumer.next())
+        .await
+        .expect("no delivery in time")
+        .expect("consume")
+}
+
+async fn nothing_more(consumer: &mut Box<dyn crate::queue::Consumer>) {
+    if let Ok(d) = tokio::time::timeout(QUIET, consumer.next()).await {
+        panic!("unexpected delivery {:?}", d);
+    }
+}
+
+pub async fn publish_then_consume_in_order<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions::default()).await;
+    for i in 0..5u8 {
+        q.publish(vec![i]).await.unwrap();
+    }
+    let mut c = q.consume(10).await.unwrap();
+    for i in 0..5u8 {
+        let d = next(&mut c).await;
+        assert_eq!(&d.body[..], &[i]);
+        assert!(d.settle(Disposition::Ack).await.unwrap());
+    }
+    nothing_more(&mut c).await;
+}
+
+pub async fn first_delivery_is_attempt_one<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions::default()).await;
+    q.publish(b"m".to_vec()).await.unwrap();
+    let mut c = q.consume(1).await.unwrap();
+    let d = next(&mut c).await;
+    assert_eq!(d.attempt, 1);
+    assert!(d.dead_reason.is_none());
+    d.settle(Disposition::Ack).await.unwrap();
+}
+
+pub async fn requeue_counts_an_attempt<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions {
+        delivery_limit: Some(10),
+    })
+    .await;
+    q.publish(b"m".to_vec()).await.unwrap();
+    let mut c = q.consume(1).await.unwrap();
+    for attempt in 1..=3 {
+        let d = next(&mut c).await;
+        assert_eq!(d.attempt, attempt);
+        assert!(d.settle(Disposition::Requeue).await.unwrap());
+    }
+    let d = next(&mut c).await;
+    assert_eq!(d.attempt, 4);
+    d.settle(Disposition::Ack).await.unwrap();
+    nothing_more(&mut c).await;
+}
+
+/// A consumer that dies holding a message (its delivery dropped, its channel gone) costs the
+/// message an attempt, and the message comes back to another consumer.
+pub async fn dropped_delivery_comes_back<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions {
+        delivery_limit: Some(10),
+    })
+    .await;
+    q.publish(b"m".to_vec()).await.unwrap();
+    {
+        let mut c = q.consume(1).await.unwrap();
+        let d = next(&mut c).await;
+        assert_eq!(d.attempt, 1);
+        drop(d);
+        drop(c);
+    }
+    let mut c = q.consume(1).await.unwrap();
+    let d = next(&mut c).await;
+    assert_eq!(&d.body[..], b"m");
+    assert_eq!(d.attempt, 2);
+    d.settle(Disposition::Ack).await.unwrap();
+}
+
+pub async fn delivery_limit_dead_letters<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    // A limit of 2 allows 3 deliveries; the third return dead-letters.
+    let q = make(QueueOptions {
+        delivery_limit: Some(2),
+    })
+    .await;
+    q.publish(b"poison".to_vec()).await.unwrap();
+    let mut c = q.consume(1).await.unwrap();
+    for attempt in 1..=3 {
+        let d = next(&mut c).await;
+        assert_eq!(d.attempt, attempt);
+        d.settle(Disposition::Requeue).await.unwrap();
+    }
+    nothing_more(&mut c).await;
+    let mut dead = q.consume_dead(1).await.unwrap();
+    let d = next(&mut dead).await;
+    assert_eq!(&d.body[..], b"poison");
+    assert_eq!(d.dead_reason.as_deref(), Some("delivery_limit"));
+    d.settle(Disposition::Ack).await.unwrap();
+    assert_eq!(q.depth().await.unwrap().dead, 0);
+}
+
+pub async fn dead_letter_disposition_is_immediate<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions {
+        delivery_limit: Some(5),
+    })
+    .await;
+    q.publish(b"garbage".to_vec()).await.unwrap();
+    let mut c = q.consume(1).await.unwrap();
+    next(&mut c)
+        .await
+        .settle(Disposition::DeadLetter)
+        .await
+        .unwrap();
+    nothing_more(&mut c).await;
+    let depth = q.depth().await.unwrap();
+    assert_eq!((depth.ready, depth.dead), (0, 1));
+    let mut dead = q.consume_dead(1).await.unwrap();
+    let d = next(&mut dead).await;
+    assert_eq!(d.dead_reason.as_deref(), Some("rejected"));
+    d.settle(Disposition::Ack).await.unwrap();
+}
+
+pub async fn prefetch_bounds_unsettled<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions::default()).await;
+    for i in 0..3u8 {
+        q.publish(vec![i]).await.unwrap();
+    }
+    let mut c = q.consume(2).await.unwrap();
+    let a = next(&mut c).await;
+    let b = next(&mut c).await;
+    // A third delivery waits for a settlement.
+    if tokio::time::timeout(QUIET, c.next()).await.is_ok() {
+        panic!("prefetch of 2 delivered a third message");
+    }
+    a.settle(Disposition::Ack).await.unwrap();
+    let third = next(&mut c).await;
+    b.settle(Disposition::Ack).await.unwrap();
+    third.settle(Disposition::Ack).await.unwrap();
+}
+
+pub async fn depth_counts_ready_and_unacked<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions::default()).await;
+    for i in 0..3u8 {
+        q.publish(vec![i]).await.unwrap();
+    }
+    let mut c = q.consume(1).await.unwrap();
+    let d = next(&mut c).await;
+    wait_depth(&*q, 2, 1).await;
+    d.settle(Disposition::Ack).await.unwrap();
+    wait_depth(&*q, 2, 0).await;
+}
+
+/// Polls the depth until it shows the expected figures: management statistics of a broker
+/// lag behind by design, so this is a wait on a condition, bounded by [`PATIENCE`].
+async fn wait_depth(q: &dyn Queue, ready: u64, unacked: u64) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let depth = q.depth().await.unwrap();
+        if (depth.ready, depth.unacked) == (ready, unacked) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "depth stayed {depth:?}, wanted ready {ready} unacked {unacked}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
