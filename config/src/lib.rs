@@ -1,0 +1,152 @@
+//! The fleetrun job file.
+//!
+//! A job file is TOML (see `README.md` and CONTRACT.md §2). [`load`] reads it, applies
+//! `--set key=value` overrides, fills in defaults, resolves relative paths against the
+//! job file's folder and validates every field, turning the raw text into a [`JobSpec`]
+//! before anything connects or runs. Every mistake is reported as one line naming the
+//! field, the rule and the value.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+mod load;
+
+pub use load::{ConfigError, load, load_str};
+
+/// A validated job: every field has its value (defaults filled in) and every path is
+/// absolute. Serializable, so the producer can store it with the job and workers can
+/// read it back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// The job (step) name: 3–32 chars, `^[a-z]([-a-z0-9]*[a-z0-9])?$`.
+    pub name: String,
+    /// The entry script, absolute (resolved against `source_directory` when that is set,
+    /// else against the job file's folder).
+    pub entry_script: Location,
+    /// The folder shipped with the script and importable from it.
+    pub source_directory: Option<Location>,
+    /// The script's `sys.argv[1:]`.
+    pub arguments: Vec<String>,
+    /// What is partitioned.
+    pub input: Input,
+    /// Reference data every worker gets whole.
+    pub side_inputs: Vec<Location>,
+    /// The output folder: the `append_row` file and `logs/` go here.
+    pub output: Location,
+    /// What becomes of the elements `run()` returns.
+    pub output_action: OutputAction,
+    /// The one `append_row` file in `output`: a plain file name.
+    pub append_row_file_name: String,
+    /// For file inputs, files per mini-batch (at least 1).
+    pub mini_batch_size: MiniBatchSize,
+    /// Failed items tolerated over the whole input; `-1` ignores all failures.
+    pub error_threshold: i64,
+    /// Failed mini-batches tolerated; `None` = no limit (`-1` in the file).
+    pub allowed_failed_count: Option<u64>,
+    /// Failed mini-batches tolerated as a percentage of all mini-batches (0–100).
+    pub allowed_failed_percent: f64,
+    /// Attempts of `run()` per mini-batch (at least 1).
+    pub run_max_try: u32,
+    /// Seconds one `run()` call may take (at least 1).
+    pub run_invocation_timeout: u64,
+    /// Worker machines to run on (at least 1).
+    pub node_count: u32,
+    /// Runner processes per node; `None` = 1 on a GPU machine, the number of cores otherwise.
+    pub process_count_per_node: Option<u32>,
+    /// The level of the script's `EntryScript().logger` and of fleetrun's own logs.
+    pub logging_level: LoggingLevel,
+    /// Seconds between resource checks; 0 turns them off.
+    pub resource_monitor_interval: u64,
+    /// Tabular inputs only: rows sharing these columns' values form one mini-batch.
+    pub partition_keys: Option<Vec<String>>,
+    /// Set in every worker process.
+    pub environment_variables: BTreeMap<String, String>,
+    /// Write the DataFrame header once at the top of the `append_row` file.
+    pub append_row_dataframe_header: bool,
+    /// Seconds from the job's start to its first mini-batch before the job fails.
+    pub first_task_creation_timeout: u64,
+    /// Seconds without a completion before the job is declared stalled. Defaults to
+    /// `run_invocation_timeout × run_max_try`, never less than 300.
+    pub progress_update_timeout: u64,
+    /// The Python environment: a virtualenv folder or an interpreter path. `None` = the
+    /// active virtualenv if any, else the interpreter fleetrun was built against.
+    pub environment: Option<PathBuf>,
+}
+
+/// Where data lives: a local path (absolute) or an S3 prefix.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Location {
+    Local(PathBuf),
+    S3 { bucket: String, prefix: String },
+}
+
+impl Location {
+    /// The local path, if this is one.
+    pub fn as_local(&self) -> Option<&Path> {
+        match self {
+            Location::Local(p) => Some(p),
+            Location::S3 { .. } => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::Local(p) => write!(f, "{}", p.display()),
+            Location::S3 { bucket, prefix } => write!(f, "s3://{bucket}/{prefix}"),
+        }
+    }
+}
+
+/// The partitioned input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Input {
+    /// A folder or prefix of files; each file is one item (`[input] files = "..."`).
+    Files(Location),
+}
+
+impl Input {
+    /// Where the input lives.
+    pub fn location(&self) -> &Location {
+        match self {
+            Input::Files(location) => location,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OutputAction {
+    /// Every returned element becomes one line of the one `append_row_file_name` file.
+    AppendRow,
+    /// The script stores its own output; returned elements only count successes.
+    SummaryOnly,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MiniBatchSize {
+    /// Files per mini-batch (file inputs).
+    Files(u64),
+    /// Bytes per mini-batch (tabular inputs): `1024`, `1024KB`, `10MB`, `1GB`.
+    Bytes(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LoggingLevel {
+    Warning,
+    Info,
+    Debug,
+}
+
+impl LoggingLevel {
+    /// The name Python's `logging` module uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoggingLevel::Warning => "WARNING",
+            LoggingLevel::Info => "INFO",
+            LoggingLevel::Debug => "DEBUG",
+        }
+    }
+}
