@@ -1,0 +1,869 @@
+//! Drives the real `fleetrun-runner` binary over its fd-3 channel, as the node agent does.
+
+use std::fs;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use fleetrun_runner::protocol::{
+    InitParams, ReadyInfo, Reply, Request, ScriptError, Timing, read_frame, write_frame,
+};
+use tempfile::TempDir;
+
+/// A job folder: scripts, logs, outputs and the runner's stdout/stderr files.
+struct Job {
+    dir: TempDir,
+}
+
+impl Job {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// Writes `text` (dedented Python) to `rel` and returns its absolute path.
+    fn write(&self, rel: &str, text: &str) -> String {
+        let path = self.path(rel);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, dedent(text)).unwrap();
+        path.to_str().unwrap().to_owned()
+    }
+
+    fn read(&self, rel: &str) -> String {
+        fs::read_to_string(self.path(rel)).unwrap_or_default()
+    }
+
+    fn params(&self, entry_script: &str) -> InitParams {
+        InitParams {
+            entry_script: entry_script.to_owned(),
+            source_directory: None,
+            arguments: vec![],
+            node_id: "node0".into(),
+            process_name: "process007".into(),
+            log_dir: self.path("logs").to_str().unwrap().into(),
+            output_dir: self.path("out").to_str().unwrap().into(),
+            logging_level: "INFO".into(),
+            environment: None,
+        }
+    }
+
+    fn spawn(&self) -> Runner {
+        self.spawn_with(|_| {})
+    }
+
+    /// Starts the runner with `stdout.txt`/`stderr.txt` in the job folder, no inherited
+    /// `VIRTUAL_ENV`, and the child end of a socket pair on fd 3.
+    fn spawn_with(&self, configure: impl FnOnce(&mut Command)) -> Runner {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        ours.set_read_timeout(Some(Duration::from_secs(120)))
+            .unwrap();
+        let fd = theirs.as_raw_fd();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleetrun-runner"));
+        cmd.stdin(Stdio::null())
+            .stdout(fs::File::create(self.path("stdout.txt")).unwrap())
+            .stderr(fs::File::create(self.path("stderr.txt")).unwrap())
+            .env_remove("VIRTUAL_ENV");
+        configure(&mut cmd);
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if fd == 3 {
+                    // dup2(3, 3) would keep close-on-exec set.
+                    if libc::fcntl(3, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if libc::dup2(fd, 3) != 3 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().unwrap();
+        drop(theirs);
+        Runner {
+            child,
+            channel: Some(ours),
+        }
+    }
+
+    /// Spawns a runner and sends `Init`.
+    fn start(&self, params: &InitParams) -> (Runner, Reply) {
+        let mut runner = self.spawn();
+        let reply = runner.request(&Request::Init(params.clone()));
+        (runner, reply)
+    }
+
+    /// Spawns a runner that must reply `Ready`.
+    fn ready(&self, params: &InitParams) -> (Runner, ReadyInfo) {
+        match self.start(params) {
+            (runner, Reply::Ready(info)) => (runner, info),
+            (_, other) => panic!(
+                "expected Ready, got {other:?}\nstderr: {}",
+                self.read("stderr.txt")
+            ),
+        }
+    }
+}
+
+struct Runner {
+    child: Child,
+    channel: Option<UnixStream>,
+}
+
+impl Runner {
+    fn request(&mut self, request: &Request) -> Reply {
+        let channel = self.channel.as_mut().expect("channel open");
+        write_frame(channel, request).unwrap();
+        read_frame(channel)
+            .unwrap()
+            .expect("the runner closed the channel instead of replying")
+    }
+
+    fn run(&mut self, items: &[&str]) -> Reply {
+        let items = items.iter().map(|s| s.to_string()).collect();
+        self.request(&Request::Run {
+            mini_batch: 1,
+            items,
+        })
+    }
+
+    fn rows(&mut self, items: &[&str]) -> Vec<String> {
+        match self.run(items) {
+            Reply::Done { rows, .. } => rows,
+            other => panic!("expected Done, got {other:?}"),
+        }
+    }
+
+    fn failure(&mut self, items: &[&str]) -> ScriptError {
+        match self.run(items) {
+            Reply::Failed { error, .. } => error,
+            other => panic!("expected Failed, got {other:?}"),
+        }
+    }
+
+    fn shutdown(mut self) -> ExitStatus {
+        let mut channel = self.channel.take().unwrap();
+        write_frame(&mut channel, &Request::Shutdown).unwrap();
+        self.child.wait().unwrap()
+    }
+
+    /// Closes the channel, as an agent that goes away does, and waits for the exit.
+    fn close(mut self) -> ExitStatus {
+        self.channel.take();
+        self.child.wait().unwrap()
+    }
+
+    /// Waits for an exit the runner chose itself (after `InitFailed`).
+    fn wait(mut self) -> ExitStatus {
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn dedent(text: &str) -> String {
+    let text = text.strip_prefix('\n').unwrap_or(text);
+    let indent = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.len() - l.trim_start().len())
+        .min()
+        .unwrap_or(0);
+    text.lines()
+        .map(|l| l.get(indent..).unwrap_or("").to_owned() + "\n")
+        .collect()
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+fn init_failure(reply: Reply) -> ScriptError {
+    match reply {
+        Reply::InitFailed(error) => error,
+        other => panic!("expected InitFailed, got {other:?}"),
+    }
+}
+
+/// `sys.prefix` of the interpreter the runner was built against.
+fn build_python_prefix() -> String {
+    let out = Command::new(env!("FLEETRUN_BUILD_PYTHON"))
+        .args(["-c", "import sys; print(sys.prefix)"])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+const ECHO: &str = r#"
+    def run(mini_batch):
+        return [p.upper() for p in mini_batch]
+"#;
+
+#[test]
+fn run_returns_rows_in_order_with_elements_stringified() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        import decimal
+
+        def run(mini_batch):
+            rows = [f"{p}:ok" for p in mini_batch]
+            return rows + [7, 2.5, None, b"caf\xc3\xa9", b"\xff", decimal.Decimal("1.10"), ("a", 1)]
+        "#,
+    );
+    let (mut runner, _) = job.ready(&job.params(&script));
+    let items: Vec<String> = (0..500).map(|i| format!("/data/{i:04}.png")).collect();
+    let refs: Vec<&str> = items.iter().map(String::as_str).collect();
+    let rows = runner.rows(&refs);
+    let mut expected: Vec<String> = items.iter().map(|p| format!("{p}:ok")).collect();
+    expected.extend(strings(&[
+        "7", "2.5", "None", "café", "\u{fffd}", "1.10", "('a', 1)",
+    ]));
+    assert_eq!(rows, expected);
+    assert_eq!(
+        runner.rows(&[]),
+        strings(&["7", "2.5", "None", "café", "\u{fffd}", "1.10", "('a', 1)"])
+    );
+    assert!(runner.shutdown().success());
+}
+
+#[test]
+fn results_other_than_lists_are_converted_or_refused() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        class Array:
+            """Stands in for a numpy array or a pandas Series."""
+            def __init__(self, values):
+                self.values = values
+            def tolist(self):
+                return list(self.values)
+
+        class Scalar:
+            def tolist(self):
+                return 3
+
+        class Frame:
+            """Stands in for a pandas DataFrame."""
+            columns = ["path", "score"]
+            def to_csv(self, sep=",", header=True, index=True):
+                assert (sep, header, index) == (" ", False, False), (sep, header, index)
+                return "a.png 0.5\nb.png 0.25\n"
+
+        def run(mini_batch):
+            kind = mini_batch[0]
+            return {
+                "tuple": ("x", 1),
+                "set": {"only"},
+                "array": Array([1, 2.5, "s"]),
+                "frame": Frame(),
+                "none": None,
+                "str": "not a list",
+                "dict": {"a": 1},
+                "generator": (x for x in mini_batch),
+                "scalar": Scalar(),
+            }[kind]
+        "#,
+    );
+    let (mut runner, _) = job.ready(&job.params(&script));
+    assert_eq!(runner.rows(&["tuple"]), strings(&["x", "1"]));
+    assert_eq!(runner.rows(&["set"]), strings(&["only"]));
+    assert_eq!(runner.rows(&["array"]), strings(&["1", "2.5", "s"]));
+    assert_eq!(
+        runner.rows(&["frame"]),
+        strings(&["a.png 0.5", "b.png 0.25"])
+    );
+    for (kind, type_name) in [
+        ("none", "NoneType"),
+        ("str", "str"),
+        ("dict", "dict"),
+        ("generator", "generator"),
+        ("scalar", "Scalar"),
+    ] {
+        let error = runner.failure(&[kind]);
+        assert_eq!(
+            error.message,
+            format!(
+                "TypeError: run() must return a list, an array or a pandas DataFrame, got {type_name}"
+            )
+        );
+        assert_eq!(error.traceback, format!("{}\n", error.message));
+    }
+    assert_eq!(
+        runner.rows(&["tuple"]),
+        strings(&["x", "1"]),
+        "still serving"
+    );
+}
+
+#[test]
+fn argv_and_imports_from_the_script_folder_and_source_directory() {
+    let job = Job::new();
+    let script = job.write(
+        "code/score.py",
+        r#"
+        import sys
+        import helper
+        import srclib
+
+        MAIN_RAN = False
+        if __name__ == "__main__":
+            MAIN_RAN = True
+
+        def run(mini_batch):
+            return [repr(sys.argv[1:]), helper.VALUE, srclib.VALUE, __name__, str(MAIN_RAN),
+                    str(sys.argv[0].endswith("score.py"))]
+        "#,
+    );
+    job.write("code/helper.py", "VALUE = 'from the script folder'\n");
+    job.write("src/srclib.py", "VALUE = 'from the source directory'\n");
+    let mut params = job.params(&script);
+    params.arguments = strings(&["--model", "m.pt", "--flag"]);
+    params.source_directory = Some(job.path("src").to_str().unwrap().into());
+    let (mut runner, _) = job.ready(&params);
+    assert_eq!(
+        runner.rows(&["x"]),
+        strings(&[
+            "['--model', 'm.pt', '--flag']",
+            "from the script folder",
+            "from the source directory",
+            "score",
+            "False",
+            "True",
+        ])
+    );
+}
+
+#[test]
+fn entry_script_helper_gives_paths_and_a_logger_file() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        from azureml_user.parallel_run import EntryScript
+        import fleetrun
+
+        def init():
+            EntryScript().logger.info("model loaded in init")
+            EntryScript().logger.debug("debug is below INFO")
+
+        def run(mini_batch):
+            es = EntryScript()
+            es.get_logger().warning("scoring %d files", len(mini_batch))
+            return [es.log_dir, es.output_dir, es.working_dir, es.agent_name, es.node_id,
+                    str(es is EntryScript()), str(fleetrun.EntryScript is EntryScript),
+                    str(es.get_logger() is es.logger), es.logger.name]
+        "#,
+    );
+    let (mut runner, _) = job.ready(&job.params(&script));
+    let logs = job.path("logs").to_str().unwrap().to_owned();
+    let out = job.path("out").to_str().unwrap().to_owned();
+    assert_eq!(
+        runner.rows(&["a", "b"]),
+        [
+            &logs,
+            &out,
+            &out,
+            "process007",
+            "node0",
+            "True",
+            "True",
+            "True",
+            "fleetrun.entry_script"
+        ]
+    );
+    let log = job.read("logs/user/entry_script_log/node0/process007.log.txt");
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 2, "{log}");
+    assert!(
+        lines[0].contains("|INFO|") && lines[0].ends_with("|model loaded in init"),
+        "{log}"
+    );
+    assert!(
+        lines[1].contains("|WARNING|") && lines[1].ends_with("|scoring 2 files"),
+        "{log}"
+    );
+    assert!(lines[0].contains("|fleetrun.entry_script|"), "{log}");
+}
+
+#[test]
+fn prints_go_to_the_stdout_and_stderr_files_not_the_channel() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        import os, sys
+
+        print("hello from init")
+
+        def run(mini_batch):
+            print("scoring", len(mini_batch), "files")
+            print("a warning", file=sys.stderr)
+            os.system("echo from a subprocess")
+            return mini_batch
+        "#,
+    );
+    let (mut runner, _) = job.ready(&job.params(&script));
+    assert_eq!(job.read("stdout.txt"), "hello from init\n");
+    assert_eq!(runner.rows(&["a", "b"]), strings(&["a", "b"]));
+    assert_eq!(
+        job.read("stdout.txt"),
+        "hello from init\nscoring 2 files\nfrom a subprocess\n"
+    );
+    assert_eq!(job.read("stderr.txt"), "a warning\n");
+}
+
+#[test]
+fn an_exception_in_run_fails_the_batch_and_the_runner_keeps_serving() {
+    let job = Job::new();
+    job.write(
+        "scoring_lib.py",
+        r#"
+        def score(path):
+            if path == "bad.png":
+                raise ValueError(f"cannot score {path!r}")
+            return path + " ok"
+        "#,
+    );
+    let script = job.write(
+        "score.py",
+        r#"
+        import scoring_lib
+
+        def run(mini_batch):
+            return [scoring_lib.score(p) for p in mini_batch]
+        "#,
+    );
+    let (mut runner, _) = job.ready(&job.params(&script));
+    let error = runner.failure(&["good.png", "bad.png"]);
+    assert_eq!(error.message, "ValueError: cannot score 'bad.png'");
+    assert!(
+        error
+            .traceback
+            .starts_with("Traceback (most recent call last):\n"),
+        "{}",
+        error.traceback
+    );
+    assert!(
+        error
+            .traceback
+            .contains("return [scoring_lib.score(p) for p in mini_batch]")
+    );
+    assert!(
+        error
+            .traceback
+            .contains("raise ValueError(f\"cannot score {path!r}\")")
+    );
+    assert!(
+        error
+            .traceback
+            .ends_with("ValueError: cannot score 'bad.png'\n")
+    );
+    assert_eq!(runner.rows(&["good.png"]), strings(&["good.png ok"]));
+    assert!(runner.shutdown().success());
+}
+
+#[test]
+fn sys_exit_in_run_is_a_failed_batch_not_an_exit() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        import sys
+
+        def run(mini_batch):
+            if mini_batch == ["exit"]:
+                sys.exit(3)
+            if mini_batch == ["interrupt"]:
+                raise KeyboardInterrupt
+            return mini_batch
+        "#,
+    );
+    let (mut runner, _) = job.ready(&job.params(&script));
+    let error = runner.failure(&["exit"]);
+    assert_eq!(error.message, "SystemExit: 3");
+    assert!(
+        error.traceback.contains("sys.exit(3)"),
+        "{}",
+        error.traceback
+    );
+    assert_eq!(runner.failure(&["interrupt"]).message, "KeyboardInterrupt");
+    assert_eq!(runner.rows(&["next"]), strings(&["next"]));
+    assert!(runner.shutdown().success());
+}
+
+#[test]
+fn an_exception_in_init_is_init_failed_and_exit_code_3() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        def load_model():
+            raise RuntimeError("model file missing")
+
+        def init():
+            print("loading")
+            load_model()
+
+        def run(mini_batch):
+            return mini_batch
+        "#,
+    );
+    let (runner, reply) = job.start(&job.params(&script));
+    let error = init_failure(reply);
+    assert_eq!(error.message, "RuntimeError: model file missing");
+    assert!(
+        error.traceback.contains("load_model()"),
+        "{}",
+        error.traceback
+    );
+    assert!(
+        error
+            .traceback
+            .contains("raise RuntimeError(\"model file missing\")")
+    );
+    assert_eq!(runner.wait().code(), Some(3));
+    assert_eq!(job.read("stdout.txt"), "loading\n");
+}
+
+#[test]
+fn errors_while_loading_the_script_are_init_failed() {
+    let job = Job::new();
+    let cases = [
+        (
+            "no_run.py",
+            "def init():\n    pass\n",
+            "entry script defines no run(mini_batch) function",
+        ),
+        ("exits.py", "import sys\nsys.exit(3)\n", "SystemExit: 3"),
+        (
+            "bad_import.py",
+            "import no_such_module_xyz\n",
+            "ModuleNotFoundError: No module named 'no_such_module_xyz'",
+        ),
+    ];
+    for (name, source, message) in cases {
+        let script = job.write(name, source);
+        let (runner, reply) = job.start(&job.params(&script));
+        let error = init_failure(reply);
+        assert_eq!(error.message, message, "{name}");
+        assert!(
+            !error.traceback.contains("<frozen importlib"),
+            "{}",
+            error.traceback
+        );
+        assert_eq!(runner.wait().code(), Some(3), "{name}");
+    }
+
+    let script = job.write("syntax.py", "def run(mini_batch):\n    return [\n");
+    let (runner, reply) = job.start(&job.params(&script));
+    let error = init_failure(reply);
+    assert!(
+        error.message.starts_with("SyntaxError: "),
+        "{}",
+        error.message
+    );
+    assert!(error.traceback.contains("syntax.py"), "{}", error.traceback);
+    assert_eq!(runner.wait().code(), Some(3));
+
+    let missing = job.path("missing.py");
+    let (runner, reply) = job.start(&job.params(missing.to_str().unwrap()));
+    assert!(
+        init_failure(reply)
+            .message
+            .starts_with("FileNotFoundError: ")
+    );
+    assert_eq!(runner.wait().code(), Some(3));
+}
+
+#[test]
+fn shutdown_is_called_on_shutdown_but_not_when_the_agent_goes_away() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        import os
+        from azureml_user.parallel_run import EntryScript
+
+        def shutdown():
+            os.makedirs(EntryScript().output_dir, exist_ok=True)
+            with open(os.path.join(EntryScript().output_dir, "shutdown.txt"), "a") as f:
+                f.write("called\n")
+            print("bye")
+
+        def run(mini_batch):
+            return mini_batch
+        "#,
+    );
+    let (mut runner, _) = job.ready(&job.params(&script));
+    assert_eq!(runner.rows(&["a"]), strings(&["a"]));
+    assert_eq!(runner.shutdown().code(), Some(0));
+    assert_eq!(job.read("out/shutdown.txt"), "called\n");
+    assert_eq!(job.read("stdout.txt"), "bye\n");
+
+    let (runner, _) = job.ready(&job.params(&script));
+    assert_eq!(runner.close().code(), Some(0));
+    assert_eq!(
+        job.read("out/shutdown.txt"),
+        "called\n",
+        "shutdown() not called again"
+    );
+}
+
+#[test]
+fn an_exception_in_shutdown_goes_to_stderr_and_the_exit_is_still_clean() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        def shutdown():
+            raise OSError("cannot flush cache")
+
+        def run(mini_batch):
+            return mini_batch
+        "#,
+    );
+    let (runner, _) = job.ready(&job.params(&script));
+    assert_eq!(runner.shutdown().code(), Some(0));
+    let stderr = job.read("stderr.txt");
+    assert!(stderr.contains("OSError: cannot flush cache"), "{stderr}");
+    assert!(
+        stderr.contains("raise OSError(\"cannot flush cache\")"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn timing_measures_wall_and_cpu_time_in_run() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        import time
+
+        def run(mini_batch):
+            start = time.process_time()
+            while time.process_time() - start < 0.2:
+                pass
+            return mini_batch
+        "#,
+    );
+    let (mut runner, _) = job.ready(&job.params(&script));
+    let Reply::Done {
+        timing: Timing {
+            run_seconds,
+            cpu_seconds,
+        },
+        ..
+    } = runner.run(&["a"])
+    else {
+        panic!("expected Done");
+    };
+    assert!((0.19..5.0).contains(&cpu_seconds), "cpu {cpu_seconds}");
+    assert!(
+        run_seconds >= cpu_seconds * 0.9,
+        "wall {run_seconds} cpu {cpu_seconds}"
+    );
+}
+
+#[test]
+fn sigint_is_ignored_and_python_leaves_it_alone() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        import signal
+
+        def run(mini_batch):
+            return [str(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)]
+        "#,
+    );
+    let (mut runner, _) = job.ready(&job.params(&script));
+    assert_eq!(runner.rows(&["a"]), strings(&["True"]));
+    // SAFETY: signalling our own child.
+    assert_eq!(
+        unsafe { libc::kill(runner.child.id() as i32, libc::SIGINT) },
+        0
+    );
+    assert_eq!(runner.rows(&["a"]), strings(&["True"]));
+}
+
+#[test]
+fn without_an_environment_the_build_interpreter_is_used() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        import os, sys, sysconfig
+
+        def run(mini_batch):
+            return [sys.prefix, sys.base_prefix, os.path.dirname(os.__file__), sysconfig.get_paths()["purelib"]]
+        "#,
+    );
+    let (mut runner, ready) = job.ready(&job.params(&script));
+    let prefix = build_python_prefix();
+    assert_eq!(ready.python_prefix, prefix);
+    assert_eq!(ready.pid, runner.child.id());
+    let rows = runner.rows(&["a"]);
+    assert_eq!(rows[0], prefix);
+    assert_eq!(rows[1], prefix);
+    assert!(
+        rows[2].starts_with(&prefix),
+        "stdlib {} outside {prefix}",
+        rows[2]
+    );
+    assert!(
+        rows[3].starts_with(&prefix),
+        "site-packages {} outside {prefix}",
+        rows[3]
+    );
+}
+
+#[test]
+fn a_virtualenv_is_honoured_from_environment_virtual_env_or_its_python() {
+    let job = Job::new();
+    let venv = job.path("venv");
+    let status = Command::new(env!("FLEETRUN_BUILD_PYTHON"))
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let site_packages = fs::read_dir(venv.join("lib"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let site_packages = site_packages.join("site-packages");
+    fs::write(
+        site_packages.join("venv_marker.py"),
+        "VALUE = 'from the venv'\n",
+    )
+    .unwrap();
+    let script = job.write(
+        "score.py",
+        r#"
+        import os, shutil, sys
+        import venv_marker
+
+        def run(mini_batch):
+            return [sys.prefix, sys.base_prefix, venv_marker.VALUE,
+                    os.environ["PATH"].split(os.pathsep)[0], shutil.which("python") or "",
+                    os.environ.get("VIRTUAL_ENV", "")]
+        "#,
+    );
+    let venv_str = venv.to_str().unwrap().to_owned();
+    let venv_bin = venv.join("bin");
+    let venv_python = venv_bin.join("python").to_str().unwrap().to_owned();
+    let base = build_python_prefix();
+    let expected = [
+        venv_str.as_str(),
+        base.as_str(),
+        "from the venv",
+        venv_bin.to_str().unwrap(),
+        venv_python.as_str(),
+        venv_str.as_str(),
+    ];
+
+    // As `environment`: a venv folder, then its interpreter.
+    for environment in [&venv_str, &venv_python] {
+        let mut params = job.params(&script);
+        params.environment = Some(environment.clone());
+        let (mut runner, ready) = job.ready(&params);
+        assert_eq!(ready.python_prefix, venv_str);
+        assert_eq!(ready.python_executable, venv_python);
+        assert_eq!(runner.rows(&["a"]), expected, "environment {environment}");
+    }
+
+    // From an activated shell's VIRTUAL_ENV.
+    let mut runner = job.spawn_with(|cmd| {
+        cmd.env("VIRTUAL_ENV", &venv);
+    });
+    let Reply::Ready(ready) = runner.request(&Request::Init(job.params(&script))) else {
+        panic!("expected Ready: {}", job.read("stderr.txt"));
+    };
+    assert_eq!(ready.python_prefix, venv_str);
+    assert_eq!(runner.rows(&["a"]), expected);
+}
+
+#[test]
+fn environments_that_cannot_work_are_init_failed() {
+    let job = Job::new();
+    let script = job.write("score.py", ECHO);
+
+    let old = job.path("py27-venv");
+    fs::create_dir_all(old.join("bin")).unwrap();
+    fs::write(
+        old.join("pyvenv.cfg"),
+        "home = /usr/bin\nversion = 2.7.18\n",
+    )
+    .unwrap();
+    fs::write(old.join("bin/python"), "").unwrap();
+    let missing = job.path("no-such-env");
+    let not_python = job.write("not_python.sh", "#!/bin/sh\nexit 1\n");
+
+    for (environment, expected) in [
+        (
+            old.to_str().unwrap(),
+            "is Python 2.7.18, but fleetrun-runner embeds Python 3.",
+        ),
+        (missing.to_str().unwrap(), "does not exist"),
+        (not_python.as_str(), "is neither a virtualenv folder"),
+    ] {
+        let mut params = job.params(&script);
+        params.environment = Some(environment.to_owned());
+        let (runner, reply) = job.start(&params);
+        let error = init_failure(reply);
+        assert!(
+            error.message.contains(expected),
+            "{environment}: {}",
+            error.message
+        );
+        assert_eq!(runner.wait().code(), Some(3));
+    }
+}
+
+#[test]
+fn started_by_hand_it_explains_and_exits_2() {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleetrun-runner"));
+    cmd.stdin(Stdio::null());
+    // SAFETY: `close` is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::close(3);
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{:?}", out.status.signal());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("started by fleetrun's node agent, not by hand"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_agent_that_closes_before_init_gets_a_clean_exit() {
+    let job = Job::new();
+    let runner = job.spawn();
+    assert_eq!(runner.close().code(), Some(0));
+}
