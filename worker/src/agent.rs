@@ -1,0 +1,825 @@
+//! The node agent: takes mini-batches off the queue and drives one runner process per slot.
+//!
+//! Each slot is a loop: take a delivery, decide what becomes of it, settle it. The order of
+//! effects makes a mini-batch's output exactly-once even though delivery is at-least-once:
+//! write the output part (a deterministic key, overwritten by a re-run), then record the
+//! outcome in the ledger (idempotent), then acknowledge. A worker killed between any two
+//! steps leaves the message unacknowledged; its re-run rewrites the same part and its second
+//! recording changes nothing.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use fleetrun_common::ledger::{JobState, Ledger, Outcome, Status};
+use fleetrun_common::protocol::{InitParams, ScriptError};
+use fleetrun_common::queue::{Delivery, Disposition, Queue};
+use fleetrun_common::storage::Storage;
+use fleetrun_common::wire::MiniBatch;
+use fleetrun_config::{JobSpec, OutputAction};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::logs::{self, JobLogs, csv_field};
+use crate::process::{InitOutcome, Launch, RunOutcome, RunnerProcess, returncode};
+
+/// The key of a mini-batch's output part in the job's output storage.
+pub fn part_key(job: &str, index: u64) -> String {
+    format!("_parts/{job}/{index:010}")
+}
+
+/// How often a slot re-reads a job's state from the ledger between its own recordings.
+const STATE_RECHECK: Duration = Duration::from_millis(500);
+/// How long a node that gave up on a job holds one of its mini-batches before handing it back.
+const GAVE_UP_BACKOFF: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// This node's id in logs (`sys/node/<node_id>/…`).
+    pub node_id: String,
+    /// Runner slots (processes) on this node.
+    pub processes: usize,
+    /// Unsettled deliveries each slot may hold.
+    pub prefetch: u16,
+    pub runner_exe: PathBuf,
+    /// Where inputs that are not local files are staged.
+    pub staging_dir: PathBuf,
+    /// Start every slot's runner for this job before taking work (one-job runs).
+    pub warm_job: Option<String>,
+}
+
+/// A job as a node sees it: its spec, its storages, its log folder, and what this node
+/// learned about it.
+pub struct JobContext {
+    pub id: String,
+    pub spec: JobSpec,
+    pub input: Arc<dyn Storage>,
+    pub output: Arc<dyn Storage>,
+    pub logs: Arc<JobLogs>,
+    /// Cancelled once the job stops accepting work; running attempts are killed.
+    pub stop: CancellationToken,
+    init_failures: AtomicU32,
+    gave_up: AtomicBool,
+    last_check: std::sync::Mutex<Instant>,
+}
+
+impl JobContext {
+    pub fn new(
+        id: String,
+        spec: JobSpec,
+        input: Arc<dyn Storage>,
+        output: Arc<dyn Storage>,
+        logs: Arc<JobLogs>,
+    ) -> JobContext {
+        JobContext {
+            id,
+            spec,
+            input,
+            output,
+            logs,
+            stop: CancellationToken::new(),
+            init_failures: AtomicU32::new(0),
+            gave_up: AtomicBool::new(false),
+            last_check: std::sync::Mutex::new(Instant::now()),
+        }
+    }
+
+    /// True when the last status check is older than [`STATE_RECHECK`] (and claims the next).
+    fn due_for_check(&self) -> bool {
+        let mut last = self.last_check.lock().unwrap_or_else(|p| p.into_inner());
+        if last.elapsed() >= STATE_RECHECK {
+            *last = Instant::now();
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Finds the job a message belongs to.
+#[async_trait]
+pub trait Jobs: Send + Sync {
+    async fn get(&self, job: &str) -> Result<Option<Arc<JobContext>>, String>;
+}
+
+/// What the agent reports to whoever drives the job.
+#[derive(Debug, Clone)]
+pub enum AgentEvent {
+    /// A recording moved the job's state (to Finalizing or Failed): the receiver owns what
+    /// follows.
+    Transitioned { job: String, status: Status },
+    /// This node stopped trying to start runners for the job (init kept failing).
+    GaveUp { job: String, reason: String },
+}
+
+pub struct Agent {
+    pub config: AgentConfig,
+    pub queue: Arc<dyn Queue>,
+    pub ledger: Arc<dyn Ledger>,
+    pub jobs: Arc<dyn Jobs>,
+    pub events: mpsc::UnboundedSender<AgentEvent>,
+}
+
+/// Runs the agent until `drain` is cancelled (finish the mini-batch in hand, take no more)
+/// or `abort` is (kill the runners now; unsettled deliveries go back to the queue).
+pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToken) {
+    let shared = Arc::new(Shared {
+        agent,
+        next_process: AtomicU32::new(0),
+    });
+    let mut slots = tokio::task::JoinSet::new();
+    for index in 0..shared.agent.config.processes.max(1) {
+        let slot = Slot {
+            shared: shared.clone(),
+            index,
+            runner: None,
+        };
+        slots.spawn(slot.run(drain.clone(), abort.clone()));
+    }
+    while let Some(result) = slots.join_next().await {
+        if let Err(e) = result {
+            warn!(error = %e, "A runner slot ended abnormally.");
+        }
+    }
+}
+
+struct Shared {
+    agent: Agent,
+    next_process: AtomicU32,
+}
+
+struct Active {
+    job: String,
+    name: String,
+    process: RunnerProcess,
+}
+
+struct Slot {
+    shared: Arc<Shared>,
+    index: usize,
+    runner: Option<Active>,
+}
+
+/// What to do with a delivery, decided once.
+enum Verdict {
+    Settle(Disposition),
+    /// The job no longer runs: drop the message.
+    Drop,
+}
+
+impl Slot {
+    fn config(&self) -> &AgentConfig {
+        &self.shared.agent.config
+    }
+
+    async fn run(mut self, drain: CancellationToken, abort: CancellationToken) {
+        if let Some(job) = self.config().warm_job.clone() {
+            tokio::select! {
+                _ = abort.cancelled() => {}
+                _ = self.warm(&job, &drain) => {}
+            }
+        }
+        let queue = self.shared.agent.queue.clone();
+        let mut consumer = match queue.consume(self.config().prefetch).await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(slot = self.index, error = %e, "Cannot consume; slot stops.");
+                return;
+            }
+        };
+        loop {
+            let delivery = tokio::select! {
+                biased;
+                _ = drain.cancelled() => break,
+                _ = abort.cancelled() => break,
+                d = consumer.next() => d,
+            };
+            match delivery {
+                Ok(d) => {
+                    // Settling is often immediate on the embedded queue: let other tasks in.
+                    tokio::task::yield_now().await;
+                    tokio::select! {
+                        biased;
+                        _ = abort.cancelled() => {
+                            // Dropping the delivery hands it back to the queue.
+                            self.kill_runner().await;
+                            break;
+                        }
+                        _ = self.handle(d) => {}
+                    }
+                }
+                Err(e) => {
+                    warn!(slot = self.index, error = %e, "Consuming failed; retrying.");
+                    tokio::select! {
+                        _ = drain.cancelled() => break,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        }
+        if let Some(active) = self.runner.take() {
+            if abort.is_cancelled() {
+                let mut process = active.process;
+                process.kill().await;
+            } else {
+                let status = active.process.shutdown().await;
+                debug!(process = %active.name, code = returncode(&status), "Runner stopped.");
+            }
+        }
+    }
+
+    /// Starts this slot's runner for `job` before any work arrives, retrying init failures
+    /// until the node gives up.
+    async fn warm(&mut self, job: &str, drain: &CancellationToken) {
+        let Ok(Some(ctx)) = self.shared.agent.jobs.get(job).await else {
+            return;
+        };
+        while !drain.is_cancelled()
+            && !ctx.gave_up.load(Ordering::Relaxed)
+            && !ctx.stop.is_cancelled()
+        {
+            tokio::select! {
+                _ = drain.cancelled() => return,
+                _ = ctx.stop.cancelled() => return,
+                ready = self.ensure_runner(&ctx) => if ready { return },
+            }
+        }
+    }
+
+    async fn kill_runner(&mut self) {
+        if let Some(mut active) = self.runner.take() {
+            active.process.kill().await;
+        }
+    }
+
+    async fn handle(&mut self, delivery: Delivery) {
+        let verdict = self.decide(&delivery).await;
+        let disposition = match verdict {
+            Verdict::Settle(d) => d,
+            Verdict::Drop => Disposition::Ack,
+        };
+        match delivery.settle(disposition).await {
+            Ok(true) => {}
+            Ok(false) => info!(
+                slot = self.index,
+                "Settlement not delivered; the broker will redeliver."
+            ),
+            Err(e) => warn!(slot = self.index, error = %e, "Settling a delivery failed."),
+        }
+    }
+
+    async fn decide(&mut self, delivery: &Delivery) -> Verdict {
+        let batch = match MiniBatch::decode(&delivery.body) {
+            Ok(b) => b,
+            Err(e) => {
+                warn!(slot = self.index, error = %e, bytes = delivery.body.len(), "Dead-lettering a message that does not decode.");
+                return Verdict::Settle(Disposition::DeadLetter);
+            }
+        };
+        let ctx = match self.shared.agent.jobs.get(&batch.job).await {
+            Ok(Some(ctx)) => ctx,
+            Ok(None) => {
+                warn!(job = %batch.job, mini_batch = batch.index, "Dead-lettering a mini-batch of an unknown job.");
+                return Verdict::Settle(Disposition::DeadLetter);
+            }
+            Err(e) => {
+                warn!(job = %batch.job, error = %e, "Cannot look up the job; requeueing.");
+                return Verdict::Settle(Disposition::Requeue);
+            }
+        };
+        if !self.accepts_work(&ctx).await {
+            return Verdict::Drop;
+        }
+        if ctx.gave_up.load(Ordering::Relaxed) {
+            // This node cannot start the job's script; leave the work to other nodes, without
+            // spinning on it meanwhile.
+            tokio::select! {
+                _ = ctx.stop.cancelled() => return Verdict::Drop,
+                _ = tokio::time::sleep(GAVE_UP_BACKOFF) => {}
+            }
+            return Verdict::Settle(Disposition::Requeue);
+        }
+        let max = ctx.spec.run_max_try;
+        if delivery.attempt > max {
+            let cause =
+                format!("all {max} attempts were lost with the process or worker that held them");
+            self.record_failure(&ctx, &batch, delivery.attempt - 1, &cause)
+                .await;
+            return Verdict::Settle(Disposition::Ack);
+        }
+        if !self.ensure_runner(&ctx).await {
+            return Verdict::Settle(Disposition::Requeue);
+        }
+        self.attempt(&ctx, &batch, delivery.attempt).await
+    }
+
+    /// Whether the job still takes work, from this node's knowledge and, now and then, the
+    /// ledger's.
+    async fn accepts_work(&self, ctx: &JobContext) -> bool {
+        if ctx.stop.is_cancelled() {
+            return false;
+        }
+        if ctx.due_for_check()
+            && let Ok(Some(status)) = self.shared.agent.ledger.status(&ctx.id).await
+            && !status.state.accepts_work()
+        {
+            ctx.stop.cancel();
+            return false;
+        }
+        true
+    }
+
+    /// One `run()` attempt of a mini-batch, and what becomes of the delivery.
+    async fn attempt(&mut self, ctx: &Arc<JobContext>, batch: &MiniBatch, attempt: u32) -> Verdict {
+        let node = self.config().node_id.clone();
+        let staged = match self.stage(ctx, batch).await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(job = %ctx.id, mini_batch = batch.index, error = %e, "Staging inputs failed.");
+                return self
+                    .failed_attempt(ctx, batch, attempt, &format!("staging inputs failed: {e}"))
+                    .await;
+            }
+        };
+        let active = self.runner.as_mut().expect("ensure_runner made one");
+        let process = active.name.clone();
+        let timeout = Duration::from_secs(ctx.spec.run_invocation_timeout);
+        let start_wall = logs::now();
+        let started = Instant::now();
+        let outcome = tokio::select! {
+            biased;
+            _ = ctx.stop.cancelled() => {
+                self.kill_runner().await;
+                return Verdict::Drop;
+            }
+            o = active.process.run(batch.index, staged.paths.clone(), timeout) => o,
+        };
+        let elapsed = started.elapsed().as_secs_f64();
+        staged.clean().await;
+        let items = batch.items.len() as u64;
+        match outcome {
+            RunOutcome::Done { rows, timing } => {
+                let returned = rows.len() as u64;
+                let succeeded = returned.min(items);
+                let outcome = Outcome {
+                    succeeded,
+                    failed: items - succeeded,
+                    batch_failed: returned < items,
+                };
+                let note = match returned.cmp(&items) {
+                    std::cmp::Ordering::Less => {
+                        format!("returned {returned} elements for {items} items")
+                    }
+                    std::cmp::Ordering::Greater => {
+                        warn!(job = %ctx.id, mini_batch = batch.index, returned, items, "run() returned more elements than it got; keeping them.");
+                        format!("returned MORE elements than items: {returned} for {items}")
+                    }
+                    std::cmp::Ordering::Equal => String::new(),
+                };
+                if ctx.spec.output_action == OutputAction::AppendRow {
+                    let part = join_rows(&rows);
+                    if let Err(e) = ctx.output.put(&part_key(&ctx.id, batch.index), part).await {
+                        warn!(job = %ctx.id, mini_batch = batch.index, error = %e, "Writing the output part failed; requeueing.");
+                        return Verdict::Settle(Disposition::Requeue);
+                    }
+                }
+                ctx.logs.log(
+                    logs::JobLogs::node_process(&node, &process),
+                    &format!(
+                        "mini-batch {} completed: pid {}, items {items}, succeeded {succeeded}, failed {}, started {start_wall}, duration {elapsed:.3}s, cpu {:.3}s, run() {:.3}s",
+                        batch.index, self.runner.as_ref().map_or(0, |a| a.process.pid()), items - succeeded, timing.cpu_seconds, timing.run_seconds
+                    ),
+                );
+                let result = if outcome.batch_failed {
+                    "partial"
+                } else {
+                    "succeeded"
+                };
+                self.report(
+                    ctx,
+                    batch,
+                    attempt,
+                    result,
+                    outcome,
+                    &process,
+                    &start_wall,
+                    elapsed,
+                    timing.run_seconds,
+                    &note,
+                );
+                if !self.record(ctx, batch.index, outcome).await {
+                    return Verdict::Settle(Disposition::Requeue);
+                }
+                Verdict::Settle(Disposition::Ack)
+            }
+            RunOutcome::Raised { error, timing } => {
+                self.script_error(ctx, &process, batch, attempt, &error);
+                self.report(
+                    ctx,
+                    batch,
+                    attempt,
+                    "raised",
+                    Outcome::default(),
+                    &process,
+                    &start_wall,
+                    elapsed,
+                    timing.run_seconds,
+                    &error.message,
+                );
+                self.failed_attempt(ctx, batch, attempt, &error.message)
+                    .await
+            }
+            RunOutcome::TimedOut => {
+                self.runner = None;
+                let cause = format!(
+                    "run() exceeded run_invocation_timeout ({}s); the process was killed",
+                    ctx.spec.run_invocation_timeout
+                );
+                ctx.logs.log(
+                    logs::JobLogs::node_main(&node),
+                    &format!("{process} killed: mini-batch {} {cause}.", batch.index),
+                );
+                self.report(
+                    ctx,
+                    batch,
+                    attempt,
+                    "timeout",
+                    Outcome::default(),
+                    &process,
+                    &start_wall,
+                    elapsed,
+                    elapsed,
+                    &cause,
+                );
+                self.failed_attempt(ctx, batch, attempt, &cause).await
+            }
+            RunOutcome::Died(status) => {
+                self.runner = None;
+                let code = returncode(&status);
+                ctx.logs.log(
+                    logs::JobLogs::node_main(&node),
+                    &format!("{process} exits with returncode {code}."),
+                );
+                let cause =
+                    format!("the process died (returncode {code}) while running the mini-batch");
+                self.report(
+                    ctx,
+                    batch,
+                    attempt,
+                    "died",
+                    Outcome::default(),
+                    &process,
+                    &start_wall,
+                    elapsed,
+                    elapsed,
+                    &cause,
+                );
+                self.failed_attempt(ctx, batch, attempt, &cause).await
+            }
+        }
+    }
+
+    /// A failed attempt: another try while attempts remain, else the mini-batch fails whole.
+    async fn failed_attempt(
+        &mut self,
+        ctx: &Arc<JobContext>,
+        batch: &MiniBatch,
+        attempt: u32,
+        cause: &str,
+    ) -> Verdict {
+        if ctx.stop.is_cancelled() {
+            return Verdict::Drop;
+        }
+        if attempt < ctx.spec.run_max_try {
+            info!(job = %ctx.id, mini_batch = batch.index, attempt, "Attempt failed; requeueing.");
+            return Verdict::Settle(Disposition::Requeue);
+        }
+        if self.record_failure(ctx, batch, attempt, cause).await {
+            Verdict::Settle(Disposition::Ack)
+        } else {
+            Verdict::Settle(Disposition::Requeue)
+        }
+    }
+
+    /// Records a mini-batch that used up its attempts: every item failed, no part.
+    async fn record_failure(
+        &mut self,
+        ctx: &Arc<JobContext>,
+        batch: &MiniBatch,
+        attempts: u32,
+        cause: &str,
+    ) -> bool {
+        // An earlier attempt may have written a part and died before recording it.
+        if let Err(e) = ctx
+            .output
+            .delete_prefix(&part_key(&ctx.id, batch.index))
+            .await
+        {
+            warn!(job = %ctx.id, mini_batch = batch.index, error = %e, "Removing a stale part failed.");
+            return false;
+        }
+        let cause_line = cause.lines().next().unwrap_or_default();
+        for item in &batch.items {
+            ctx.logs.csv(
+                logs::FAILED_ITEMS_CSV,
+                logs::FAILED_ITEMS_HEADER,
+                &format!(
+                    "{},{},{attempts},{}",
+                    csv_field(item),
+                    batch.index,
+                    csv_field(cause_line)
+                ),
+            );
+        }
+        let items = batch.items.len() as u64;
+        self.record(
+            ctx,
+            batch.index,
+            Outcome {
+                succeeded: 0,
+                failed: items,
+                batch_failed: true,
+            },
+        )
+        .await
+    }
+
+    /// Records an outcome in the ledger and reports a state change it caused.
+    async fn record(&self, ctx: &Arc<JobContext>, index: u64, outcome: Outcome) -> bool {
+        match self
+            .shared
+            .agent
+            .ledger
+            .record(&ctx.id, index, outcome)
+            .await
+        {
+            Ok(recorded) => {
+                if !recorded.status.state.accepts_work() {
+                    ctx.stop.cancel();
+                }
+                if recorded.transitioned {
+                    let _ = self.shared.agent.events.send(AgentEvent::Transitioned {
+                        job: ctx.id.clone(),
+                        status: recorded.status,
+                    });
+                }
+                true
+            }
+            Err(e) => {
+                warn!(job = %ctx.id, mini_batch = index, error = %e, "Recording in the ledger failed; requeueing.");
+                false
+            }
+        }
+    }
+
+    /// Makes sure this slot has a ready runner for the job. On an init failure, counts it and
+    /// gives up on the job on this node after `3 × process_count_per_node` of them.
+    async fn ensure_runner(&mut self, ctx: &Arc<JobContext>) -> bool {
+        if self.runner.as_ref().is_some_and(|a| a.job == ctx.id) {
+            return true;
+        }
+        if let Some(previous) = self.runner.take() {
+            previous.process.shutdown().await;
+        }
+        if ctx.gave_up.load(Ordering::Relaxed) {
+            return false;
+        }
+        let node = self.config().node_id.clone();
+        let number = self.shared.next_process.fetch_add(1, Ordering::Relaxed);
+        let name = format!("process{number:03}");
+        let launch = Launch {
+            exe: self.config().runner_exe.clone(),
+            stdout: ctx.logs.user_stdout(&node, &name),
+            stderr: ctx.logs.user_stderr(&node, &name),
+            env: runner_env(ctx, &node, &name),
+            env_remove: Vec::new(),
+        };
+        let spec = &ctx.spec;
+        let params = InitParams {
+            entry_script: local_path_string(&spec.entry_script),
+            source_directory: spec.source_directory.as_ref().map(local_path_string),
+            arguments: spec.arguments.clone(),
+            node_id: node.clone(),
+            process_name: name.clone(),
+            log_dir: ctx.logs.dir().display().to_string(),
+            output_dir: local_path_string(&spec.output),
+            logging_level: spec.logging_level.as_str().to_owned(),
+            environment: spec.environment.as_ref().map(|p| p.display().to_string()),
+        };
+        let init_timeout = Duration::from_secs(3 * spec.run_invocation_timeout + 30);
+        let main_log = logs::JobLogs::node_main(&node);
+        let failure = match RunnerProcess::start(&launch, params, init_timeout).await {
+            Ok((Some(process), InitOutcome::Ready(info))) => {
+                ctx.logs.log(
+                    &main_log,
+                    &format!(
+                        "{name} started: pid {}, Python {} ({}), prefix {}.",
+                        info.pid,
+                        info.python_version.lines().next().unwrap_or_default(),
+                        info.python_executable,
+                        info.python_prefix
+                    ),
+                );
+                self.runner = Some(Active {
+                    job: ctx.id.clone(),
+                    name,
+                    process,
+                });
+                return true;
+            }
+            Ok((_, InitOutcome::Failed(error))) => {
+                self.script_error_at_init(ctx, &name, &error);
+                format!("init() failed: {}", error.message)
+            }
+            Ok((_, InitOutcome::TimedOut)) => {
+                format!("init() did not finish within {}s", init_timeout.as_secs())
+            }
+            Ok((_, InitOutcome::Died(status))) => {
+                format!(
+                    "the process exited with returncode {} during init",
+                    returncode(&status)
+                )
+            }
+            Ok((None, InitOutcome::Ready(_))) => unreachable!("a ready runner is returned"),
+            Err(e) => e.to_string(),
+        };
+        ctx.logs
+            .log(&main_log, &format!("{name} failed to start: {failure}"));
+        let failures = ctx.init_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let processes = spec
+            .process_count_per_node
+            .unwrap_or(self.config().processes as u32)
+            .max(1);
+        warn!(job = %ctx.id, process = %name, failures, "Runner failed to start: {failure}");
+        if failures >= 3 * processes && !ctx.gave_up.swap(true, Ordering::Relaxed) {
+            let reason = format!(
+                "{failures} runner processes failed to start on node {node}; the last: {failure}"
+            );
+            ctx.logs.log(
+                &main_log,
+                &format!("Giving up on job {}: {reason}.", ctx.id),
+            );
+            let _ = self.shared.agent.events.send(AgentEvent::GaveUp {
+                job: ctx.id.clone(),
+                reason,
+            });
+        }
+        false
+    }
+
+    fn script_error(
+        &self,
+        ctx: &JobContext,
+        process: &str,
+        batch: &MiniBatch,
+        attempt: u32,
+        error: &ScriptError,
+    ) {
+        let node = &self.config().node_id;
+        ctx.logs.append_text(
+            logs::JobLogs::user_error(node, process),
+            &format!(
+                "{} mini-batch {} attempt {attempt}:\n{}",
+                logs::now(),
+                batch.index,
+                error.traceback
+            ),
+        );
+        ctx.logs.log(
+            logs::USER_ERROR,
+            &format!(
+                "{node} {process} mini-batch {} attempt {attempt}: {}",
+                batch.index, error.message
+            ),
+        );
+    }
+
+    fn script_error_at_init(&self, ctx: &JobContext, process: &str, error: &ScriptError) {
+        let node = &self.config().node_id;
+        ctx.logs.append_text(
+            logs::JobLogs::user_error(node, process),
+            &format!(
+                "{} loading the entry script / init():\n{}",
+                logs::now(),
+                error.traceback
+            ),
+        );
+        ctx.logs.log(
+            logs::USER_ERROR,
+            &format!("{node} {process} init: {}", error.message),
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn report(
+        &self,
+        ctx: &JobContext,
+        batch: &MiniBatch,
+        attempt: u32,
+        result: &str,
+        outcome: Outcome,
+        process: &str,
+        start: &str,
+        elapsed: f64,
+        run_seconds: f64,
+        note: &str,
+    ) {
+        ctx.logs.csv(
+            logs::REPORT_CSV,
+            logs::REPORT_HEADER,
+            &format!(
+                "{},{attempt},{result},{},{},{},{},{process},{start},{elapsed:.3},{run_seconds:.3},{}",
+                batch.index,
+                batch.items.len(),
+                outcome.succeeded,
+                outcome.failed,
+                self.config().node_id,
+                csv_field(note.lines().next().unwrap_or_default()),
+            ),
+        );
+    }
+
+    /// Local paths for the mini-batch's items: the files themselves when the input is a local
+    /// folder, else copies in this slot's staging folder.
+    async fn stage(&self, ctx: &JobContext, batch: &MiniBatch) -> Result<Staged, String> {
+        let mut paths = Vec::with_capacity(batch.items.len());
+        let mut folder = None;
+        for key in &batch.items {
+            if let Some(path) = ctx.input.local_path(key) {
+                paths.push(path.display().to_string());
+                continue;
+            }
+            let dir = folder.get_or_insert_with(|| {
+                self.config()
+                    .staging_dir
+                    .join(format!("{}-slot{}", ctx.id, self.index))
+            });
+            fleetrun_common::storage::check_key(key).map_err(|e| e.to_string())?;
+            let body = ctx.input.get(key).await.map_err(|e| e.to_string())?;
+            let path = dir.join(key);
+            if let Some(parent) = path.parent() {
+                tokio::fs::create_dir_all(parent)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            tokio::fs::write(&path, &body)
+                .await
+                .map_err(|e| e.to_string())?;
+            paths.push(path.display().to_string());
+        }
+        Ok(Staged { paths, folder })
+    }
+}
+
+struct Staged {
+    paths: Vec<String>,
+    folder: Option<PathBuf>,
+}
+
+impl Staged {
+    async fn clean(self) {
+        if let Some(folder) = self.folder {
+            let _ = tokio::fs::remove_dir_all(folder).await;
+        }
+    }
+}
+
+/// A part: the rows, one per line.
+pub fn join_rows(rows: &[String]) -> Bytes {
+    let mut part = Vec::with_capacity(rows.iter().map(|r| r.len() + 1).sum());
+    for row in rows {
+        part.extend_from_slice(row.as_bytes());
+        part.push(b'\n');
+    }
+    part.into()
+}
+
+fn local_path_string(location: &fleetrun_config::Location) -> String {
+    match location {
+        fleetrun_config::Location::Local(p) => p.display().to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// The runner's environment: the job's variables and who the process is.
+fn runner_env(ctx: &JobContext, node: &str, process: &str) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = ctx
+        .spec
+        .environment_variables
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    env.push(("FLEETRUN_JOB_ID".into(), ctx.id.clone()));
+    env.push(("FLEETRUN_NODE_ID".into(), node.to_owned()));
+    env.push(("FLEETRUN_PROCESS_NAME".into(), process.to_owned()));
+    env
+}
+
+/// States in which the job's remaining mini-batches are no longer worked on.
+pub fn is_stopped(state: JobState) -> bool {
+    !state.accepts_work()
+}

@@ -1,0 +1,15 @@
+//! The node agent of fleetrun.
+//!
+//! # Layout
+//!
+//! - [`agent`]: takes mini-batches off the queue, one slot per runner process; writes parts,
+//!   records outcomes in the ledger, settles deliveries.
+//! - [`process`]: one runner process from the agent's side (spawn, init, run with a timeout,
+//!   kill, restart).
+//! - [`logs`]: the job's log folder (CONTRACT.md §7).
+//!
+//! The runner process itself (embedded Python) is the `fleetrun-runner` crate.
+
+pub mod agent;
+pub mod logs;
+pub mod process;

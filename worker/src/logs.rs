@@ -1,0 +1,181 @@
+//! The job's log folder (CONTRACT.md §7), written by the node agent and the local driver.
+//!
+//! Lines are buffered per file and flushed by [`JobLogs::flush`], which the driver calls
+//! about once a second and at the end: the per-mini-batch path never waits on a log write.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The header of `sys/job_report/processed_mini-batches.csv`.
+pub const REPORT_HEADER: &str = "mini_batch,attempt,result,items,succeeded,failed,node_id,process_name,start,elapsed_s,run_s,error";
+/// The header of `failed_items.csv`.
+pub const FAILED_ITEMS_HEADER: &str = "item,mini_batch,attempts,cause";
+
+pub const REPORT_CSV: &str = "sys/job_report/processed_mini-batches.csv";
+pub const FAILED_ITEMS_CSV: &str = "failed_items.csv";
+pub const USER_ERROR: &str = "user/error.txt";
+pub const JOB_RESULT: &str = "job_result.txt";
+pub const JOB_ERROR: &str = "job_error.txt";
+pub const PROGRESS_OVERVIEW: &str = "job_progress_overview.txt";
+pub const MASTER_ROLE: &str = "sys/master_role.txt";
+
+pub struct JobLogs {
+    dir: PathBuf,
+    files: Mutex<HashMap<PathBuf, BufWriter<File>>>,
+}
+
+impl JobLogs {
+    pub fn new(dir: impl Into<PathBuf>) -> JobLogs {
+        JobLogs {
+            dir: dir.into(),
+            files: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn path(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.dir.join(rel)
+    }
+
+    pub fn user_stdout(&self, node: &str, process: &str) -> PathBuf {
+        self.path(format!("user/stdout/{node}/{process}.stdout.txt"))
+    }
+
+    pub fn user_stderr(&self, node: &str, process: &str) -> PathBuf {
+        self.path(format!("user/stderr/{node}/{process}.stderr.txt"))
+    }
+
+    pub fn node_main(node: &str) -> String {
+        format!("sys/node/{node}/_main.txt")
+    }
+
+    pub fn node_process(node: &str, process: &str) -> String {
+        format!("sys/node/{node}/{process}.txt")
+    }
+
+    pub fn user_error(node: &str, process: &str) -> String {
+        format!("user/error/{node}/{process}.txt")
+    }
+
+    /// Appends one line, prefixed with the time.
+    pub fn log(&self, rel: impl AsRef<Path>, line: &str) {
+        self.append(rel, &format!("{} {line}", now()), None);
+    }
+
+    /// Appends one CSV row, writing `header` first if the file is new.
+    pub fn csv(&self, rel: impl AsRef<Path>, header: &str, row: &str) {
+        self.append(rel, row, Some(header));
+    }
+
+    /// Appends raw text (a traceback, say) with a trailing newline.
+    pub fn append_text(&self, rel: impl AsRef<Path>, text: &str) {
+        self.append(rel, text.trim_end_matches('\n'), None);
+    }
+
+    fn append(&self, rel: impl AsRef<Path>, line: &str, header: Option<&str>) {
+        let path = self.path(rel);
+        let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        if !files.contains_key(&path) {
+            match open_append(&path) {
+                Ok((file, fresh)) => {
+                    let mut w = BufWriter::with_capacity(64 << 10, file);
+                    if let (true, Some(header)) = (fresh, header) {
+                        let _ = writeln!(w, "{header}");
+                    }
+                    files.insert(path.clone(), w);
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "Cannot open a log file.");
+                    return;
+                }
+            }
+        }
+        let w = files.get_mut(&path).expect("just inserted");
+        if let Err(e) = writeln!(w, "{line}") {
+            tracing::warn!(path = %path.display(), error = %e, "Cannot write a log file.");
+        }
+    }
+
+    /// Replaces a whole file (results, overviews).
+    pub fn write(&self, rel: impl AsRef<Path>, content: &str) {
+        let path = self.path(rel);
+        let result = path
+            .parent()
+            .map_or(Ok(()), fs::create_dir_all)
+            .and_then(|()| fs::write(&path, content));
+        if let Err(e) = result {
+            tracing::warn!(path = %path.display(), error = %e, "Cannot write a log file.");
+        }
+    }
+
+    pub fn flush(&self) {
+        let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        for (path, w) in files.iter_mut() {
+            if let Err(e) = w.flush() {
+                tracing::warn!(path = %path.display(), error = %e, "Cannot flush a log file.");
+            }
+        }
+    }
+}
+
+impl Drop for JobLogs {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+fn open_append(path: &Path) -> std::io::Result<(File, bool)> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let file = OpenOptions::new().create(true).append(true).open(path)?;
+    let fresh = file.metadata()?.len() == 0;
+    Ok((file, fresh))
+}
+
+/// The time as log lines show it.
+pub fn now() -> String {
+    chrono::Utc::now()
+        .format("%Y-%m-%d %H:%M:%S%.3f")
+        .to_string()
+}
+
+/// Quotes a CSV field when it needs it.
+pub fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_gets_its_header_once_and_lines_land_after_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = JobLogs::new(dir.path());
+        logs.csv(REPORT_CSV, "a,b", "1,2");
+        logs.csv(REPORT_CSV, "a,b", "3,4");
+        logs.flush();
+        assert_eq!(
+            fs::read_to_string(logs.path(REPORT_CSV)).unwrap(),
+            "a,b\n1,2\n3,4\n"
+        );
+    }
+
+    #[test]
+    fn csv_fields_are_quoted_when_needed() {
+        assert_eq!(csv_field("plain"), "plain");
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+    }
+}

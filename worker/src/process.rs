@@ -1,0 +1,279 @@
+//! One runner process as the agent sees it: spawned with its channel on fd 3 and its stdout
+//! and stderr in the job's user log files, driven request by reply, killed when it overruns.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use fleetrun_common::protocol::{self, InitParams, ReadyInfo, Reply, Request, ScriptError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::process::{Child, Command};
+
+/// The runner executable's file name, looked for beside the running binary.
+pub const RUNNER_EXE: &str = "fleetrun-runner";
+
+/// How long a runner may take to exit after `Shutdown` before it is killed.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error("cannot start the runner {exe}: {source}")]
+    Spawn {
+        exe: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("runner channel: {0}")]
+    Channel(#[from] std::io::Error),
+}
+
+/// Finds the runner executable: `$FLEETRUN_RUNNER`, else beside the current executable (or
+/// one folder up, for test binaries under `target/*/deps`).
+pub fn find_runner_exe() -> Result<PathBuf, String> {
+    if let Some(exe) = std::env::var_os("FLEETRUN_RUNNER") {
+        return Ok(PathBuf::from(exe));
+    }
+    let current =
+        std::env::current_exe().map_err(|e| format!("cannot locate this executable: {e}"))?;
+    let mut dir = current.parent();
+    for _ in 0..2 {
+        let Some(d) = dir else { break };
+        let candidate = d.join(RUNNER_EXE);
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+        dir = d.parent();
+    }
+    Err(format!(
+        "{RUNNER_EXE} was not found beside {}; build the whole workspace (cargo build) or set FLEETRUN_RUNNER",
+        current.display()
+    ))
+}
+
+/// What starting a runner needs beyond [`InitParams`].
+#[derive(Debug, Clone)]
+pub struct Launch {
+    pub exe: PathBuf,
+    pub stdout: PathBuf,
+    pub stderr: PathBuf,
+    /// Set in the runner's environment, over the agent's own.
+    pub env: Vec<(String, String)>,
+    /// Variables removed from the runner's environment (e.g. a GPU mask it must not get).
+    pub env_remove: Vec<String>,
+}
+
+/// How a `run()` attempt ended, from the agent's side.
+#[derive(Debug)]
+pub enum RunOutcome {
+    Done {
+        rows: Vec<String>,
+        timing: protocol::Timing,
+    },
+    Raised {
+        error: ScriptError,
+        timing: protocol::Timing,
+    },
+    /// Overran `run_invocation_timeout`; the runner was killed.
+    TimedOut,
+    /// The runner died (crash, OOM kill, `kill -9`).
+    Died(ExitStatus),
+}
+
+/// How starting a runner ended.
+#[derive(Debug)]
+pub enum InitOutcome {
+    Ready(ReadyInfo),
+    Failed(ScriptError),
+    TimedOut,
+    Died(ExitStatus),
+}
+
+pub struct RunnerProcess {
+    child: Child,
+    channel: UnixStream,
+    pid: u32,
+}
+
+impl RunnerProcess {
+    /// Spawns the runner and sends it `Init`; returns once it is ready or has failed.
+    pub async fn start(
+        launch: &Launch,
+        params: InitParams,
+        timeout: Duration,
+    ) -> Result<(Option<RunnerProcess>, InitOutcome), ProcessError> {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        ours.set_nonblocking(true)?;
+        let theirs: OwnedFd = theirs.into();
+        for path in [&launch.stdout, &launch.stderr] {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+        }
+        let append = |p: &Path| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+        };
+        let mut cmd = Command::new(&launch.exe);
+        cmd.stdin(Stdio::null())
+            .stdout(append(&launch.stdout)?)
+            .stderr(append(&launch.stderr)?)
+            .kill_on_drop(true);
+        for name in &launch.env_remove {
+            cmd.env_remove(name);
+        }
+        cmd.envs(launch.env.iter().map(|(k, v)| (k, v)));
+        let fd = theirs.as_raw_fd();
+        // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if fd == protocol::CHANNEL_FD {
+                    let flags = libc::fcntl(fd, libc::F_GETFD);
+                    if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if libc::dup2(fd, protocol::CHANNEL_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|source| ProcessError::Spawn {
+            exe: launch.exe.clone(),
+            source,
+        })?;
+        drop(theirs);
+        let pid = child.id().unwrap_or_default();
+        let mut runner = RunnerProcess {
+            child,
+            channel: UnixStream::from_std(ours)?,
+            pid,
+        };
+        runner.send(&Request::Init(params)).await?;
+        let outcome = match tokio::time::timeout(timeout, runner.receive()).await {
+            Err(_) => {
+                runner.kill().await;
+                return Ok((None, InitOutcome::TimedOut));
+            }
+            Ok(Ok(Some(Reply::Ready(info)))) => InitOutcome::Ready(info),
+            Ok(Ok(Some(Reply::InitFailed(error)))) => {
+                runner.kill().await;
+                return Ok((None, InitOutcome::Failed(error)));
+            }
+            Ok(Ok(Some(other))) => {
+                runner.kill().await;
+                return Ok((None, InitOutcome::Failed(unexpected(&other))));
+            }
+            Ok(Ok(None) | Err(_)) => {
+                let status = runner.reap().await;
+                return Ok((None, InitOutcome::Died(status)));
+            }
+        };
+        Ok((Some(runner), outcome))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Runs one mini-batch. After `TimedOut` or `Died` the process is gone: drop this value.
+    pub async fn run(
+        &mut self,
+        mini_batch: u64,
+        items: Vec<String>,
+        timeout: Duration,
+    ) -> RunOutcome {
+        if self
+            .send(&Request::Run { mini_batch, items })
+            .await
+            .is_err()
+        {
+            return RunOutcome::Died(self.reap().await);
+        }
+        match tokio::time::timeout(timeout, self.receive()).await {
+            Err(_) => {
+                self.kill().await;
+                RunOutcome::TimedOut
+            }
+            Ok(Ok(Some(Reply::Done { rows, timing }))) => RunOutcome::Done { rows, timing },
+            Ok(Ok(Some(Reply::Failed { error, timing }))) => RunOutcome::Raised { error, timing },
+            Ok(Ok(Some(other))) => RunOutcome::Raised {
+                error: unexpected(&other),
+                timing: Default::default(),
+            },
+            Ok(Ok(None) | Err(_)) => RunOutcome::Died(self.reap().await),
+        }
+    }
+
+    /// Asks the runner to call `shutdown()` and exit; kills it if it does not in time.
+    pub async fn shutdown(mut self) -> ExitStatus {
+        if self.send(&Request::Shutdown).await.is_ok()
+            && let Ok(Ok(status)) = tokio::time::timeout(SHUTDOWN_GRACE, self.child.wait()).await
+        {
+            return status;
+        }
+        self.kill().await;
+        self.reap().await
+    }
+
+    /// SIGKILLs the runner (and anything in its process group is left to its own devices).
+    pub async fn kill(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+
+    /// Waits for a runner whose channel closed, returning how it exited.
+    async fn reap(&mut self) -> ExitStatus {
+        // The channel closes as the process dies; its exit follows within moments. A runner
+        // that closed its channel but lingers is killed.
+        match tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await {
+            Ok(Ok(status)) => status,
+            _ => {
+                self.kill().await;
+                self.child
+                    .wait()
+                    .await
+                    .unwrap_or_else(|_| ExitStatus::from_raw(libc::SIGKILL))
+            }
+        }
+    }
+
+    async fn send(&mut self, request: &Request) -> std::io::Result<()> {
+        let body = protocol::encode(request)?;
+        let mut frame = Vec::with_capacity(body.len() + 4);
+        frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        frame.extend_from_slice(&body);
+        self.channel.write_all(&frame).await
+    }
+
+    async fn receive(&mut self) -> std::io::Result<Option<Reply>> {
+        let mut len = [0u8; 4];
+        match self.channel.read_exact(&mut len).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        let len = protocol::check_len(u32::from_be_bytes(len))?;
+        let mut body = vec![0u8; len];
+        self.channel.read_exact(&mut body).await?;
+        protocol::decode(&body).map(Some)
+    }
+}
+
+fn unexpected(reply: &Reply) -> ScriptError {
+    let message = format!("runner protocol error: unexpected reply {reply:?}");
+    ScriptError {
+        traceback: message.clone(),
+        message,
+    }
+}
+
+/// `-9` for a signal, the code otherwise: how `_main.txt` reports an exit.
+pub fn returncode(status: &ExitStatus) -> i32 {
+    status
+        .code()
+        .unwrap_or_else(|| -status.signal().unwrap_or(0))
+}
