@@ -1,0 +1,174 @@
+//! Partitioning a file input into mini-batches, streamed: each mini-batch is published as
+//! soon as its files are listed, so memory holds one mini-batch whatever the input's size.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use fleetrun_common::queue::{Queue, QueueError};
+use fleetrun_common::storage::{Storage, StorageError};
+use fleetrun_common::wire::MiniBatch;
+use futures::StreamExt;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PartitionError {
+    #[error("listing the input failed: {0}")]
+    List(#[from] StorageError),
+    #[error("publishing a mini-batch failed: {0}")]
+    Publish(#[from] QueueError),
+}
+
+/// Counts a producer publishes, readable while it runs.
+#[derive(Debug, Default)]
+pub struct Produced {
+    pub mini_batches: AtomicU64,
+    pub items: AtomicU64,
+}
+
+/// Lists `prefix` of `input` in key order and publishes mini-batches of `size` files.
+/// Returns the number of mini-batches, to be sealed in the ledger.
+pub async fn publish_files(
+    input: &dyn Storage,
+    prefix: &str,
+    job: &str,
+    size: usize,
+    queue: &dyn Queue,
+    produced: &Produced,
+) -> Result<u64, PartitionError> {
+    let size = size.max(1);
+    let mut listing = input.list(prefix);
+    let mut items = Vec::with_capacity(size);
+    let mut index = 0u64;
+    loop {
+        let next = listing.next().await.transpose()?;
+        let exhausted = next.is_none();
+        if let Some(object) = next {
+            let key = object
+                .key
+                .strip_prefix(prefix)
+                .unwrap_or(&object.key)
+                .trim_start_matches('/');
+            items.push(key.to_owned());
+            if items.len() < size {
+                continue;
+            }
+        }
+        if items.is_empty() {
+            break;
+        }
+        let count = items.len() as u64;
+        let batch = MiniBatch::new(
+            job,
+            index,
+            std::mem::replace(&mut items, Vec::with_capacity(size)),
+        );
+        queue.publish(batch.encode()).await?;
+        index += 1;
+        produced.mini_batches.store(index, Ordering::Relaxed);
+        produced.items.fetch_add(count, Ordering::Relaxed);
+        if exhausted {
+            break;
+        }
+    }
+    Ok(index)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use fleetrun_common::queue::{Disposition, MemoryQueue, QueueOptions};
+    use fleetrun_common::storage::LocalStorage;
+
+    use super::*;
+
+    async fn drain(queue: &MemoryQueue, n: u64) -> Vec<MiniBatch> {
+        let mut consumer = queue.consume(100).await.unwrap();
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let d = consumer.next().await.unwrap();
+            out.push(MiniBatch::decode(&d.body).unwrap());
+            d.settle(Disposition::Ack).await.unwrap();
+        }
+        assert_eq!(queue.depth().await.unwrap().ready, 0);
+        out
+    }
+
+    #[tokio::test]
+    async fn chunks_files_recursively_in_key_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = LocalStorage::new(dir.path());
+        for key in ["b/2", "a/1", "a/3", "c", "a/2"] {
+            storage.put(key, Bytes::from_static(b"x")).await.unwrap();
+        }
+        let queue = MemoryQueue::new(QueueOptions::default());
+        let produced = Produced::default();
+        let total = publish_files(&storage, "", "j", 2, &queue, &produced)
+            .await
+            .unwrap();
+        assert_eq!(total, 3);
+        assert_eq!(produced.items.load(Ordering::Relaxed), 5);
+        let batches = drain(&queue, 3).await;
+        let items: Vec<Vec<String>> = batches.iter().map(|b| b.items.clone()).collect();
+        assert_eq!(items, [vec!["a/1", "a/2"], vec!["a/3", "b/2"], vec!["c"]]);
+        assert_eq!(
+            batches.iter().map(|b| b.index).collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
+    }
+
+    #[tokio::test]
+    async fn empty_input_makes_no_mini_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = LocalStorage::new(dir.path());
+        let queue = MemoryQueue::new(QueueOptions::default());
+        let total = publish_files(&storage, "", "j", 10, &queue, &Produced::default())
+            .await
+            .unwrap();
+        assert_eq!(total, 0);
+    }
+
+    /// The producer waits on a bounded queue instead of buffering the whole input.
+    #[tokio::test]
+    async fn publishing_waits_for_a_bounded_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = LocalStorage::new(dir.path());
+        for i in 0..50 {
+            storage
+                .put(&format!("f{i:03}"), Bytes::from_static(b"x"))
+                .await
+                .unwrap();
+        }
+        let queue = Arc::new(MemoryQueue::bounded(QueueOptions::default(), 3));
+        let produced = Arc::new(Produced::default());
+        let task = {
+            let (queue, produced) = (queue.clone(), produced.clone());
+            tokio::spawn(async move {
+                publish_files(
+                    &LocalStorage::new(dir.path()),
+                    "",
+                    "j",
+                    1,
+                    &*queue,
+                    &produced,
+                )
+                .await
+            })
+        };
+        let mut consumer = queue.consume(1).await.unwrap();
+        let first = consumer.next().await.unwrap();
+        // With one message out and three waiting, the producer cannot be far ahead.
+        tokio::task::yield_now().await;
+        assert!(produced.mini_batches.load(Ordering::Relaxed) <= 5);
+        first.settle(Disposition::Ack).await.unwrap();
+        for _ in 1..50 {
+            consumer
+                .next()
+                .await
+                .unwrap()
+                .settle(Disposition::Ack)
+                .await
+                .unwrap();
+        }
+        assert_eq!(task.await.unwrap().unwrap(), 50);
+    }
+}

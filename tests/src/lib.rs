@@ -1,0 +1,109 @@
+//! Helpers for fleetrun's end-to-end tests: a job folder with a script and inputs, and the
+//! built binaries to run it with.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// A built workspace binary (`cargo build` puts them beside the test's `deps` folder).
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} is not built: run `cargo build --workspace` first",
+        path.display()
+    );
+    path
+}
+
+/// A job in a temporary folder: `job.toml`, `score.py`, inputs under `data/`, output `out/`.
+pub struct JobDir {
+    pub dir: tempfile::TempDir,
+}
+
+impl JobDir {
+    /// `settings` are extra top-level TOML lines (they come before the tables).
+    pub fn new(script: &str, settings: &str) -> JobDir {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir_all(dir.path().join("data")).unwrap();
+        std::fs::write(dir.path().join("score.py"), script).unwrap();
+        let toml = format!(
+            "name = \"e2e\"\nentry_script = \"score.py\"\noutput_action = \"append_row\"\n{settings}\n[input]\nfiles = \"data\"\n[output]\npath = \"out\"\n"
+        );
+        std::fs::write(dir.path().join("job.toml"), toml).unwrap();
+        JobDir { dir }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// Writes `n` input files `data/<group>/fNNNN.txt`, 100 per group, each holding its name.
+    pub fn inputs(&self, n: usize) -> &Self {
+        for i in 0..n {
+            let rel = format!("data/g{:02}/f{i:04}.txt", i / 100);
+            let path = self.path(&rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, format!("f{i:04}")).unwrap();
+        }
+        self
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(bin("fleetrun"));
+        cmd.arg("run")
+            .arg(self.path("job.toml"))
+            .arg("--quiet")
+            .args(args);
+        cmd.env_remove("VIRTUAL_ENV");
+        cmd
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        let out = self.command(args).output().expect("fleetrun runs");
+        eprintln!(
+            "--- fleetrun stdout\n{}--- stderr\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// The `append_row` file's lines.
+    pub fn output_lines(&self) -> Vec<String> {
+        let text =
+            std::fs::read_to_string(self.path("out/parallel_run_step.txt")).expect("output file");
+        text.lines().map(str::to_owned).collect()
+    }
+
+    pub fn log(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.path(&format!("out/logs/{rel}")))
+            .unwrap_or_else(|e| panic!("log {rel}: {e}"))
+    }
+}
+
+/// Waits for a condition that a running process brings about, bounded by `limit`.
+pub fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Lines `f0000`…: what a script echoing each file's content returns for `n` inputs.
+pub fn expected_lines(n: usize, skip: impl Fn(usize) -> bool) -> Vec<String> {
+    (0..n)
+        .filter(|i| !skip(*i))
+        .map(|i| format!("f{i:04}"))
+        .collect()
+}
+
+pub fn code(out: &Output) -> i32 {
+    out.status.code().unwrap_or(-1)
+}

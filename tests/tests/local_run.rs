@@ -1,0 +1,315 @@
+//! `fleetrun run` end to end: real runner processes embedding Python, the embedded queue and
+//! ledger, a local folder.
+
+use std::time::Duration;
+
+use fleetrun_tests::{JobDir, code, expected_lines, wait_for};
+
+/// Returns each file's content; prints and logs so the log layout can be checked.
+const ECHO: &str = r#"
+from azureml_user.parallel_run import EntryScript
+
+def init():
+    EntryScript().logger.info("init in %s", EntryScript().agent_name)
+
+def run(mini_batch):
+    print("batch of", len(mini_batch))
+    return [open(p).read() for p in mini_batch]
+"#;
+
+#[test]
+fn completes_with_every_line_once_in_input_order() {
+    let job = JobDir::new(ECHO, "mini_batch_size = 7\nprocess_count_per_node = 2");
+    job.inputs(250);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0);
+    assert_eq!(job.output_lines(), expected_lines(250, |_| false));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("completed") && stdout.contains("250 items succeeded"),
+        "{stdout}"
+    );
+    assert!(job.log("job_result.txt").contains("Result: Completed"));
+    let report = job.log("sys/job_report/processed_mini-batches.csv");
+    assert_eq!(
+        report.lines().count(),
+        1 + 36,
+        "a header and one row per mini-batch"
+    );
+    // The script's prints and its EntryScript logger land in the per-process files.
+    let prints = std::fs::read_dir(job.path("out/logs/user/stdout/0"))
+        .unwrap()
+        .count();
+    assert!(prints >= 1);
+    let entry_logs = std::fs::read_dir(job.path("out/logs/user/entry_script_log/0"))
+        .unwrap()
+        .count();
+    assert!(entry_logs >= 1);
+    assert!(
+        !job.path("out/_parts").exists(),
+        "parts are removed once joined"
+    );
+}
+
+#[test]
+fn same_input_gives_the_same_file_byte_for_byte() {
+    let job = JobDir::new(ECHO, "mini_batch_size = 3");
+    job.inputs(100);
+    assert_eq!(code(&job.run(&["--set", "process_count_per_node=1"])), 0);
+    let first = std::fs::read(job.path("out/parallel_run_step.txt")).unwrap();
+    assert_eq!(code(&job.run(&["--set", "process_count_per_node=3"])), 0);
+    let second = std::fs::read(job.path("out/parallel_run_step.txt")).unwrap();
+    assert_eq!(first, second);
+}
+
+#[test]
+fn empty_input_completes_with_an_empty_output_file() {
+    let job = JobDir::new(ECHO, "");
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0);
+    assert_eq!(
+        std::fs::read(job.path("out/parallel_run_step.txt")).unwrap(),
+        b""
+    );
+}
+
+#[test]
+fn summary_only_writes_no_output_file_and_counts() {
+    let job = JobDir::new(ECHO, "");
+    job.inputs(30);
+    let out = job.run(&["--set", "output_action=\"summary_only\""]);
+    assert_eq!(code(&out), 0);
+    assert!(!job.path("out/parallel_run_step.txt").exists());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("30 items succeeded"));
+}
+
+/// A script raising on some files: with one file per mini-batch, exactly the other files'
+/// lines come out, and each bad file counts one failed item after its attempts.
+#[test]
+fn raising_files_fail_alone_and_are_counted() {
+    let script = r#"
+def run(mini_batch):
+    out = []
+    for p in mini_batch:
+        text = open(p).read()
+        if text.endswith("3"):
+            raise ValueError("cannot score " + text)
+        out.append(text)
+    return out
+"#;
+    let job = JobDir::new(
+        script,
+        "mini_batch_size = 1\nrun_max_try = 2\nerror_threshold = -1",
+    );
+    job.inputs(40);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0);
+    let bad = |i: usize| i % 10 == 3;
+    assert_eq!(job.output_lines(), expected_lines(40, bad));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("36 items succeeded, 4 failed"));
+    let failed = job.log("failed_items.csv");
+    assert_eq!(failed.lines().count(), 1 + 4, "{failed}");
+    assert!(failed.contains("g00/f0013.txt") && failed.contains("ValueError: cannot score f0013"));
+    let tracebacks = job.log("user/error.txt");
+    assert_eq!(
+        tracebacks.lines().count(),
+        8,
+        "two attempts for each of four files"
+    );
+    let report = job.log("sys/job_report/processed_mini-batches.csv");
+    assert_eq!(report.lines().filter(|l| l.contains(",raised,")).count(), 8);
+}
+
+#[test]
+fn fewer_returned_elements_are_failed_items() {
+    let script = "def run(mini_batch):\n    return [open(p).read() for p in mini_batch][1:]\n";
+    let job = JobDir::new(script, "mini_batch_size = 5\nerror_threshold = -1");
+    job.inputs(20);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0);
+    assert_eq!(job.output_lines().len(), 16);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("16 items succeeded, 4 failed"));
+}
+
+#[test]
+fn threshold_aborts_the_job_with_exit_42_and_says_why() {
+    let script = "def run(mini_batch):\n    raise RuntimeError('model exploded')\n";
+    let job = JobDir::new(
+        script,
+        "mini_batch_size = 2\nrun_max_try = 1\nerror_threshold = 3\nprocess_count_per_node = 2",
+    );
+    job.inputs(400);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 42);
+    let result = job.log("job_result.txt");
+    assert!(result.contains("Result: Failed"), "{result}");
+    assert!(result.contains("error_threshold exceeded"), "{result}");
+    // It stopped promptly: far from all 200 mini-batches ran.
+    let report = job.log("sys/job_report/processed_mini-batches.csv");
+    assert!(
+        report.lines().count() < 50,
+        "{} mini-batches ran after the threshold",
+        report.lines().count()
+    );
+    assert!(!job.path("out/parallel_run_step.txt").exists());
+}
+
+#[test]
+fn minus_one_threshold_completes_despite_failures() {
+    let script = "def run(mini_batch):\n    raise RuntimeError('always')\n";
+    let job = JobDir::new(script, "run_max_try = 1\nerror_threshold = -1");
+    job.inputs(25);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0);
+    assert!(job.output_lines().is_empty());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("0 items succeeded, 25 failed"));
+}
+
+/// A run() that hangs is killed at run_invocation_timeout and its mini-batch retried.
+#[test]
+fn hanging_run_is_killed_at_the_timeout_and_retried() {
+    let script = r#"
+import os, time
+def run(mini_batch):
+    marker = os.path.join(os.path.dirname(__file__), "hung-once")
+    if any(p.endswith("f0005.txt") for p in mini_batch) and not os.path.exists(marker):
+        open(marker, "w").close()
+        while True:
+            time.sleep(0.05)
+    return [open(p).read() for p in mini_batch]
+"#;
+    let job = JobDir::new(
+        script,
+        "mini_batch_size = 2\nrun_invocation_timeout = 2\nrun_max_try = 2",
+    );
+    job.inputs(12);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0);
+    assert_eq!(job.output_lines(), expected_lines(12, |_| false));
+    let report = job.log("sys/job_report/processed_mini-batches.csv");
+    assert!(
+        report.lines().any(|l| l.starts_with("2,1,timeout,")),
+        "{report}"
+    );
+    assert!(
+        report.lines().any(|l| l.starts_with("2,2,succeeded,")),
+        "{report}"
+    );
+    assert!(
+        job.log("sys/node/0/_main.txt")
+            .contains("run_invocation_timeout")
+    );
+}
+
+/// A runner killed with SIGKILL in the middle of a mini-batch: the attempt fails, a new
+/// process takes over, and every line is in the output exactly once.
+#[test]
+fn runner_killed_mid_mini_batch_loses_and_duplicates_nothing() {
+    let script = r#"
+import os, time
+HERE = os.path.dirname(__file__)
+def run(mini_batch):
+    rows = [open(p).read() for p in mini_batch]
+    if any(p.endswith("f0042.txt") for p in mini_batch) and not os.path.exists(os.path.join(HERE, "killed")):
+        # Rows are computed; wait here to be killed from outside.
+        with open(os.path.join(HERE, "victim.tmp"), "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(os.path.join(HERE, "victim.tmp"), os.path.join(HERE, "victim"))
+        while True:
+            time.sleep(0.05)
+    return rows
+"#;
+    let job = JobDir::new(
+        script,
+        "mini_batch_size = 5\nprocess_count_per_node = 2\nrun_max_try = 3",
+    );
+    job.inputs(100);
+    let mut child = job.command(&[]).spawn().unwrap();
+    let victim = job.path("victim");
+    wait_for(
+        "the runner to reach the mini-batch",
+        Duration::from_secs(60),
+        || victim.exists(),
+    );
+    let pid: i32 = std::fs::read_to_string(&victim)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    std::fs::write(job.path("killed"), "").unwrap();
+    // SAFETY: kill(2) on a pid we just read; a real SIGKILL to a real runner.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(job.output_lines(), expected_lines(100, |_| false));
+    assert!(
+        job.log("sys/node/0/_main.txt")
+            .contains("exits with returncode -9.")
+    );
+    let report = job.log("sys/job_report/processed_mini-batches.csv");
+    assert!(
+        report.lines().any(|l| l.starts_with("8,1,died,")),
+        "{report}"
+    );
+}
+
+#[test]
+fn sys_exit_in_run_fails_the_attempt_not_the_runner() {
+    let script = r#"
+import sys
+def run(mini_batch):
+    if any(p.endswith("f0001.txt") for p in mini_batch):
+        sys.exit(3)
+    return [open(p).read() for p in mini_batch]
+"#;
+    let job = JobDir::new(
+        script,
+        "mini_batch_size = 1\nrun_max_try = 2\nerror_threshold = 1\nprocess_count_per_node = 1",
+    );
+    job.inputs(5);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0);
+    assert_eq!(job.output_lines(), expected_lines(5, |i| i == 1));
+    // One process served it all: SystemExit did not take the runner down.
+    assert_eq!(
+        std::fs::read_dir(job.path("out/logs/user/stdout/0"))
+            .unwrap()
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn init_that_always_fails_fails_the_job() {
+    let script =
+        "def init():\n    raise ImportError('no model file')\n\ndef run(mb):\n    return mb\n";
+    let job = JobDir::new(script, "process_count_per_node = 2");
+    job.inputs(10);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 42);
+    let result = job.log("job_result.txt");
+    assert!(result.contains("ImportError: no model file"), "{result}");
+    assert!(job.log("user/error.txt").contains("init"));
+}
+
+#[test]
+fn arguments_and_environment_variables_reach_the_script() {
+    let script = r#"
+import argparse, os
+parser = argparse.ArgumentParser()
+parser.add_argument("--tag")
+args, _ = parser.parse_known_args()
+def run(mini_batch):
+    return [args.tag + ":" + os.environ["COLOUR"] + ":" + open(p).read() for p in mini_batch]
+"#;
+    let job = JobDir::new(
+        script,
+        "arguments = [\"--tag\", \"t1\"]\nenvironment_variables = { COLOUR = \"blue\" }",
+    );
+    job.inputs(3);
+    assert_eq!(code(&job.run(&[])), 0);
+    assert_eq!(
+        job.output_lines(),
+        ["t1:blue:f0000", "t1:blue:f0001", "t1:blue:f0002"]
+    );
+}
