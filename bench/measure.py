@@ -1,0 +1,281 @@
+"""fleetrun vs multiprocessing.Pool(2): the benchmark driver (bench/run.sh runs it).
+
+    python3 bench/measure.py [--quick] [--files N] [--reps K] [--cases a,b] [--pool-only]
+
+For every case (an entry script + a fleetrun job file running it), each repetition
+runs the Pool baseline and fleetrun on the same input, alternating which goes first,
+and times each as a child process (wall clock, and the peak RSS of its biggest
+process via os.wait4, which covers every descendant it reaped). It checks that both
+outputs have one line per input file and the same lines, then prints a table of
+medians. Exit status: 0 all good; 1 a run failed or the outputs differ; 3 the
+fleetrun binary is missing.
+
+To add a row (e.g. the same job through RabbitMQ + Redis), append a Case to CASES:
+give it its own job file and, if it needs more than `fleetrun run JOB`, a `command`;
+`skip` tells why it cannot run here (a missing broker, say), or None.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import tomllib
+from typing import Callable, Optional
+
+import gen_data
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+WORK = os.path.join(BENCH, "work")
+FLEETRUN = os.path.join(ROOT, "target", "release", "fleetrun")
+RUNNER = os.path.join(ROOT, "target", "release", "fleetrun-runner")
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    script: str  # entry script in bench/, run by both sides
+    job: str  # fleetrun job file in bench/ (its input must be work/data)
+    # argv of the fleetrun side; default: fleetrun run <job>
+    command: Optional[Callable[["Case"], list[str]]] = None
+    # why this case cannot run here, or None
+    skip: Callable[[], Optional[str]] = lambda: None
+
+    def job_path(self) -> str:
+        return os.path.join(BENCH, self.job)
+
+    def fleetrun_argv(self) -> list[str]:
+        if self.command is not None:
+            return self.command(self)
+        return [FLEETRUN, "run", self.job_path()]
+
+    def fleetrun_output(self) -> tuple[str, str]:
+        """(output folder, append_row file) as the job file says."""
+        with open(self.job_path(), "rb") as f:
+            job = tomllib.load(f)
+        out_dir = os.path.join(BENCH, job["output"]["path"])
+        name = job.get("append_row_file_name", "parallel_run_step.txt")
+        return out_dir, os.path.join(out_dir, name)
+
+
+CASES = [
+    Case("trivial", "trivial.py", "job-trivial.toml"),
+    Case("sleep1ms", "sleep1ms.py", "job-sleep1ms.toml"),
+    # A distributed row, once it exists, looks like:
+    # Case("trivial-distributed", "trivial.py", "job-trivial-distributed.toml",
+    #      command=lambda c: [FLEETRUN, "run", c.job_path(), "--set", "..."],
+    #      skip=lambda: None if os.environ.get("FLEETRUN_BROKER_URL")
+    #                   else "FLEETRUN_BROKER_URL not set"),
+]
+
+
+@dataclasses.dataclass
+class Run:
+    wall_s: float
+    maxrss_mb: float
+    returncode: int
+    log: str
+
+
+def timed(argv: list[str], log_path: str) -> Run:
+    """Run argv as a child, output to log_path; wall time and peak RSS (MB) of the
+    biggest process in its tree (ru_maxrss from wait4 includes reaped descendants)."""
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    with open(log_path, "wb") as log:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return Run(wall, usage.ru_maxrss / 1024.0, proc.returncode, log_path)
+
+
+def tail(path: str, n: int = 15) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError as exc:
+        return f"(cannot read {path}: {exc})"
+
+
+def read_lines(path: str) -> list[str]:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read().splitlines()
+
+
+def compare(case: Case, pool_out: str, fr_out: str, n_files: int) -> list[str]:
+    """Problems with the two outputs (empty when they agree)."""
+    problems = []
+    pool_lines = read_lines(pool_out)
+    if len(pool_lines) != n_files:
+        problems.append(f"pool output has {len(pool_lines)} lines, expected {n_files}")
+    if not os.path.isfile(fr_out):
+        return problems + [f"fleetrun output {fr_out} does not exist"]
+    fr_lines = read_lines(fr_out)
+    if len(fr_lines) != n_files:
+        problems.append(f"fleetrun output has {len(fr_lines)} lines, expected {n_files}")
+    if sorted(fr_lines) != sorted(pool_lines):
+        only_fr = sorted(set(fr_lines) - set(pool_lines))
+        only_pool = sorted(set(pool_lines) - set(fr_lines))
+        problems.append(
+            f"sorted lines differ: {len(only_fr)} only in fleetrun "
+            f"(e.g. {only_fr[:2]}), {len(only_pool)} only in pool (e.g. {only_pool[:2]})"
+            + ("; same set, different multiplicity (duplicates?)"
+               if not only_fr and not only_pool else ""))
+    return problems
+
+
+def run_case(case: Case, reps: int, n_files: int, pool_only: bool) -> dict:
+    out_dir, fr_out = case.fleetrun_output()
+    pool_out = os.path.join(WORK, f"out-{case.name}-pool", "parallel_run_step.txt")
+    script = os.path.join(BENCH, case.script)
+    pool_argv = [sys.executable, os.path.join(BENCH, "pool_baseline.py"),
+                 "--script", script, "--data", gen_data.DEFAULT_DATA, "--out", pool_out,
+                 "--processes", "2", "--mini-batch-size", "10"]
+    pool_runs: list[Run] = []
+    fr_runs: list[Run] = []
+    errors: list[str] = []
+
+    for rep in range(reps):
+        order = ["pool", "fleetrun"] if rep % 2 == 0 else ["fleetrun", "pool"]
+        for side in order:
+            if side == "pool":
+                if os.path.exists(pool_out):
+                    os.remove(pool_out)
+                r = timed(pool_argv, os.path.join(WORK, "logs", f"{case.name}-pool-{rep}.log"))
+                pool_runs.append(r)
+            elif not pool_only:
+                shutil.rmtree(out_dir, ignore_errors=True)  # never resume a previous run
+                r = timed(case.fleetrun_argv(),
+                          os.path.join(WORK, "logs", f"{case.name}-fleetrun-{rep}.log"))
+                fr_runs.append(r)
+            else:
+                continue
+            print(f"  {case.name:<12} rep {rep + 1}/{reps} {side:<8} {r.wall_s:7.2f} s "
+                  f"{n_files / r.wall_s:9.0f} items/s  peak {r.maxrss_mb:6.1f} MB"
+                  + ("" if r.returncode == 0 else f"  EXIT {r.returncode}"), flush=True)
+            if r.returncode != 0:
+                errors.append(f"{side} rep {rep + 1} exited with {r.returncode}; "
+                              f"last lines of {r.log}:\n{tail(r.log)}")
+        if not pool_only and not errors:
+            for problem in compare(case, pool_out, fr_out, n_files):
+                errors.append(f"MISMATCH rep {rep + 1}: {problem}")
+                print(f"  !!! MISMATCH {case.name} rep {rep + 1}: {problem}", flush=True)
+        elif pool_only and not errors:
+            n = len(read_lines(pool_out))
+            if n != n_files:
+                errors.append(f"MISMATCH rep {rep + 1}: pool output has {n} lines, expected {n_files}")
+        if errors:
+            break
+
+    mini_batches = -(-n_files // 10)
+    row = {"case": case.name, "files": n_files, "mini_batches": mini_batches,
+           "reps": max(len(pool_runs), len(fr_runs)), "errors": errors,
+           "pool_wall_s": [r.wall_s for r in pool_runs],
+           "fleetrun_wall_s": [r.wall_s for r in fr_runs]}
+    # Figures only from runs that succeeded (a failed run's speed means nothing).
+    pool_runs = [r for r in pool_runs if r.returncode == 0]
+    fr_runs = [r for r in fr_runs if r.returncode == 0]
+    if pool_runs:
+        pool_wall = statistics.median(r.wall_s for r in pool_runs)
+        row["pool_items_per_s"] = n_files / pool_wall
+        row["pool_peak_rss_mb"] = max(r.maxrss_mb for r in pool_runs)
+    if fr_runs and pool_runs:
+        fr_wall = statistics.median(r.wall_s for r in fr_runs)
+        row["fleetrun_items_per_s"] = n_files / fr_wall
+        row["ratio"] = row["fleetrun_items_per_s"] / row["pool_items_per_s"]
+        row["overhead_us_per_mini_batch"] = (fr_wall - pool_wall) / mini_batches * 1e6
+        row["fleetrun_peak_rss_mb"] = max(r.maxrss_mb for r in fr_runs)
+    return row
+
+
+def fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_table(rows: list[dict]) -> None:
+    head = (f"{'case':<20} {'files':>7} {'pool it/s':>10} {'fleetrun it/s':>14} "
+            f"{'fleetrun/pool':>13} {'overhead µs/mb':>15} {'fleetrun RSS MB':>16} "
+            f"{'pool RSS MB':>12}")
+    print("\n" + head + "\n" + "-" * len(head))
+    for r in rows:
+        if "skipped" in r:
+            print(f"{r['case']:<20} skipped: {r['skipped']}")
+            continue
+        print(f"{r['case']:<20} {r['files']:>7} {fmt(r.get('pool_items_per_s'), '10.0f')} "
+              f"{fmt(r.get('fleetrun_items_per_s'), '14.0f'):>14} "
+              f"{fmt(r.get('ratio'), '13.2f'):>13} "
+              f"{fmt(r.get('overhead_us_per_mini_batch'), '+15.0f'):>15} "
+              f"{fmt(r.get('fleetrun_peak_rss_mb'), '16.1f'):>16} "
+              f"{fmt(r.get('pool_peak_rss_mb'), '12.1f'):>12}"
+              + ("   FAILED" if r["errors"] else ""))
+    print("(medians over the repetitions; RSS = peak of the biggest single process; "
+          "overhead = (fleetrun wall - pool wall) / mini-batches)")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description="fleetrun vs multiprocessing.Pool(2)")
+    parser.add_argument("--quick", action="store_true",
+                        help="2,000 files and 1 repetition (CI: does the bench still run?)")
+    parser.add_argument("--files", type=int, help="input files (default 20,000; 2,000 with --quick)")
+    parser.add_argument("--reps", type=int, help="repetitions (default 3; 1 with --quick)")
+    parser.add_argument("--cases", help="comma-separated case names (default: all)")
+    parser.add_argument("--pool-only", action="store_true",
+                        help="run only the Pool baseline (no fleetrun binary needed)")
+    args = parser.parse_args(argv)
+    n_files = args.files or (2000 if args.quick else 20000)
+    reps = args.reps or (1 if args.quick else 3)
+    cases = CASES
+    if args.cases:
+        wanted = args.cases.split(",")
+        unknown = set(wanted) - {c.name for c in CASES}
+        if unknown:
+            parser.error(f"unknown case(s) {sorted(unknown)}; known: {[c.name for c in CASES]}")
+        cases = [c for c in CASES if c.name in wanted]
+
+    if not args.pool_only:
+        missing = [p for p in (FLEETRUN, RUNNER) if not os.access(p, os.X_OK)]
+        if missing:
+            print(f"error: fleetrun binary not found: {', '.join(missing)}\n"
+                  f"  build it first: (cd {ROOT} && cargo build --release)   "
+                  f"-- bench/run.sh does this --\n"
+                  f"  or run only the baseline: python3 bench/measure.py --pool-only",
+                  file=sys.stderr)
+            return 3
+
+    print(f"bench: {n_files} files x 1 KB, mini-batch 10, 2 processes, {reps} repetition(s); "
+          f"{os.cpu_count()} CPUs, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+          f"pool on Python {sys.version.split()[0]} ({sys.executable})")
+    gen_data.ensure_data(n_files)
+
+    rows = []
+    for case in cases:
+        reason = case.skip()
+        if reason:
+            rows.append({"case": case.name, "skipped": reason, "errors": []})
+            continue
+        rows.append(run_case(case, reps, n_files, args.pool_only))
+
+    print_table(rows)
+    with open(os.path.join(WORK, "results.json"), "w", encoding="utf-8") as f:
+        json.dump({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": n_files,
+                   "reps": reps, "cpus": os.cpu_count(), "rows": rows}, f, indent=1)
+
+    failed = [r for r in rows if r["errors"]]
+    for r in failed:
+        print(f"\n!!!!! {r['case']}: FAILED !!!!!", file=sys.stderr)
+        for e in r["errors"]:
+            print(e, file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The benchmark: fleetrun vs a plain multiprocessing.Pool(2) on the same files and the
+# same entry scripts (trivial.py, sleep1ms.py). Not a test; numbers depend on the machine.
+#
+#   bench/run.sh            20,000 files of 1 KB, 3 repetitions per case (medians)
+#   bench/run.sh --quick    2,000 files, 1 repetition (CI: the bench still runs)
+#
+# Other options go to bench/measure.py (--files N, --reps K, --cases trivial, --pool-only).
+# Input and outputs live in bench/work/ (gitignored); results in bench/work/results.json,
+# each run's console output in bench/work/logs/. PYTHON picks the interpreter for the
+# Pool baseline (default python3; use the Python fleetrun-runner embeds).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
+ROOT="$(cd "$HERE/.." && pwd -P)"
+PYTHON="${PYTHON:-python3}"
+
+echo "== building fleetrun (cargo build --release)"
+(cd "$ROOT" && cargo build --release)
+
+echo "== measuring"
+exec "$PYTHON" "$HERE/measure.py" "$@"

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The digits demo, in one command (from any folder, as often as you like):
+#
+#   examples/digits/run.sh [--set key=value ...]
+#
+# 1. creates examples/digits/.venv (python3 -m venv) and installs requirements.txt;
+# 2. writes the input: data/images/ (300 PNGs, 2 of them corrupt) and data/labels.txt;
+# 3. builds fleetrun (cargo build --release at the repository root);
+# 4. runs  target/release/fleetrun run examples/digits/job.toml  (extra arguments are
+#    passed on, e.g. --set error_threshold=1 to watch the job fail);
+# 5. shows the first rows of the output and where the logs are.
+#
+# Exits with fleetrun's exit code (0 completed, 42 failed, 2 bad job file).
+# PYTHON=/path/to/python3.11 picks the interpreter for the venv (default: python3); it
+# must be the same Python version that fleetrun-runner was built against.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
+ROOT="$(cd "$HERE/../.." && pwd -P)"
+PYTHON="${PYTHON:-python3}"
+VENV="$HERE/.venv"
+STAMP="$VENV/.requirements.sha256"
+OUT_DIR="$HERE/out"
+OUT_FILE="$OUT_DIR/parallel_run_step.txt"
+
+say() { printf '\n== %s\n' "$*"; }
+
+# --- 1. the Python environment ------------------------------------------------------
+if [[ ! -x "$VENV/bin/python" ]]; then
+    say "creating $VENV with $("$PYTHON" --version 2>&1)"
+    rm -rf "$VENV"
+    if ! "$PYTHON" -m venv "$VENV"; then
+        rm -rf "$VENV"
+        echo "error: '$PYTHON -m venv' failed. On Debian/Ubuntu: apt-get install python3-venv" >&2
+        exit 1
+    fi
+fi
+want="$(sha256sum "$HERE/requirements.txt" | cut -d' ' -f1)"
+if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$want" ]]; then
+    say "installing $(grep -v '^#' "$HERE/requirements.txt" | xargs) into .venv (quietly)"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+        -r "$HERE/requirements.txt"
+    echo "$want" > "$STAMP"
+fi
+
+# --- 2. the input data --------------------------------------------------------------
+say "generating the input"
+"$VENV/bin/python" "$HERE/make_data.py"
+
+# --- 3. fleetrun ----------------------------------------------------------------------
+say "building fleetrun (cargo build --release)"
+(cd "$ROOT" && cargo build --release)
+
+# --- 4. the job -----------------------------------------------------------------------
+rm -rf "$OUT_DIR"   # a fresh run each time (a leftover output folder would be resumed)
+say "fleetrun run examples/digits/job.toml $*"
+cd "$ROOT"
+set +e
+target/release/fleetrun run examples/digits/job.toml "$@"
+rc=$?
+set -e
+
+# --- 5. what came out -----------------------------------------------------------------
+if [[ -f "$OUT_FILE" ]]; then
+    say "output: $OUT_FILE ($(wc -l < "$OUT_FILE") rows), first lines:"
+    head -n 5 "$OUT_FILE"
+    "$VENV/bin/python" "$HERE/check.py" "$OUT_FILE" || true
+fi
+if [[ -d "$OUT_DIR/logs" ]]; then
+    say "logs: $OUT_DIR/logs/"
+    for f in job_result.txt failed_items.csv; do
+        if [[ -f "$OUT_DIR/logs/$f" ]]; then
+            echo "-- logs/$f"
+            head -n 5 "$OUT_DIR/logs/$f"
+        fi
+    done
+    echo "-- the script's own log lines: $OUT_DIR/logs/user/entry_script_log/"
+fi
+say "fleetrun exited with $rc"
+exit "$rc"

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Installs (when missing), starts and stops the real servers the `services` test tier and the
+# fleet demo use, all on loopback:
+#   RabbitMQ  amqp://guest:guest@127.0.0.1:5673/%2f   (management API on 127.0.0.1:15673)
+#   Redis     redis://127.0.0.1:6390/                 (append-only persistence on)
+#   S3        http://127.0.0.1:5055                   (moto_server)
+#
+#   scripts/services.sh start   # install what is missing, start, wait until each answers
+#   scripts/services.sh stop
+#   scripts/services.sh env     # print the variables the tests and the fleet read
+set -euo pipefail
+
+STATE=${FLEETRUN_SERVICES_DIR:-/tmp/fleetrun-services}
+AMQP_PORT=5673
+MGMT_PORT=15673
+REDIS_PORT=6390
+S3_PORT=5055
+
+say() { printf '[services] %s\n' "$*" >&2; }
+
+print_env() {
+  cat <<ENV
+export FLEETRUN_TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f
+export FLEETRUN_TEST_AMQP_MANAGEMENT_URL=http://guest:guest@127.0.0.1:$MGMT_PORT
+export FLEETRUN_TEST_REDIS_URL=redis://127.0.0.1:$REDIS_PORT/
+export FLEETRUN_TEST_S3_ENDPOINT=http://127.0.0.1:$S3_PORT
+ENV
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_port() {
+  local name=$1 port=$2 tries=${3:-120}
+  for _ in $(seq "$tries"); do
+    port_open "$port" && return 0
+    sleep 0.5
+  done
+  say "$name did not open port $port"
+  return 1
+}
+
+install_missing() {
+  local packages=()
+  command -v redis-server >/dev/null || packages+=(redis-server)
+  command -v rabbitmq-server >/dev/null || packages+=(rabbitmq-server)
+  if [ ${#packages[@]} -gt 0 ]; then
+    say "installing ${packages[*]}"
+    apt-get update -qq
+    # The packages' own service start is refused in containers; we start the servers below.
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${packages[@]}" >/dev/null
+  fi
+  if ! python3 -c 'import moto, sys; v = tuple(int(x) for x in moto.__version__.split(".")[:3]); sys.exit(v < (5, 2, 5))' 2>/dev/null \
+     || ! command -v moto_server >/dev/null; then
+    # moto before 5.2.5 answers CompleteMultipartUpload with the wrong XML root.
+    say "installing moto[server]>=5.2.5"
+    python3 -m pip install -q 'moto[server]>=5.2.5'
+  fi
+}
+
+start_rabbitmq() {
+  if port_open "$AMQP_PORT"; then return 0; fi
+  mkdir -p /etc/rabbitmq
+  cat > /etc/rabbitmq/rabbitmq-env.conf <<CONF
+NODENAME=fleetrun@localhost
+NODE_IP_ADDRESS=127.0.0.1
+NODE_PORT=$AMQP_PORT
+CONF
+  cat > /etc/rabbitmq/rabbitmq.conf <<CONF
+listeners.tcp.default = 127.0.0.1:$AMQP_PORT
+management.tcp.ip = 127.0.0.1
+management.tcp.port = $MGMT_PORT
+# An hour: mini-batches in tests are short; the fleet's own setting is in deploy/.
+consumer_timeout = 3600000
+CONF
+  echo '[rabbitmq_management].' > /etc/rabbitmq/enabled_plugins
+  say "starting RabbitMQ on 127.0.0.1:$AMQP_PORT"
+  rabbitmq-server -detached
+  # -detached returns before the node registers; await_startup needs it registered.
+  for _ in $(seq 120); do
+    rabbitmqctl -n fleetrun@localhost await_startup --timeout 120 >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  wait_port RabbitMQ "$AMQP_PORT"
+  wait_port "RabbitMQ management" "$MGMT_PORT"
+}
+
+start_redis() {
+  if port_open "$REDIS_PORT"; then return 0; fi
+  mkdir -p "$STATE/redis"
+  say "starting Redis on 127.0.0.1:$REDIS_PORT"
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$STATE/redis" \
+    --appendonly yes --save '' --daemonize yes --pidfile "$STATE/redis.pid" \
+    --logfile "$STATE/redis.log"
+  wait_port Redis "$REDIS_PORT"
+}
+
+start_s3() {
+  if port_open "$S3_PORT"; then return 0; fi
+  mkdir -p "$STATE"
+  say "starting moto_server (S3) on 127.0.0.1:$S3_PORT"
+  nohup moto_server -H 127.0.0.1 -p "$S3_PORT" > "$STATE/moto.log" 2>&1 &
+  echo $! > "$STATE/moto.pid"
+  wait_port moto_server "$S3_PORT"
+}
+
+stop_all() {
+  rabbitmqctl -n fleetrun@localhost stop >/dev/null 2>&1 || true
+  redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+  if [ -f "$STATE/moto.pid" ]; then
+    kill "$(cat "$STATE/moto.pid")" 2>/dev/null || true
+    rm -f "$STATE/moto.pid"
+  fi
+}
+
+case "${1:-}" in
+  start)
+    install_missing
+    start_redis
+    start_s3
+    start_rabbitmq
+    say "all services are up"
+    ;;
+  stop) stop_all ;;
+  env) print_env ;;
+  *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;
+esac

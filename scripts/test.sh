@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Every test tier, the way CI runs it: formatting, lints, then unit, flow, end-to-end and
+# real-server tests (RabbitMQ, Redis and an S3 server started on loopback by
+# scripts/services.sh, installed first when missing).
+#
+#   scripts/test.sh                 # everything
+#   FLEETRUN_KEEP_SERVICES=1 scripts/test.sh   # leave the servers running afterwards
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+say() { printf '\n== %s\n' "$*" >&2; }
+
+scripts/services.sh start
+if [ -z "${FLEETRUN_KEEP_SERVICES:-}" ]; then
+  trap 'scripts/services.sh stop' EXIT
+fi
+eval "$(scripts/services.sh env)"
+
+say "cargo fmt --check"
+cargo fmt --all -- --check
+
+say "cargo clippy"
+cargo clippy --workspace --all-targets --features fleetrun-tests/services -- -D warnings
+
+# The end-to-end tests run the built binaries (fleetrun, fleetrun-runner).
+say "cargo build"
+cargo build --workspace
+
+say "tests"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --features fleetrun-tests/services --no-fail-fast
+else
+  cargo test --workspace --features fleetrun-tests/services --no-fail-fast
+fi
