@@ -107,3 +107,26 @@ pub fn expected_lines(n: usize, skip: impl Fn(usize) -> bool) -> Vec<String> {
 pub fn code(out: &Output) -> i32 {
     out.status.code().unwrap_or(-1)
 }
+
+/// Where the real servers of the `services` test tier listen (set by `scripts/services.sh`;
+/// these defaults are the ports it uses).
+pub mod services {
+    fn var(name: &str, default: &str) -> String {
+        std::env::var(name).unwrap_or_else(|_| default.to_owned())
+    }
+
+    pub fn amqp_url() -> String {
+        var(
+            "FLEETRUN_TEST_AMQP_URL",
+            "amqp://guest:guest@127.0.0.1:5673/%2f",
+        )
+    }
+
+    pub fn redis_url() -> String {
+        var("FLEETRUN_TEST_REDIS_URL", "redis://127.0.0.1:6390/")
+    }
+
+    pub fn s3_endpoint() -> String {
+        var("FLEETRUN_TEST_S3_ENDPOINT", "http://127.0.0.1:5055")
+    }
+}

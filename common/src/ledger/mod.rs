@@ -7,6 +7,10 @@
 //! `Running → Finalizing → Completed`, or to `Failed`/`Canceled`, and never back.
 
 mod memory;
+pub mod redis;
+mod registry;
+
+pub use registry::{JobRegistry, MemoryRegistry, RedisRegistry};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};

@@ -34,6 +34,8 @@ struct State {
     ready: VecDeque<Message>,
     dead: VecDeque<Message>,
     unacked: u64,
+    /// Dead letters delivered to a consumer of the dead-letter queue and not yet settled.
+    dead_held: u64,
 }
 
 struct Message {
@@ -142,7 +144,7 @@ impl Queue for MemoryQueue {
         Ok(Depth {
             ready: state.ready.len() as u64,
             unacked: state.unacked,
-            dead: state.dead.len() as u64,
+            dead: state.dead.len() as u64 + state.dead_held,
         })
     }
 }
@@ -190,7 +192,11 @@ impl Consumer for MemoryConsumer {
             } else {
                 state.ready.pop_front()
             };
-            state.unacked += 1;
+            if self.dead_letters {
+                state.dead_held += 1;
+            } else {
+                state.unacked += 1;
+            }
             message.expect("a permit stands for a message")
         };
         if !self.dead_letters
@@ -226,7 +232,7 @@ impl MemoryAcker {
         };
         if self.dead_letter {
             let mut state = self.shared.lock();
-            state.unacked -= 1;
+            state.dead_held -= 1;
             if disposition != Disposition::Ack {
                 state.dead.push_front(message);
                 self.shared.dead.add_permits(1);

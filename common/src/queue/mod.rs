@@ -10,6 +10,7 @@
 //! - [`Disposition::DeadLetter`] moves a message to the dead-letter queue at once (reason
 //!   `rejected`), where operators can count and drain it.
 
+pub mod amqp;
 mod memory;
 
 use async_trait::async_trait;
@@ -37,8 +38,11 @@ pub struct QueueOptions {
 /// Messages by where they are.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Depth {
+    /// Mini-batches waiting for a consumer.
     pub ready: u64,
+    /// Mini-batches delivered and not yet settled.
     pub unacked: u64,
+    /// Messages in the dead-letter queue, including any a consumer of it holds.
     pub dead: u64,
 }
 

@@ -114,7 +114,9 @@ impl Storage for LocalStorage {
     async fn writer(&self, key: &str) -> Result<Box<dyn ObjectWriter>, StorageError> {
         let path = self.path(key)?;
         if let Some(parent) = path.parent() {
-            tokio::fs::create_dir_all(parent).await.map_err(io_err(key))?;
+            tokio::fs::create_dir_all(parent)
+                .await
+                .map_err(io_err(key))?;
         }
         let tmp = temp_sibling(&path);
         let file = tokio::fs::File::create(&tmp).await.map_err(io_err(key))?;
@@ -165,7 +167,13 @@ impl ObjectWriter for LocalWriter {
 
     async fn finish(self: Box<Self>) -> Result<u64, StorageError> {
         use tokio::io::AsyncWriteExt;
-        let LocalWriter { key, path, tmp, mut file, size } = *self;
+        let LocalWriter {
+            key,
+            path,
+            tmp,
+            mut file,
+            size,
+        } = *self;
         file.flush().await.map_err(io_err(&key))?;
         file.get_ref().sync_all().await.map_err(io_err(&key))?;
         tokio::fs::rename(&tmp, &path).await.map_err(io_err(&key))?;

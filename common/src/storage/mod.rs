@@ -5,6 +5,7 @@
 //! refuses them, so an object key can never escape a staging folder.
 
 mod local;
+pub mod s3;
 
 use std::path::PathBuf;
 

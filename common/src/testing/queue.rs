@@ -209,24 +209,23 @@ where
     }
     let mut c = q.consume(1).await.unwrap();
     let d = next(&mut c).await;
-    wait_depth(&*q, 2, 1).await;
+    // One is held; a broker may already have pushed the next one to the consumer (it is
+    // then unacknowledged too), but nothing is lost or counted twice.
+    wait_depth(&*q, |ready, unacked| ready + unacked == 3 && unacked >= 1).await;
     d.settle(Disposition::Ack).await.unwrap();
-    wait_depth(&*q, 2, 0).await;
+    wait_depth(&*q, |ready, unacked| ready + unacked == 2).await;
 }
 
-/// Polls the depth until it shows the expected figures: management statistics of a broker
-/// lag behind by design, so this is a wait on a condition, bounded by [`PATIENCE`].
-async fn wait_depth(q: &dyn Queue, ready: u64, unacked: u64) {
+/// Polls the depth until it meets `want(ready, unacked)`: management statistics of a
+/// broker lag behind by design, so this is a wait on a condition, bounded by [`PATIENCE`].
+async fn wait_depth(q: &dyn Queue, want: impl Fn(u64, u64) -> bool) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let depth = q.depth().await.unwrap();
-        if (depth.ready, depth.unacked) == (ready, unacked) {
+        if want(depth.ready, depth.unacked) {
             return;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "depth stayed {depth:?}, wanted ready {ready} unacked {unacked}"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "depth stayed {depth:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

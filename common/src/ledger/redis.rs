@@ -1,0 +1,626 @@
+//! The ledger on Redis: one Lua script per atomic step.
+//!
+//! # Keys
+//!
+//! A job's keys carry its id as a hash tag, so Redis Cluster keeps them in one slot and one
+//! script may touch them all (`<prefix>` is the caller's, e.g. `fleetrun`; it must not hold
+//! a `{`):
+//!
+//! - `<prefix>:job:{<job>}:state`, a HASH: `state` ([`JobState::as_str`]), `total` (absent
+//!   until sealed), `done`, `items_succeeded`, `items_failed`, `batches_failed`, `reason`
+//!   (a reason given to [`Ledger::transition`]), the limits (`error_threshold`,
+//!   `allowed_failed_count` with -1 for none, `allowed_failed_percent`), `created_at` (server
+//!   time, Unix seconds), and the bookkeeping fields described below.
+//! - `<prefix>:job:{<job>}:done`, a HASH from each recorded mini-batch index to the id of the
+//!   call that recorded it first.
+//!
+//! # Why every step is a script
+//!
+//! Each step reads the count, decides and writes: record a mini-batch once, add its failures,
+//! check the limits, notice that everything is done, flip the state. Run as one Lua script,
+//! nothing else runs in between, so two workers can never both count a mini-batch or both
+//! see "I moved the job". Record and seal end in the same `settle` snippet (the twin of
+//! [`super::MemoryLedger`]'s `settle_state`), pasted into both scripts, so they cannot
+//! judge differently. The state names in the Lua come from [`JobState::as_str`].
+//!
+//! # Reasons
+//!
+//! A job failed by a limit keeps the counts it failed at (`exceeded_items_failed`,
+//! `exceeded_batches_failed`, `exceeded_total`), not text: reading the status writes the
+//! reason with [`Limits::exceeded`] from them, so it is the embedded ledger's text to the
+//! letter. The flip itself happens inside the script. A `reason` field, set by a later
+//! [`Ledger::transition`], wins; failing on a limit clears it, as the embedded ledger
+//! overwrites it.
+//!
+//! # Retries
+//!
+//! A [`ConnectionManager`] reconnects by itself, but the command that finds the connection
+//! dropped fails, and a reply can be lost after the script ran (a timeout proves nothing).
+//! So every call is retried a few times with backoff, under one call id: `create`, `seal`,
+//! `record` and `transition` store the id of the call that did something (`created_by`,
+//! `sealed_by`, the `done` entry, `moved_by`), and a retry that finds its own id answers as
+//! the first attempt did. A retried `record` thus neither counts twice nor loses the
+//! `first`/`transitioned` it earned (unless another call moved the state in between), and a
+//! retried `create` does not report its own job as existing.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use backon::{ExponentialBuilder, Retryable};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{RedisError, RedisResult, RetryMethod, Script};
+use tracing::{debug, warn};
+
+use super::{JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Status};
+
+/// How long a command may wait for its reply. The crate's default (500 ms) fails calls the
+/// server still executes, and a busy server can take longer.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Retries of one call on a dropped connection or a lost reply: 50 ms doubling to 1 s.
+const RETRY: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(Duration::from_millis(50))
+    .with_max_delay(Duration::from_secs(1))
+    .with_max_times(5)
+    .with_jitter();
+
+/// Names the states as Rust does, and answers a retry whose call already moved the job.
+fn prelude() -> String {
+    format!(
+        r#"
+local RUNNING, FINALIZING, FAILED = '{}', '{}', '{}'
+
+-- 1 if the call `call` was the last to move the job's state (its reply may have been lost).
+local function moved_by(key, call)
+  if redis.call('HGET', key, 'moved_by') == call then return 1 end
+  return 0
+end
+"#,
+        JobState::Running.as_str(),
+        JobState::Finalizing.as_str(),
+        JobState::Failed.as_str(),
+    )
+}
+
+/// `MemoryLedger`'s `settle_state` in Lua: a Running job whose counts exceed a limit fails
+/// (keeping the counts it failed at, from which the reason is written); else one whose every
+/// mini-batch is done moves to Finalizing. The comparisons are `Limits::exceeded`'s, in the
+/// same doubles. Returns 1 if the state moved.
+const SETTLE_LUA: &str = r#"
+local function settle(key, call)
+  local f = redis.call('HMGET', key, 'state', 'total', 'done', 'items_failed',
+    'batches_failed', 'error_threshold', 'allowed_failed_count', 'allowed_failed_percent')
+  if f[1] ~= RUNNING then return 0 end
+  local total, done = tonumber(f[2]), tonumber(f[3])
+  local items, batches = tonumber(f[4]), tonumber(f[5])
+  local threshold, count, percent = tonumber(f[6]), tonumber(f[7]), tonumber(f[8])
+  if (threshold >= 0 and items > threshold)
+      or (count >= 0 and batches > count)
+      or (total ~= nil and total > 0 and batches * 100 > percent * total) then
+    redis.call('HSET', key, 'state', FAILED, 'moved_by', call,
+      'exceeded_items_failed', f[4], 'exceeded_batches_failed', f[5],
+      'exceeded_total', f[2] or '')
+    redis.call('HDEL', key, 'reason')
+    return 1
+  end
+  if total ~= nil and done == total then
+    redis.call('HSET', key, 'state', FINALIZING, 'moved_by', call)
+    return 1
+  end
+  return 0
+end
+"#;
+
+/// KEYS: state, done. ARGV: call id, error_threshold, allowed_failed_count (-1 = none),
+/// allowed_failed_percent. Returns 1 if the job was entered (by this call), 0 if it exists.
+const CREATE_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if redis.call('HGET', KEYS[1], 'created_by') == ARGV[1] then return 1 end
+  return 0
+end
+redis.call('DEL', KEYS[2])
+local now = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'state', RUNNING, 'done', 0, 'items_succeeded', 0,
+  'items_failed', 0, 'batches_failed', 0, 'error_threshold', ARGV[2],
+  'allowed_failed_count', ARGV[3], 'allowed_failed_percent', ARGV[4],
+  'created_at', now[1], 'created_by', ARGV[1])
+return 1
+"#;
+
+/// KEYS: state. ARGV: call id, total. Returns nil for an unknown job, else
+/// `{first, moved, HGETALL state}`.
+const SEAL_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local first, moved = 1, 0
+if redis.call('HSETNX', KEYS[1], 'total', ARGV[2]) == 1 then
+  redis.call('HSET', KEYS[1], 'sealed_by', ARGV[1])
+  moved = settle(KEYS[1], ARGV[1])
+elseif redis.call('HGET', KEYS[1], 'sealed_by') == ARGV[1] then
+  moved = moved_by(KEYS[1], ARGV[1])
+else
+  first = 0
+end
+return {first, moved, redis.call('HGETALL', KEYS[1])}
+"#;
+
+/// KEYS: state, done. ARGV: call id, index, items succeeded, items failed, batch failed
+/// (0/1). Returns nil for an unknown job, else `{first, moved, HGETALL state}`.
+const RECORD_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local first, moved = 1, 0
+if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[1]) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'done', 1)
+  redis.call('HINCRBY', KEYS[1], 'items_succeeded', ARGV[3])
+  redis.call('HINCRBY', KEYS[1], 'items_failed', ARGV[4])
+  redis.call('HINCRBY', KEYS[1], 'batches_failed', ARGV[5])
+  moved = settle(KEYS[1], ARGV[1])
+elseif redis.call('HGET', KEYS[2], ARGV[2]) == ARGV[1] then
+  moved = moved_by(KEYS[1], ARGV[1])
+else
+  first = 0
+end
+return {first, moved, redis.call('HGETALL', KEYS[1])}
+"#;
+
+/// KEYS: state. ARGV: call id, to, has reason (0/1), reason, from-states…. Returns nil for
+/// an unknown job, else `{moved, HGETALL state}`.
+const TRANSITION_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local state = redis.call('HGET', KEYS[1], 'state')
+for i = 5, #ARGV do
+  if ARGV[i] == state then
+    redis.call('HSET', KEYS[1], 'state', ARGV[2], 'moved_by', ARGV[1])
+    if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'reason', ARGV[4]) end
+    return {1, redis.call('HGETALL', KEYS[1])}
+  end
+end
+return {moved_by(KEYS[1], ARGV[1]), redis.call('HGETALL', KEYS[1])}
+"#;
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{}{SETTLE_LUA}{body}", prelude()))
+}
+
+static CREATE: LazyLock<Script> = LazyLock::new(|| script(CREATE_LUA));
+static SEAL: LazyLock<Script> = LazyLock::new(|| script(SEAL_LUA));
+static RECORD: LazyLock<Script> = LazyLock::new(|| script(RECORD_LUA));
+static TRANSITION: LazyLock<Script> = LazyLock::new(|| script(TRANSITION_LUA));
+
+/// What seal and record return: first (0/1), moved (0/1), the state hash.
+type StepReply = (i64, i64, HashMap<String, String>);
+
+/// The [`Ledger`] shared by every worker of a fleet, kept in Redis.
+pub struct RedisLedger {
+    conn: ConnectionManager,
+    prefix: String,
+    /// Tells this ledger's calls from other processes' in the stored call ids.
+    instance: String,
+    calls: AtomicU64,
+}
+
+/// The keys of one job.
+struct JobKeys {
+    state: String,
+    done: String,
+}
+
+impl RedisLedger {
+    /// Connects to the Redis at `url` (`redis://host:port/db`) and keeps the ledger under
+    /// `key_prefix` (the fleet's, e.g. `fleetrun`; tests take a random one each).
+    pub async fn connect(url: &str, key_prefix: &str) -> Result<RedisLedger, LedgerError> {
+        let client = redis::Client::open(url).map_err(|e| backend("open", &e))?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_connection_timeout(Some(CONNECTION_TIMEOUT));
+        let conn = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(|e| backend("connect", &e))?;
+        Ok(RedisLedger {
+            conn,
+            prefix: key_prefix.to_owned(),
+            instance: instance_id(),
+            calls: AtomicU64::new(0),
+        })
+    }
+
+    fn keys(&self, job: &str) -> JobKeys {
+        let base = format!("{}:job:{{{job}}}", self.prefix);
+        JobKeys {
+            state: format!("{base}:state"),
+            done: format!("{base}:done"),
+        }
+    }
+
+    /// A new id for one call, the same across its retries.
+    fn call_id(&self) -> String {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        format!("{}-{n}", self.instance)
+    }
+
+    /// Runs `attempt` until it succeeds, retrying errors a new try may cure (a dropped
+    /// connection, a timeout, a server still loading). Only for idempotent attempts.
+    async fn retrying<T, F, Fut>(
+        &self,
+        step: &'static str,
+        job: &str,
+        attempt: F,
+    ) -> Result<T, LedgerError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        attempt
+            .retry(RETRY)
+            .when(is_transient)
+            .notify(|e: &RedisError, wait: Duration| {
+                warn!(
+                    job = %job, step, error = %e, retry_in = ?wait,
+                    "Redis ledger call failed; retrying."
+                );
+            })
+            .await
+            .map_err(|e| backend(step, &e))
+    }
+}
+
+#[async_trait]
+impl Ledger for RedisLedger {
+    async fn create(&self, job: &str, limits: Limits) -> Result<(), LedgerError> {
+        let keys = self.keys(job);
+        let call = self.call_id();
+        let allowed_count = limits
+            .allowed_failed_count
+            .map_or_else(|| "-1".to_owned(), |n| n.to_string());
+        let percent = limits.allowed_failed_percent.to_string();
+        let entered: i64 = self
+            .retrying("create", job, || {
+                let mut conn = self.conn.clone();
+                let (keys, call, allowed_count, percent) = (&keys, &call, &allowed_count, &percent);
+                async move {
+                    CREATE
+                        .key(&keys.state)
+                        .key(&keys.done)
+                        .arg(call)
+                        .arg(limits.error_threshold)
+                        .arg(allowed_count)
+                        .arg(percent)
+                        .invoke_async(&mut conn)
+                        .await
+                }
+            })
+            .await?;
+        if entered == 1 {
+            Ok(())
+        } else {
+            Err(LedgerError::JobExists(job.to_owned()))
+        }
+    }
+
+    async fn seal(&self, job: &str, total: u64) -> Result<Recorded, LedgerError> {
+        let keys = self.keys(job);
+        let call = self.call_id();
+        let reply = self
+            .retrying("seal", job, || {
+                let mut conn = self.conn.clone();
+                let (keys, call) = (&keys, &call);
+                async move {
+                    SEAL.key(&keys.state)
+                        .arg(call)
+                        .arg(total)
+                        .invoke_async(&mut conn)
+                        .await
+                }
+            })
+            .await?;
+        recorded("seal", job, reply)
+    }
+
+    async fn record(
+        &self,
+        job: &str,
+        index: u64,
+        outcome: Outcome,
+    ) -> Result<Recorded, LedgerError> {
+        // HINCRBY takes signed 64-bit numbers; refuse before the script half-applies one.
+        let count = |n: u64| {
+            i64::try_from(n).map_err(|_| LedgerError::Backend(format!("count {n} out of range")))
+        };
+        let (succeeded, failed) = (count(outcome.succeeded)?, count(outcome.failed)?);
+        let keys = self.keys(job);
+        let call = self.call_id();
+        let reply = self
+            .retrying("record", job, || {
+                let mut conn = self.conn.clone();
+                let (keys, call) = (&keys, &call);
+                async move {
+                    RECORD
+                        .key(&keys.state)
+                        .key(&keys.done)
+                        .arg(call)
+                        .arg(index)
+                        .arg(succeeded)
+                        .arg(failed)
+                        .arg(u8::from(outcome.batch_failed))
+                        .invoke_async(&mut conn)
+                        .await
+                }
+            })
+            .await?;
+        recorded("record", job, reply)
+    }
+
+    async fn transition(
+        &self,
+        job: &str,
+        from: &[JobState],
+        to: JobState,
+        reason: Option<&str>,
+    ) -> Result<(bool, Status), LedgerError> {
+        let keys = self.keys(job);
+        let call = self.call_id();
+        let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
+        let reply: Option<(i64, HashMap<String, String>)> = self
+            .retrying("transition", job, || {
+                let mut conn = self.conn.clone();
+                let (keys, call, from) = (&keys, &call, &from);
+                async move {
+                    TRANSITION
+                        .key(&keys.state)
+                        .arg(call)
+                        .arg(to.as_str())
+                        .arg(u8::from(reason.is_some()))
+                        .arg(reason.unwrap_or(""))
+                        .arg(from)
+                        .invoke_async(&mut conn)
+                        .await
+                }
+            })
+            .await?;
+        let (moved, fields) = reply.ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+        let status = parse_status(job, &fields)?;
+        if moved == 1 {
+            debug!(job = %job, state = %status.state, "Job moved.");
+        }
+        Ok((moved == 1, status))
+    }
+
+    async fn status(&self, job: &str) -> Result<Option<Status>, LedgerError> {
+        let keys = self.keys(job);
+        let fields: HashMap<String, String> = self
+            .retrying("status", job, || {
+                let mut conn = self.conn.clone();
+                let key = &keys.state;
+                async move { redis::cmd("HGETALL").arg(key).query_async(&mut conn).await }
+            })
+            .await?;
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        parse_status(job, &fields).map(Some)
+    }
+}
+
+/// Reads the reply of a seal or record script.
+fn recorded(
+    step: &'static str,
+    job: &str,
+    reply: Option<StepReply>,
+) -> Result<Recorded, LedgerError> {
+    let (first, moved, fields) = reply.ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+    let status = parse_status(job, &fields)?;
+    let transitioned = moved == 1;
+    if transitioned {
+        debug!(job = %job, step, state = %status.state, "Job moved.");
+    }
+    Ok(Recorded {
+        first: first == 1,
+        transitioned,
+        status,
+    })
+}
+
+/// Errors a new try may cure: the connection dropped or timed out, or the server asks to
+/// wait (loading, failing over).
+fn is_transient(e: &RedisError) -> bool {
+    matches!(
+        e.retry_method(),
+        RetryMethod::Reconnect
+            | RetryMethod::ReconnectFromInitialConnections
+            | RetryMethod::RetryImmediately
+            | RetryMethod::WaitAndRetry
+    )
+}
+
+fn backend(step: &str, e: &RedisError) -> LedgerError {
+    LedgerError::Backend(format!("redis {step}: {e}"))
+}
+
+/// A process-unique, practically fleet-unique id for this ledger's calls.
+fn instance_id() -> String {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    format!("{:016x}", h.finish())
+}
+
+/// The job's status from its state hash.
+fn parse_status(job: &str, fields: &HashMap<String, String>) -> Result<Status, LedgerError> {
+    let f = Fields { job, fields };
+    let state = f
+        .text("state")
+        .and_then(JobState::parse)
+        .ok_or_else(|| f.corrupt("state"))?;
+    let reason = match fields.get("reason") {
+        Some(reason) => Some(reason.clone()),
+        None if fields.contains_key("exceeded_items_failed") => {
+            let limits = f.limits()?;
+            let items = f.count("exceeded_items_failed")?;
+            let batches = f.count("exceeded_batches_failed")?;
+            let total = f.num("exceeded_total")?;
+            // The script failed the job on exactly these numbers, so `exceeded` names a limit.
+            Some(
+                limits
+                    .exceeded(items, batches, total)
+                    .unwrap_or_else(|| "a limit was exceeded".to_owned()),
+            )
+        }
+        None => None,
+    };
+    Ok(Status {
+        state,
+        total: f.num("total")?,
+        done: f.count("done")?,
+        items_succeeded: f.count("items_succeeded")?,
+        items_failed: f.count("items_failed")?,
+        batches_failed: f.count("batches_failed")?,
+        reason,
+    })
+}
+
+/// A job's state hash, read field by field.
+struct Fields<'a> {
+    job: &'a str,
+    fields: &'a HashMap<String, String>,
+}
+
+impl Fields<'_> {
+    fn corrupt(&self, name: &str) -> LedgerError {
+        LedgerError::Backend(format!("job {}: bad ledger field {name}", self.job))
+    }
+
+    /// A field's text; an empty field counts as absent.
+    fn text(&self, name: &str) -> Option<&str> {
+        self.fields
+            .get(name)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    }
+
+    fn parse<T: std::str::FromStr>(&self, name: &str) -> Result<Option<T>, LedgerError> {
+        self.text(name)
+            .map(|v| v.parse().map_err(|_| self.corrupt(name)))
+            .transpose()
+    }
+
+    fn num(&self, name: &str) -> Result<Option<u64>, LedgerError> {
+        self.parse(name)
+    }
+
+    fn count(&self, name: &str) -> Result<u64, LedgerError> {
+        self.required(name)
+    }
+
+    fn required<T: std::str::FromStr>(&self, name: &str) -> Result<T, LedgerError> {
+        self.parse(name)?.ok_or_else(|| self.corrupt(name))
+    }
+
+    fn limits(&self) -> Result<Limits, LedgerError> {
+        Ok(Limits {
+            error_threshold: self.required("error_threshold")?,
+            allowed_failed_count: match self.text("allowed_failed_count") {
+                Some("-1") => None,
+                _ => Some(self.required("allowed_failed_count")?),
+            },
+            allowed_failed_percent: self.required("allowed_failed_percent")?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    const FAILED_ON_PERCENT: &[(&str, &str)] = &[
+        ("state", "Failed"),
+        ("total", "4"),
+        ("done", "3"),
+        ("items_succeeded", "20"),
+        ("items_failed", "2"),
+        ("batches_failed", "2"),
+        ("error_threshold", "-1"),
+        ("allowed_failed_count", "-1"),
+        ("allowed_failed_percent", "20.5"),
+        ("exceeded_items_failed", "1"),
+        ("exceeded_batches_failed", "1"),
+        ("exceeded_total", "4"),
+    ];
+
+    #[test]
+    fn a_limit_reason_is_written_by_limits_exceeded_from_the_counts_it_failed_at() {
+        let status = parse_status("j", &fields(FAILED_ON_PERCENT)).unwrap();
+        let limits = Limits {
+            allowed_failed_percent: 20.5,
+            ..Limits::NONE
+        };
+        assert_eq!(status.reason, limits.exceeded(1, 1, Some(4)));
+        assert_eq!(status.state, JobState::Failed);
+        assert_eq!(
+            (status.total, status.done, status.batches_failed),
+            (Some(4), 3, 2)
+        );
+    }
+
+    #[test]
+    fn a_given_reason_wins_and_no_total_means_unsealed() {
+        let mut f = fields(FAILED_ON_PERCENT);
+        f.insert("reason".into(), "by user".into());
+        f.remove("total");
+        let status = parse_status("j", &f).unwrap();
+        assert_eq!(status.reason.as_deref(), Some("by user"));
+        assert_eq!(status.total, None);
+    }
+
+    #[test]
+    fn a_count_limit_and_an_unsealed_total_round_trip() {
+        let mut f = fields(FAILED_ON_PERCENT);
+        f.insert("allowed_failed_count".into(), "0".into());
+        f.insert("exceeded_total".into(), String::new());
+        let status = parse_status("j", &f).unwrap();
+        assert!(
+            status
+                .reason
+                .unwrap()
+                .starts_with("allowed_failed_count exceeded: 1 failed"),
+        );
+    }
+
+    #[test]
+    fn a_corrupt_hash_is_a_backend_error() {
+        let mut f = fields(FAILED_ON_PERCENT);
+        f.insert("state".into(), "Sleeping".into());
+        assert!(matches!(
+            parse_status("j", &f),
+            Err(LedgerError::Backend(_))
+        ));
+    }
+
+    #[test]
+    fn scripts_hold_the_rust_state_names_and_the_shared_settle() {
+        for body in [SEAL_LUA, RECORD_LUA] {
+            assert!(body.contains("settle(KEYS[1], ARGV[1])"));
+        }
+        let prelude = prelude();
+        for state in [JobState::Running, JobState::Finalizing, JobState::Failed] {
+            assert!(prelude.contains(&format!("'{}'", state.as_str())));
+        }
+    }
+}

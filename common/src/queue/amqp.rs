@@ -1,0 +1,851 @@
+//! The queue on RabbitMQ (a durable quorum queue per worker pool, via lapin).
+//!
+//! # Topology
+//!
+//! For a pool `p`, [`AmqpQueue::connect`] declares (idempotently):
+//! - `fleetrun.p.batches`: the mini-batch queue, a durable quorum queue with
+//!   `x-delivery-limit` (when [`QueueOptions::delivery_limit`] is set) and dead-lettering
+//!   `at-least-once` to the exchange below;
+//! - `fleetrun.p.dlx`: a durable fanout exchange;
+//! - `fleetrun.p.dead`: the dead-letter queue bound to it, a durable quorum queue, no limit.
+//!
+//! Redeclaring a queue with other arguments (another delivery limit) fails with
+//! `PRECONDITION_FAILED`; delete the pool's queues to change them.
+//!
+//! # Delivery semantics on RabbitMQ 3.10
+//!
+//! - [`Delivery::attempt`] is `x-delivery-count + 1`; the header is absent on a first delivery.
+//!   Every return counts: a requeue, a closed channel, a lost connection, a consumer timeout.
+//! - With `x-delivery-limit = L` a message is delivered at most `L + 1` times, then
+//!   dead-lettered with reason `delivery_limit`; a [`Disposition::DeadLetter`] gives `rejected`.
+//!   [`Delivery::dead_reason`] reads `x-first-death-reason` (or the first `x-death` entry).
+//! - A dead letter's [`Delivery::attempt`] counts deliveries from the dead-letter queue only:
+//!   RabbitMQ does not carry the mini-batch queue's `x-delivery-count` over.
+//! - Each consumer has its own channel and takes a message from the broker only while
+//!   [`Consumer::next`] waits (one subscription per call): nothing is prefetched into an idle
+//!   consumer, so stopping one costs no attempts but for the deliveries it handed out.
+//!   The channel closes once the consumer and its deliveries are gone.
+//! - The connection recovers by itself (`enable_auto_recover`): consumers, QoS and confirm
+//!   mode are replayed and unsettled messages come back with one more attempt, while the old
+//!   deliveries' settlements return `Ok(false)`. A channel the broker closes (a consumer
+//!   timeout) is not recovered by lapin: the consumer reports one error and reopens on the next
+//!   call.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use bytes::Bytes;
+use futures::StreamExt;
+use lapin::message::Delivery as AmqpDelivery;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions,
+    BasicPublishOptions, BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions,
+    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::{debug, warn};
+
+use super::{Acker, Consumer, Delivery, Depth, Disposition, Queue, QueueError, QueueOptions};
+
+/// Every name the backend gives the broker, in one place.
+mod names {
+    pub const PREFIX: &str = "fleetrun";
+
+    /// The mini-batch queue of a pool.
+    pub fn batches(pool: &str) -> String {
+        format!("{PREFIX}.{pool}.batches")
+    }
+
+    /// The dead-letter exchange of a pool.
+    pub fn dlx(pool: &str) -> String {
+        format!("{PREFIX}.{pool}.dlx")
+    }
+
+    /// The dead-letter queue of a pool.
+    pub fn dead(pool: &str) -> String {
+        format!("{PREFIX}.{pool}.dead")
+    }
+
+    /// Message headers the broker sets.
+    pub const DELIVERY_COUNT: &str = "x-delivery-count";
+    pub const FIRST_DEATH_REASON: &str = "x-first-death-reason";
+    pub const DEATH: &str = "x-death";
+
+    /// Queue arguments.
+    pub const QUEUE_TYPE: &str = "x-queue-type";
+    pub const DELIVERY_LIMIT: &str = "x-delivery-limit";
+    pub const DEAD_LETTER_EXCHANGE: &str = "x-dead-letter-exchange";
+    pub const DEAD_LETTER_STRATEGY: &str = "x-dead-letter-strategy";
+    pub const OVERFLOW: &str = "x-overflow";
+}
+
+/// AMQP 0-9-1 `delivery_mode` for messages written to disk.
+const PERSISTENT: u8 = 2;
+/// How long a management API request may take.
+const MANAGEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Times an operation waits for a recovered connection before giving up.
+const MAX_RECOVERIES: u32 = 3;
+
+/// Retries of an operation against the broker: about 16 s in all, longer than lapin's own
+/// reconnection usually takes.
+fn retry_backoff() -> ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .with_max_times(8)
+        .with_jitter()
+        .build()
+}
+
+/// Pauses between a consumer's attempts to reopen: growing to 10 s, never giving up (the
+/// caller decides when to stop calling).
+fn reopen_backoff() -> ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(10))
+        .without_max_times()
+        .with_jitter()
+        .build()
+}
+
+/// The mini-batch queue of one pool on RabbitMQ. Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct AmqpQueue {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    url: String,
+    pool: String,
+    options: QueueOptions,
+    connection_name: String,
+    batches: String,
+    dead: String,
+    /// Replaced when the connection is lost for good (auto-recovery gave up).
+    connection: tokio::sync::Mutex<Connection>,
+    /// The publishing channel, in confirm mode.
+    publisher: Slot,
+    /// A channel for passive declares (depth).
+    admin: Slot,
+    management: Option<Management>,
+    /// Numbers consumer tags.
+    consumers: AtomicU64,
+}
+
+/// A long-lived channel, reopened when it dies.
+struct Slot {
+    confirms: bool,
+    channel: Mutex<Option<Channel>>,
+}
+
+impl Slot {
+    fn new(confirms: bool) -> Self {
+        Slot {
+            confirms,
+            channel: Mutex::new(None),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Channel>> {
+        self.channel.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Forgets `channel` (if still current) so the next use opens another.
+    fn discard(&self, channel: &Channel) {
+        let mut current = self.lock();
+        if current.as_ref().is_some_and(|c| c.id() == channel.id()) {
+            *current = None;
+        }
+    }
+}
+
+impl AmqpQueue {
+    /// Connects to the broker at `url` (`amqp://user:pass@host:port/vhost`), declares the
+    /// pool's queues and opens the publishing channel.
+    ///
+    /// `management_url` (`http://user:pass@host:15672`) lets [`Queue::depth`] count unacked
+    /// messages from the management API, whose figures lag by up to ~5 s; without it,
+    /// `unacked` is always 0.
+    pub async fn connect(
+        url: &str,
+        pool: &str,
+        options: QueueOptions,
+        management_url: Option<&str>,
+    ) -> Result<AmqpQueue, QueueError> {
+        let vhost = url
+            .parse::<lapin::uri::AMQPUri>()
+            .map_err(|e| QueueError::Backend(format!("bad AMQP URL: {e}")))?
+            .vhost;
+        let management = management_url
+            .map(|base| Management::new(base, &vhost))
+            .transpose()?;
+        let connection_name = format!("fleetrun {pool} pid {}", std::process::id());
+        let connection = connect(url, &connection_name).await?;
+        let shared = Shared {
+            url: url.to_owned(),
+            pool: pool.to_owned(),
+            options,
+            connection_name,
+            batches: names::batches(pool),
+            dead: names::dead(pool),
+            connection: tokio::sync::Mutex::new(connection),
+            publisher: Slot::new(true),
+            admin: Slot::new(false),
+            management,
+            consumers: AtomicU64::new(0),
+        };
+        shared.declare().await?;
+        shared
+            .slot_channel(&shared.publisher)
+            .await
+            .map_err(backend("open the publisher"))?;
+        Ok(AmqpQueue {
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// The connection name the broker shows (management UI, `rabbitmqctl list_connections`).
+    pub fn connection_name(&self) -> &str {
+        &self.shared.connection_name
+    }
+
+    /// The mini-batch queue's name.
+    pub fn queue_name(&self) -> &str {
+        &self.shared.batches
+    }
+
+    /// The dead-letter queue's name.
+    pub fn dead_queue_name(&self) -> &str {
+        &self.shared.dead
+    }
+
+    async fn consumer(
+        &self,
+        prefetch: u16,
+        dead_letters: bool,
+    ) -> Result<Box<dyn Consumer>, QueueError> {
+        let queue = if dead_letters {
+            self.shared.dead.clone()
+        } else {
+            self.shared.batches.clone()
+        };
+        let channel = self
+            .shared
+            .retrying("open a consumer channel", None, |channel| async move {
+                consumer_qos(&channel, prefetch).await?;
+                Ok(channel)
+            })
+            .await?;
+        Ok(Box::new(AmqpConsumer {
+            shared: self.shared.clone(),
+            queue,
+            dead_letters,
+            prefetch,
+            permits: Arc::new(Semaphore::new(usize::from(prefetch.max(1)))),
+            channel: Some(channel),
+            subscription: None,
+            received: None,
+            reopen: None,
+        }))
+    }
+}
+
+/// The broker pushes at most `prefetch` unsettled messages to a consumer.
+async fn consumer_qos(channel: &Channel, prefetch: u16) -> lapin::Result<()> {
+    // Per consumer: quorum queues refuse a global QoS.
+    channel
+        .basic_qos(prefetch.max(1), BasicQosOptions { global: false })
+        .await
+}
+
+async fn connect(url: &str, name: &str) -> Result<Connection, QueueError> {
+    // lapin retries each TCP connection with this backoff, the first one included; its
+    // default (1 s to 60 s, 16 times) would make a down broker hang a caller ~11 min. This
+    // gives up after ~30 s; a later call reconnects again (`Shared::open_channel`).
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .with_max_times(10)
+        .with_jitter();
+    let properties = ConnectionProperties::default()
+        .with_connection_name(name.into())
+        .enable_auto_recover()
+        .with_backoff(backoff);
+    Connection::connect(url, properties)
+        .await
+        .map_err(backend("connect to RabbitMQ"))
+}
+
+fn backend(what: &'static str) -> impl Fn(lapin::Error) -> QueueError {
+    move |e| QueueError::Backend(format!("{what}: {e}"))
+}
+
+impl Shared {
+    /// Declares the pool's exchange and queues; idempotent.
+    async fn declare(&self) -> Result<(), QueueError> {
+        let channel = self
+            .open_channel()
+            .await
+            .map_err(backend("open a channel"))?;
+        let dlx = names::dlx(&self.pool);
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        channel
+            .exchange_declare(
+                dlx.as_str().into(),
+                lapin::ExchangeKind::Fanout,
+                durable,
+                FieldTable::default(),
+            )
+            .await
+            .map_err(backend("declare the dead-letter exchange"))?;
+
+        let mut quorum = FieldTable::default();
+        quorum.insert(names::QUEUE_TYPE.into(), long_string("quorum"));
+        channel
+            .queue_declare(
+                self.dead.as_str().into(),
+                QueueDeclareOptions::durable(),
+                quorum.clone(),
+            )
+            .await
+            .map_err(backend("declare the dead-letter queue"))?;
+        channel
+            .queue_bind(
+                self.dead.as_str().into(),
+                dlx.as_str().into(),
+                "".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(backend("bind the dead-letter queue"))?;
+
+        let mut arguments = quorum;
+        if let Some(limit) = self.options.delivery_limit {
+            let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+            arguments.insert(names::DELIVERY_LIMIT.into(), AMQPValue::LongInt(limit));
+        }
+        arguments.insert(names::DEAD_LETTER_EXCHANGE.into(), long_string(&dlx));
+        arguments.insert(
+            names::DEAD_LETTER_STRATEGY.into(),
+            long_string("at-least-once"),
+        );
+        arguments.insert(names::OVERFLOW.into(), long_string("reject-publish"));
+        channel
+            .queue_declare(
+                self.batches.as_str().into(),
+                QueueDeclareOptions::durable(),
+                arguments,
+            )
+            .await
+            .map_err(backend("declare the mini-batch queue"))?;
+        Ok(())
+    }
+
+    /// Opens a channel, reconnecting first when the connection is gone for good.
+    async fn open_channel(&self) -> lapin::Result<Channel> {
+        let mut connection = self.connection.lock().await;
+        let status = connection.status();
+        if status.closed() || status.errored() {
+            warn!(pool = %self.pool, "RabbitMQ connection lost; reconnecting.");
+            *connection = connect(&self.url, &self.connection_name)
+                .await
+                .map_err(|e| lapin::Error::from(std::io::Error::other(e.to_string())))?;
+        }
+        connection.create_channel().await
+    }
+
+    /// The slot's channel, opened (and put in confirm mode) when missing or dead.
+    async fn slot_channel(&self, slot: &Slot) -> lapin::Result<Channel> {
+        if let Some(channel) = slot.lock().clone() {
+            let status = channel.status();
+            if status.connected() || status.reconnecting() {
+                return Ok(channel);
+            }
+        }
+        let channel = self.open_channel().await?;
+        if slot.confirms {
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+        }
+        *slot.lock() = Some(channel.clone());
+        Ok(channel)
+    }
+
+    /// Runs `op` on the slot's channel (or a fresh one), waiting out a connection recovery
+    /// and retrying with backoff. A channel-level error (the broker refused the request) is
+    /// not retried.
+    async fn retrying<T, F, Fut>(
+        &self,
+        what: &'static str,
+        slot: Option<&Slot>,
+        mut op: F,
+    ) -> Result<T, QueueError>
+    where
+        F: FnMut(Channel) -> Fut,
+        Fut: Future<Output = lapin::Result<T>>,
+    {
+        let mut delays = retry_backoff();
+        let mut recoveries = 0;
+        loop {
+            let channel = match slot {
+                Some(slot) => self.slot_channel(slot).await,
+                None => self.open_channel().await,
+            };
+            let error = match channel {
+                Ok(channel) => match op(channel.clone()).await {
+                    Ok(value) => return Ok(value),
+                    Err(error) if error.is_amqp_soft_error() => {
+                        if let Some(slot) = slot {
+                            slot.discard(&channel);
+                        }
+                        return Err(QueueError::Backend(format!("{what}: {error}")));
+                    }
+                    Err(error) => match channel.wait_for_recovery(error).await {
+                        Ok(()) if recoveries < MAX_RECOVERIES => {
+                            recoveries += 1;
+                            debug!(pool = %self.pool, what, "Connection recovered; retrying.");
+                            continue;
+                        }
+                        Ok(()) => lapin::Error::from(std::io::Error::other("recovered again")),
+                        Err(error) => {
+                            if let Some(slot) = slot {
+                                slot.discard(&channel);
+                            }
+                            error
+                        }
+                    },
+                },
+                Err(error) => error,
+            };
+            let Some(delay) = delays.next() else {
+                return Err(QueueError::Backend(format!("{what}: {error}")));
+            };
+            warn!(pool = %self.pool, what, error = %error, ?delay, "RabbitMQ operation failed; retrying.");
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// Messages ready in `queue`, exactly, from a passive declare.
+    async fn ready(&self, queue: &str) -> Result<u64, QueueError> {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let declared = self
+            .retrying("count messages", Some(&self.admin), |channel| async move {
+                channel
+                    .queue_declare(queue.into(), passive, FieldTable::default())
+                    .await
+            })
+            .await?;
+        Ok(u64::from(declared.message_count()))
+    }
+}
+
+fn long_string(s: &str) -> AMQPValue {
+    AMQPValue::LongString(s.into())
+}
+
+#[async_trait]
+impl Queue for AmqpQueue {
+    async fn publish(&self, body: Vec<u8>) -> Result<(), QueueError> {
+        let shared = &self.shared;
+        let body = &body;
+        let confirmation = shared
+            .retrying("publish", Some(&shared.publisher), |channel| async move {
+                let options = BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                };
+                let properties = BasicProperties::default().with_delivery_mode(PERSISTENT);
+                channel
+                    .basic_publish(
+                        "".into(),
+                        shared.batches.as_str().into(),
+                        options,
+                        body,
+                        properties,
+                    )
+                    .await?
+                    .await
+            })
+            .await?;
+        match confirmation {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                Err(QueueError::Refused(format!(
+                    "returned by the broker: {} {}",
+                    returned.reply_code, returned.reply_text
+                )))
+            }
+            Confirmation::Nack(None) => Err(QueueError::Refused(format!(
+                "{} did not take the message (full, or no quorum)",
+                shared.batches
+            ))),
+            Confirmation::NotRequested => Err(QueueError::Backend(
+                "publisher confirms are off on the publishing channel".to_owned(),
+            )),
+        }
+    }
+
+    async fn consume(&self, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError> {
+        self.consumer(prefetch, false).await
+    }
+
+    async fn consume_dead(&self, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError> {
+        self.consumer(prefetch, true).await
+    }
+
+    async fn depth(&self) -> Result<Depth, QueueError> {
+        let shared = &self.shared;
+        let ready = shared.ready(&shared.batches).await?;
+        let (unacked, dead_held) = match &shared.management {
+            Some(management) => (
+                management.unacked(&shared.batches).await?,
+                management.unacked(&shared.dead).await?,
+            ),
+            None => (0, 0),
+        };
+        let dead = shared.ready(&shared.dead).await? + dead_held;
+        Ok(Depth {
+            ready,
+            unacked,
+            dead,
+        })
+    }
+}
+
+/// The management HTTP API, for the counts AMQP does not give.
+struct Management {
+    client: reqwest::Client,
+    /// `http://user:pass@host:port/api/queues/<vhost>/`; reqwest sends the user info as basic
+    /// auth and keeps it out of its errors.
+    queues: String,
+}
+
+#[derive(serde::Deserialize)]
+struct QueueStats {
+    /// Absent until the broker first emits the queue's statistics.
+    #[serde(default)]
+    messages_unacknowledged: u64,
+}
+
+impl Management {
+    fn new(base: &str, vhost: &str) -> Result<Self, QueueError> {
+        let client = reqwest::Client::builder()
+            .timeout(MANAGEMENT_TIMEOUT)
+            .build()
+            .map_err(|e| QueueError::Backend(format!("management API client: {e}")))?;
+        let queues = format!(
+            "{}/api/queues/{}/",
+            base.trim_end_matches('/'),
+            percent_encode(vhost)
+        );
+        Ok(Management { client, queues })
+    }
+
+    async fn unacked(&self, queue: &str) -> Result<u64, QueueError> {
+        let url = format!("{}{}", self.queues, percent_encode(queue));
+        let failed =
+            |e: reqwest::Error| QueueError::Backend(format!("management API, queue {queue}: {e}"));
+        let stats: QueueStats = self
+            .client
+            .get(url)
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(failed)?
+            .json()
+            .await
+            .map_err(failed)?;
+        Ok(stats.messages_unacknowledged)
+    }
+}
+
+/// Encodes a path segment (a vhost `/` is `%2F`).
+fn percent_encode(segment: &str) -> String {
+    segment
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A consumer on its own channel; reopens after the channel dies.
+///
+/// One long-lived subscription (`basic.consume`) on its own channel, with the broker's
+/// prefetch set to the consumer's: the broker pushes up to `prefetch` unsettled messages,
+/// and the same bound holds here with a semaphore (each delivery holds a permit until it is
+/// settled). A message pushed but not yet taken by `next` is still unacknowledged: if the
+/// consumer goes away it returns to the queue and costs an attempt, as with any broker.
+struct AmqpConsumer {
+    shared: Arc<Shared>,
+    queue: String,
+    dead_letters: bool,
+    prefetch: u16,
+    /// One per unsettled delivery allowed; held by each delivery's acker.
+    permits: Arc<Semaphore>,
+    /// `None` after a failure, until the next call reopens it.
+    channel: Option<Channel>,
+    /// The subscription a waiting (or abandoned) `next` opened.
+    subscription: Option<lapin::Consumer>,
+    /// A message received but not yet handed out.
+    received: Option<AmqpDelivery>,
+    /// Pauses between failed reopenings; reset by a delivery.
+    reopen: Option<ExponentialBackoff>,
+}
+
+impl AmqpConsumer {
+    /// The consumer's channel, reopened (after a pause, when the last try failed) if it died.
+    async fn channel(&mut self) -> Result<Channel, QueueError> {
+        if let Some(channel) = &self.channel {
+            let status = channel.status();
+            if status.connected() || status.reconnecting() {
+                return Ok(channel.clone());
+            }
+            // Closed by the broker (a consumer timeout) or with its connection.
+            self.failed();
+        }
+        if let Some(delay) = self.reopen.as_mut().and_then(Iterator::next) {
+            tokio::time::sleep(delay).await;
+        }
+        let opened = match self.shared.open_channel().await {
+            Ok(channel) => consumer_qos(&channel, self.prefetch).await.map(|()| channel),
+            Err(e) => Err(e),
+        };
+        match opened {
+            Ok(channel) => {
+                debug!(queue = %self.queue, "Consumer channel reopened.");
+                self.channel = Some(channel.clone());
+                Ok(channel)
+            }
+            Err(e) => {
+                self.failed();
+                Err(QueueError::Backend(format!(
+                    "reopen a channel to consume from {}: {e}",
+                    self.queue
+                )))
+            }
+        }
+    }
+
+    /// Forgets the channel (and its subscription); the next call reopens it, after a pause.
+    fn failed(&mut self) {
+        self.channel = None;
+        self.subscription = None;
+        self.reopen.get_or_insert_with(reopen_backoff);
+    }
+
+    async fn subscribe(&mut self, channel: &Channel) -> Result<(), QueueError> {
+        let n = self.shared.consumers.fetch_add(1, Ordering::Relaxed);
+        let tag = format!("{} #{n}", self.shared.connection_name);
+        let options = BasicConsumeOptions {
+            no_ack: false,
+            ..Default::default()
+        };
+        let subscribe = || {
+            channel.basic_consume(
+                self.queue.as_str().into(),
+                tag.as_str().into(),
+                options,
+                FieldTable::default(),
+            )
+        };
+        let subscribed = match subscribe().await {
+            // The connection is being recovered: wait for it, then try once more.
+            Err(e) => match channel.wait_for_recovery(e).await {
+                Ok(()) => subscribe().await,
+                Err(e) => Err(e),
+            },
+            subscribed => subscribed,
+        };
+        match subscribed {
+            Ok(subscription) => {
+                self.subscription = Some(subscription);
+                Ok(())
+            }
+            Err(e) => {
+                self.failed();
+                Err(QueueError::Backend(format!(
+                    "consume from {}: {e}",
+                    self.queue
+                )))
+            }
+        }
+    }
+
+    fn delivery(
+        &self,
+        channel: Channel,
+        delivery: AmqpDelivery,
+        permit: OwnedSemaphorePermit,
+    ) -> Delivery {
+        let headers = delivery.properties.headers().as_ref();
+        let attempt = headers
+            .and_then(|h| h.inner().get(names::DELIVERY_COUNT))
+            .and_then(as_count)
+            .map_or(1, |count| count.saturating_add(1));
+        let dead_reason = if self.dead_letters {
+            headers.and_then(dead_reason)
+        } else {
+            None
+        };
+        let acker = AmqpAcker {
+            acker: delivery.acker,
+            dead_letter: self.dead_letters,
+            settled: false,
+            _channel: channel,
+            _permit: permit,
+        };
+        Delivery::new(
+            Bytes::from(delivery.data),
+            attempt,
+            dead_reason,
+            Box::new(acker),
+        )
+    }
+}
+
+/// `x-delivery-count`; RabbitMQ 3.10 sends a long-long int, other integer kinds are accepted.
+fn as_count(value: &AMQPValue) -> Option<u32> {
+    let count = match value {
+        AMQPValue::ShortShortInt(n) => i64::from(*n),
+        AMQPValue::ShortShortUInt(n) => i64::from(*n),
+        AMQPValue::ShortInt(n) => i64::from(*n),
+        AMQPValue::ShortUInt(n) => i64::from(*n),
+        AMQPValue::LongInt(n) => i64::from(*n),
+        AMQPValue::LongUInt(n) => i64::from(*n),
+        AMQPValue::LongLongInt(n) => *n,
+        _ => return None,
+    };
+    Some(u32::try_from(count.max(0)).unwrap_or(u32::MAX))
+}
+
+/// Why a message was dead-lettered: `x-first-death-reason`, else the first `x-death` entry.
+fn dead_reason(headers: &FieldTable) -> Option<String> {
+    let headers = headers.inner();
+    if let Some(reason) = headers.get(names::FIRST_DEATH_REASON).and_then(as_text) {
+        return Some(reason);
+    }
+    let AMQPValue::FieldArray(deaths) = headers.get(names::DEATH)? else {
+        return None;
+    };
+    deaths.as_slice().iter().find_map(|death| match death {
+        AMQPValue::FieldTable(death) => death.inner().get("reason").and_then(as_text),
+        _ => None,
+    })
+}
+
+fn as_text(value: &AMQPValue) -> Option<String> {
+    match value {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+#[async_trait]
+impl Consumer for AmqpConsumer {
+    async fn next(&mut self) -> Result<Delivery, QueueError> {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| QueueError::Closed)?;
+        loop {
+            if let Some(delivery) = self.received.take() {
+                // Its channel died since it arrived: the broker has taken it back.
+                let Some(channel) = self.channel.clone().filter(|_| delivery.acker.usable()) else {
+                    continue;
+                };
+                return Ok(self.delivery(channel, delivery, permit));
+            }
+            let channel = self.channel().await?;
+            if self.subscription.is_none() {
+                self.subscribe(&channel).await?;
+            }
+            let Some(subscription) = &mut self.subscription else {
+                continue;
+            };
+            let error = match subscription.next().await {
+                Some(Ok(delivery)) => {
+                    self.reopen = None;
+                    self.received = Some(delivery);
+                    continue;
+                }
+                Some(Err(e)) => e.to_string(),
+                None => "the broker cancelled the subscription".to_owned(),
+            };
+            warn!(queue = %self.queue, error = %error, "Consumer lost its channel; it reopens on the next call.");
+            self.failed();
+            return Err(QueueError::Backend(format!(
+                "consume from {}: {error}",
+                self.queue
+            )));
+        }
+    }
+}
+
+/// Settles one delivery on its consumer's channel, which it keeps open until then.
+struct AmqpAcker {
+    acker: lapin::Acker,
+    /// A delivery from the dead-letter queue: only an ack removes it, anything else puts it
+    /// back (the dead-letter queue has nowhere further to send it).
+    dead_letter: bool,
+    settled: bool,
+    /// Keeps the channel open until this delivery is settled or dropped.
+    _channel: Channel,
+    _permit: OwnedSemaphorePermit,
+}
+
+#[async_trait]
+impl Acker for AmqpAcker {
+    async fn settle(&mut self, disposition: Disposition) -> Result<bool, QueueError> {
+        self.settled = true;
+        let acker = &self.acker;
+        let sent = match (disposition, self.dead_letter) {
+            (Disposition::Ack, _) => acker.ack(BasicAckOptions { multiple: false }).await,
+            (Disposition::Requeue, _) | (Disposition::DeadLetter, true) => {
+                acker
+                    .nack(BasicNackOptions {
+                        requeue: true,
+                        multiple: false,
+                    })
+                    .await
+            }
+            (Disposition::DeadLetter, false) => {
+                acker.reject(BasicRejectOptions { requeue: false }).await
+            }
+        };
+        sent.map_err(backend("settle a delivery"))
+    }
+}
+
+impl Drop for AmqpAcker {
+    fn drop(&mut self) {
+        // Dropped unsettled: it stays with its channel, which closes once the consumer and
+        // its other deliveries are gone, and the broker then returns it at the cost of one
+        // attempt, exactly as for a consumer that died. (Requeueing it here instead would
+        // let the broker push it straight back to the still-open subscription, and the
+        // channel's closing would cost it a second attempt.)
+        if !self.settled && self.acker.usable() {
+            debug!("A delivery was dropped unsettled; it returns when its channel closes.");
+        }
+    }
+}

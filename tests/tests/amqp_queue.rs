@@ -1,0 +1,387 @@
+#![cfg(feature = "services")]
+//! `AmqpQueue` against the RabbitMQ of `scripts/services.sh`: the queue conformance suite, and
+//! what only a real broker does (a lost connection, dead-lettering, confirms under load).
+//!
+//! Every test declares its own pool (a random name), so tests never share queues.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::io::{Read, Write};
+use std::pin::Pin;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetrun_common::queue::amqp::AmqpQueue;
+use fleetrun_common::queue::{
+    Consumer, Delivery, Depth, Disposition, Queue, QueueError, QueueOptions,
+};
+use fleetrun_common::testing::random_suffix;
+use fleetrun_tests::services::amqp_url;
+use futures::StreamExt;
+
+/// The RabbitMQ node `scripts/services.sh` starts, for `rabbitmqctl -n`.
+const NODE: &str = "fleetrun@localhost";
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn management_url() -> String {
+    std::env::var("FLEETRUN_TEST_AMQP_MANAGEMENT_URL")
+        .unwrap_or_else(|_| "http://guest:guest@127.0.0.1:15673".to_owned())
+}
+
+fn pool() -> String {
+    format!("test-{}", random_suffix())
+}
+
+async fn queue(pool: &str, options: QueueOptions) -> AmqpQueue {
+    AmqpQueue::connect(&amqp_url(), pool, options, Some(&management_url()))
+        .await
+        .expect("connect to RabbitMQ (is scripts/services.sh start done?)")
+}
+
+mod conformance {
+    use super::*;
+    fleetrun_common::queue_conformance!(|opts| async move {
+        let pool = pool();
+        let queue = queue(&pool, opts).await;
+        Arc::new(Scoped { queue, pool }) as Arc<dyn Queue>
+    });
+}
+
+/// A queue that deletes its pool's queues when the case is done with it.
+struct Scoped {
+    queue: AmqpQueue,
+    pool: String,
+}
+
+/// What `#[async_trait]` makes of an `async fn` (this crate does not depend on it).
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, QueueError>> + Send + 'a>>;
+
+impl Queue for Scoped {
+    fn publish<'s, 'f>(&'s self, body: Vec<u8>) -> BoxFuture<'f, ()>
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        self.queue.publish(body)
+    }
+
+    fn consume<'s, 'f>(&'s self, prefetch: u16) -> BoxFuture<'f, Box<dyn Consumer>>
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        self.queue.consume(prefetch)
+    }
+
+    fn consume_dead<'s, 'f>(&'s self, prefetch: u16) -> BoxFuture<'f, Box<dyn Consumer>>
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        self.queue.consume_dead(prefetch)
+    }
+
+    fn depth<'s, 'f>(&'s self) -> BoxFuture<'f, Depth>
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        self.queue.depth()
+    }
+}
+
+impl Drop for Scoped {
+    fn drop(&mut self) {
+        delete_pool(&self.pool);
+    }
+}
+
+async fn next(consumer: &mut Box<dyn Consumer>) -> Delivery {
+    tokio::time::timeout(PATIENCE, consumer.next())
+        .await
+        .expect("no delivery in time")
+        .expect("consume")
+}
+
+async fn nothing_more(consumer: &mut Box<dyn Consumer>) {
+    if let Ok(d) = tokio::time::timeout(Duration::from_millis(500), consumer.next()).await {
+        panic!("unexpected delivery {d:?}");
+    }
+}
+
+/// Polls the depth until `done` holds (the broker's figures settle asynchronously).
+async fn wait_depth(q: &AmqpQueue, done: impl Fn(&Depth) -> bool) -> Depth {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let depth = q.depth().await.unwrap();
+        if done(&depth) {
+            return depth;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "depth stayed {depth:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn rabbitmqctl(args: &[&str]) -> String {
+    let out = Command::new("rabbitmqctl")
+        .args(["-n", NODE, "--quiet"])
+        .args(args)
+        .output()
+        .expect("rabbitmqctl runs");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Closes this queue's connection from the broker's side (only this one: tests run in
+/// parallel, so `close_all_connections` would disturb the others).
+fn close_connection(q: &AmqpQueue) {
+    let listing = rabbitmqctl(&[
+        "list_connections",
+        "--no-table-headers",
+        "pid",
+        "client_properties",
+    ]);
+    let pids: Vec<&str> = listing
+        .lines()
+        .filter(|line| line.contains(q.connection_name()))
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        pids.len(),
+        1,
+        "one connection named {}: {listing}",
+        q.connection_name()
+    );
+    rabbitmqctl(&["close_connection", pids[0], "test"]);
+}
+
+/// Deletes the test's queues and exchange through the management API (plain HTTP/1.1, so
+/// the tests need no HTTP client).
+fn delete_pool(pool: &str) {
+    for path in [
+        format!("queues/%2F/fleetrun.{pool}.batches"),
+        format!("queues/%2F/fleetrun.{pool}.dead"),
+        format!("exchanges/%2F/fleetrun.{pool}.dlx"),
+    ] {
+        if let Err(e) = management_delete(&path) {
+            eprintln!("cleanup of {path}: {e}");
+        }
+    }
+}
+
+fn management_delete(path: &str) -> std::io::Result<()> {
+    let url = management_url();
+    let rest = url
+        .strip_prefix("http://")
+        .expect("an http:// management URL");
+    let (userinfo, host) = rest
+        .trim_end_matches('/')
+        .split_once('@')
+        .expect("user info");
+    let mut stream = std::net::TcpStream::connect(host)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "DELETE /api/{path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Basic {}\r\nConnection: close\r\n\r\n",
+        base64(userinfo.as_bytes())
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let status = response.lines().next().unwrap_or_default();
+    if status.contains(" 204") || status.contains(" 200") {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(status.to_owned()))
+    }
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The broker drops the connection while a delivery is held: lapin reconnects and replays
+/// the consumer, the message comes back as attempt 2 on the same consumer, and the held
+/// delivery's late settlement is refused (`Ok(false)`), not an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_connection_redelivers_and_late_ack_is_refused() {
+    let pool = pool();
+    let q = queue(
+        &pool,
+        QueueOptions {
+            delivery_limit: Some(5),
+        },
+    )
+    .await;
+    q.publish(b"held".to_vec()).await.unwrap();
+    // Prefetch 2: the held delivery keeps its place until settled, even once its channel is
+    // gone (as an agent's slot stays busy until its mini-batch ends).
+    let mut c = q.consume(2).await.unwrap();
+    let held = next(&mut c).await;
+    assert_eq!(held.attempt, 1);
+
+    let q2 = q.clone();
+    tokio::task::spawn_blocking(move || close_connection(&q2))
+        .await
+        .unwrap();
+
+    let again = next(&mut c).await;
+    assert_eq!(&again.body[..], b"held");
+    assert_eq!(again.attempt, 2);
+    assert!(
+        !held.settle(Disposition::Ack).await.unwrap(),
+        "late ack refused"
+    );
+    assert!(again.settle(Disposition::Ack).await.unwrap());
+    nothing_more(&mut c).await;
+
+    // Publishing works on the recovered connection.
+    q.publish(b"after".to_vec()).await.unwrap();
+    let d = next(&mut c).await;
+    assert_eq!((&d.body[..], d.attempt), (&b"after"[..], 1));
+    assert!(d.settle(Disposition::Ack).await.unwrap());
+    drop(c);
+    delete_pool(&pool);
+}
+
+/// A body the agent cannot decode is dead-lettered at once: it lands in the dead queue with
+/// reason `rejected`, counted by `depth().dead`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_body_is_dead_lettered_as_rejected() {
+    let pool = pool();
+    let q = queue(
+        &pool,
+        QueueOptions {
+            delivery_limit: Some(3),
+        },
+    )
+    .await;
+    let garbage = vec![0xc1, 0xff, 0x00, b'x'];
+    q.publish(garbage.clone()).await.unwrap();
+    let mut c = q.consume(1).await.unwrap();
+    let d = next(&mut c).await;
+    assert_eq!(d.attempt, 1);
+    assert!(d.settle(Disposition::DeadLetter).await.unwrap());
+    nothing_more(&mut c).await;
+
+    let depth = wait_depth(&q, |d| d.dead == 1 && d.unacked == 0).await;
+    assert_eq!(depth.ready, 0);
+
+    let mut dead = q.consume_dead(1).await.unwrap();
+    let d = next(&mut dead).await;
+    assert_eq!(&d.body[..], &garbage[..]);
+    assert_eq!(d.dead_reason.as_deref(), Some("rejected"));
+    // Anything but an ack leaves a dead letter in the dead-letter queue.
+    assert!(d.settle(Disposition::DeadLetter).await.unwrap());
+    let d = next(&mut dead).await;
+    assert_eq!(d.dead_reason.as_deref(), Some("rejected"));
+    assert!(d.settle(Disposition::Ack).await.unwrap());
+    wait_depth(&q, |d| *d == Depth::default()).await;
+    drop((c, dead));
+    delete_pool(&pool);
+}
+
+/// 1,000 confirmed publishes (32 at a time on the shared channel), consumed with prefetch
+/// 50: every message arrives exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_confirmed_messages_arrive_once() {
+    const N: u32 = 1000;
+    let pool = pool();
+    let q = queue(
+        &pool,
+        QueueOptions {
+            delivery_limit: Some(3),
+        },
+    )
+    .await;
+    let published: Vec<_> = futures::stream::iter(0..N)
+        .map(|i| q.publish(i.to_be_bytes().to_vec()))
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    for result in published {
+        result.expect("publish confirmed");
+    }
+    assert_eq!(q.depth().await.unwrap().ready, u64::from(N));
+
+    let mut c = q.consume(50).await.unwrap();
+    let mut seen = HashSet::new();
+    for _ in 0..N {
+        let d = next(&mut c).await;
+        assert_eq!(d.attempt, 1);
+        let i = u32::from_be_bytes(d.body[..].try_into().expect("4 bytes"));
+        assert!(seen.insert(i), "message {i} delivered twice");
+        assert!(d.settle(Disposition::Ack).await.unwrap());
+    }
+    nothing_more(&mut c).await;
+    assert_eq!(seen.len(), N as usize);
+    assert_eq!(q.depth().await.unwrap().ready, 0);
+    drop(c);
+    delete_pool(&pool);
+}
+
+/// The broker ends a waiting consumer's subscription (here: its queue is deleted): `next`
+/// reports an error, and the same consumer works again once the queue is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_survives_losing_its_subscription() {
+    let pool = pool();
+    let q = queue(&pool, QueueOptions::default()).await;
+    let mut c = q.consume(1).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let result = c.next().await;
+        (c, result)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let batches = q.queue_name().to_owned();
+    tokio::task::spawn_blocking(move || management_delete(&format!("queues/%2F/{batches}")))
+        .await
+        .unwrap()
+        .expect("delete the queue");
+    let (mut c, result) = tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(result.is_err(), "the ended subscription is reported");
+
+    // The queue comes back (any process connecting declares it) and gets a message.
+    let q = queue(&pool, QueueOptions::default()).await;
+    q.publish(b"back".to_vec()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let d = loop {
+        match tokio::time::timeout(PATIENCE, c.next())
+            .await
+            .expect("next returns")
+        {
+            Ok(d) => break d,
+            Err(e) => {
+                assert!(tokio::time::Instant::now() < deadline, "still failing: {e}");
+            }
+        }
+    };
+    assert_eq!((&d.body[..], d.attempt), (&b"back"[..], 1));
+    assert!(d.settle(Disposition::Ack).await.unwrap());
+    drop(c);
+    delete_pool(&pool);
+}

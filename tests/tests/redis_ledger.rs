@@ -1,0 +1,191 @@
+#![cfg(feature = "services")]
+//! `RedisLedger` against a real Redis: the ledger conformance suite, and what only a server
+//! brings: dropped connections, lost replies, keys shared by many jobs.
+//!
+//! Each test keeps its keys under a random prefix. Two tests disturb every client of the
+//! server for a moment (`CLIENT KILL`, `CLIENT PAUSE`); the ledger's retries carry the other
+//! tests through that.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleetrun_common::ledger::redis::RedisLedger;
+use fleetrun_common::ledger::{JobState, Ledger, LedgerError, Limits, Outcome};
+use fleetrun_common::testing::random_suffix;
+use fleetrun_tests::services::redis_url;
+
+fleetrun_common::ledger_conformance!(|| async {
+    Arc::new(
+        RedisLedger::connect(&redis_url(), &format!("test-{}", random_suffix()))
+            .await
+            .unwrap(),
+    ) as Arc<dyn Ledger>
+});
+
+const OK: Outcome = Outcome {
+    succeeded: 10,
+    failed: 0,
+    batch_failed: false,
+};
+
+const FAILED: Outcome = Outcome {
+    succeeded: 0,
+    failed: 1,
+    batch_failed: true,
+};
+
+async fn ledger(prefix: &str) -> RedisLedger {
+    RedisLedger::connect(&redis_url(), prefix).await.unwrap()
+}
+
+/// Runs `redis-cli` against the test server and returns what it printed.
+fn redis_cli(args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .arg("-u")
+        .arg(redis_url())
+        .args(args)
+        .output()
+        .expect("redis-cli runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && !stdout.starts_with("ERR"),
+        "redis-cli {args:?}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Lifts a `CLIENT PAUSE` even when the test fails.
+struct Unpause;
+
+impl Drop for Unpause {
+    fn drop(&mut self) {
+        let _ = Command::new("redis-cli")
+            .arg("-u")
+            .arg(redis_url())
+            .args(["CLIENT", "UNPAUSE"])
+            .output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn survives_a_dropped_connection() {
+    let l = ledger(&format!("test-{}", random_suffix())).await;
+    let j = "job-1";
+    l.create(j, Limits::NONE).await.unwrap();
+    l.record(j, 0, OK).await.unwrap();
+
+    let killed = redis_cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+    let killed: u64 = killed.trim().parse().expect("CLIENT KILL answers a count");
+    assert!(killed >= 1, "the ledger's connection was killed");
+
+    let r = l.record(j, 1, OK).await.expect("the record is retried");
+    assert!(r.first);
+    let again = l.record(j, 1, OK).await.unwrap();
+    assert!(!again.first);
+    let s = l.status(j).await.unwrap().unwrap();
+    assert_eq!((s.done, s.items_succeeded), (2, 20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_keep_to_their_own_hash_tagged_keys() {
+    let prefix = format!("test-{}", random_suffix());
+    let l = ledger(&prefix).await;
+    let strict = Limits {
+        error_threshold: 0,
+        ..Limits::NONE
+    };
+    l.create("a", strict).await.unwrap();
+    l.create("b", Limits::NONE).await.unwrap();
+
+    let a = l.record("a", 0, FAILED).await.unwrap();
+    assert_eq!(a.status.state, JobState::Failed);
+    let b = l.record("b", 0, FAILED).await.unwrap();
+    assert!(
+        b.first,
+        "the same index in another job is another mini-batch"
+    );
+    assert_eq!(b.status.state, JobState::Running);
+    let b = l.seal("b", 1).await.unwrap();
+    assert_eq!(b.status.state, JobState::Finalizing);
+
+    let a = l.status("a").await.unwrap().unwrap();
+    assert_eq!((a.state, a.total, a.done), (JobState::Failed, None, 1));
+    assert!(a.reason.unwrap().starts_with("error_threshold exceeded"));
+
+    let mut keys: Vec<String> = redis_cli(&["--scan", "--pattern", &format!("{prefix}:*")])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    keys.sort();
+    let expected: Vec<String> = ["a", "b"]
+        .iter()
+        .flat_map(|j| ["done", "state"].map(|k| format!("{prefix}:job:{{{j}}}:{k}")))
+        .collect();
+    assert_eq!(keys, expected);
+}
+
+/// The server runs the calls but their replies come too late (the server holds them past
+/// the client's 10 s response timeout): the retries must neither count a mini-batch twice nor
+/// lose the transition the first attempt made, nor find their own job "already created".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_whose_replies_were_lost_answer_as_the_first_time() {
+    let l = ledger(&format!("test-{}", random_suffix())).await;
+    l.create("sealed", Limits::NONE).await.unwrap();
+    l.seal("sealed", 1).await.unwrap();
+    l.create("running", Limits::NONE).await.unwrap();
+
+    let _unpause = Unpause;
+    redis_cli(&["CLIENT", "PAUSE", "12000", "WRITE"]);
+    let start = Instant::now();
+    let (recorded, created, moved) = tokio::join!(
+        l.record("sealed", 0, OK),
+        l.create("new", Limits::NONE),
+        l.transition(
+            "running",
+            &[JobState::Running],
+            JobState::Canceled,
+            Some("by user")
+        ),
+    );
+    assert!(
+        start.elapsed() >= Duration::from_secs(10),
+        "the calls waited out the pause"
+    );
+
+    let r = recorded.unwrap();
+    assert!(r.first, "the retry answers as the first attempt");
+    assert!(r.transitioned, "the retry keeps the transition it made");
+    assert_eq!((r.status.state, r.status.done), (JobState::Finalizing, 1));
+    let again = l.record("sealed", 0, OK).await.unwrap();
+    assert!(!again.first && !again.transitioned);
+    assert_eq!(again.status.items_succeeded, 10);
+
+    created.expect("a retried create is not its own duplicate");
+    assert!(matches!(
+        l.create("new", Limits::NONE).await,
+        Err(LedgerError::JobExists(_))
+    ));
+
+    let (moved, s) = moved.unwrap();
+    assert!(moved, "the retried transition reports its move");
+    assert_eq!(
+        (s.state, s.reason.as_deref()),
+        (JobState::Canceled, Some("by user"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefixes_keep_ledgers_apart() {
+    let l = ledger(&format!("test-{}", random_suffix())).await;
+    let other = ledger(&format!("test-{}", random_suffix())).await;
+    l.create("j", Limits::NONE).await.unwrap();
+    other.create("j", Limits::NONE).await.unwrap();
+    l.record("j", 0, OK).await.unwrap();
+    assert_eq!(other.status("j").await.unwrap().unwrap().done, 0);
+    assert!(matches!(
+        l.create("j", Limits::NONE).await,
+        Err(LedgerError::JobExists(_))
+    ));
+}
