@@ -65,14 +65,29 @@ class Case:
         return out_dir, os.path.join(out_dir, name)
 
 
+def broker_reachable() -> Optional[str]:
+    """Why the distributed rows cannot run, or None (they need scripts/services.sh's servers)."""
+    import socket
+    for port in (5673, 6390):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            return f"nothing listens on 127.0.0.1:{port}; run scripts/services.sh start"
+    return None
+
+
+def distributed(c: "Case") -> list[str]:
+    return [sys.executable, os.path.join(BENCH, "fleet_run.py"), c.job_path()]
+
+
 CASES = [
     Case("trivial", "trivial.py", "job-trivial.toml"),
     Case("sleep1ms", "sleep1ms.py", "job-sleep1ms.toml"),
-    # A distributed row, once it exists, looks like:
-    # Case("trivial-distributed", "trivial.py", "job-trivial-distributed.toml",
-    #      command=lambda c: [FLEETRUN, "run", c.job_path(), "--set", "..."],
-    #      skip=lambda: None if os.environ.get("FLEETRUN_BROKER_URL")
-    #                   else "FLEETRUN_BROKER_URL not set"),
+    # The same jobs through RabbitMQ + Redis: one fleetrun-worker with 2 processes.
+    Case("trivial-distributed", "trivial.py", "job-trivial-distributed.toml",
+         command=distributed, skip=broker_reachable),
+    Case("sleep1ms-distributed", "sleep1ms.py", "job-sleep1ms-distributed.toml",
+         command=distributed, skip=broker_reachable),
 ]
 
 

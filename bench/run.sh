@@ -18,5 +18,8 @@ PYTHON="${PYTHON:-python3}"
 echo "== building fleetrun (cargo build --release)"
 (cd "$ROOT" && cargo build --release)
 
+echo "== starting RabbitMQ and Redis for the distributed rows (scripts/services.sh)"
+"$ROOT/scripts/services.sh" start
+
 echo "== measuring"
 exec "$PYTHON" "$HERE/measure.py" "$@"

@@ -19,6 +19,9 @@ eval "$(scripts/services.sh env)"
 say "cargo fmt --check"
 cargo fmt --all -- --check
 
+say "deployment files"
+scripts/check-deploy.sh
+
 say "cargo clippy"
 cargo clippy --workspace --all-targets --features fleetrun-tests/services -- -D warnings
 

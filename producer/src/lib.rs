@@ -4,11 +4,11 @@
 //! # Layout
 //!
 //! - [`partition`]: lists an input and publishes mini-batch messages as it goes.
-//! - [`finalize`]: joins output parts into the one `append_row` file.
+//! - [`fleet`]: submitting to, following and canceling jobs on a fleet.
 //! - [`local`]: runs a whole job on this machine on the embedded seams.
 //! - [`progress`]: the terminal's view of a running job.
 
-pub mod finalize;
+pub mod fleet;
 pub mod local;
 pub mod partition;
 pub mod progress;

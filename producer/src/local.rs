@@ -12,12 +12,12 @@ use fleetrun_common::queue::{MemoryQueue, QueueOptions};
 use fleetrun_common::storage::{LocalStorage, Storage};
 use fleetrun_config::{Input, JobSpec, Location, OutputAction};
 use fleetrun_worker::agent::{self, Agent, AgentConfig, AgentEvent, JobContext, Jobs};
+use fleetrun_worker::finalize::join_parts;
 use fleetrun_worker::logs::{self, JobLogs};
 use fleetrun_worker::process::find_runner_exe;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::finalize::join_parts;
 use crate::partition::{Produced, publish_files};
 use crate::progress::{Figures, Progress};
 
@@ -172,6 +172,7 @@ pub async fn run_local(
             produced.clone(),
             job_id.clone(),
         );
+        let stop = ctx.stop.clone();
         let size = match spec.mini_batch_size {
             fleetrun_config::MiniBatchSize::Files(n) => n as usize,
             fleetrun_config::MiniBatchSize::Bytes(_) => {
@@ -179,7 +180,7 @@ pub async fn run_local(
             }
         };
         tokio::spawn(async move {
-            let result = publish_files(&*input, "", &job_id, size, &*queue, &produced).await;
+            let result = publish_files(&*input, "", &job_id, size, &*queue, &produced, &stop).await;
             let _ = produce_tx.send(result.map_err(|e| e.to_string())).await;
         })
     };

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use fleetrun_common::ledger::JobState;
+use fleetrun_producer::fleet as fleet_cmd;
 use fleetrun_producer::local::{JobReport, RunError, RunOptions, run_local};
+use fleetrun_worker::fleet::{Fleet, FleetArgs};
 use tokio_util::sync::CancellationToken;
 
 /// Exit code for a job file that does not validate.
@@ -38,6 +40,37 @@ enum Command {
         #[arg(long, short)]
         quiet: bool,
     },
+    /// Submit a job to a fleet (RabbitMQ + Redis + S3); prints its id.
+    Submit {
+        /// The job file (TOML): the same file `fleetrun run` takes.
+        job: PathBuf,
+        /// Override a job parameter, e.g. `--set mini_batch_size=5`.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+        /// Wait for the job to end; exit 0 when it completed, 42 when it failed.
+        #[arg(long)]
+        wait: bool,
+        /// No progress display while waiting.
+        #[arg(long, short)]
+        quiet: bool,
+        #[command(flatten)]
+        fleet: FleetArgs,
+    },
+    /// Show a job's progress (or every job's state, without JOB).
+    Status {
+        job: Option<String>,
+        /// Refresh until the job ends.
+        #[arg(long)]
+        watch: bool,
+        #[command(flatten)]
+        fleet: FleetArgs,
+    },
+    /// Cancel a job: workers drop its remaining mini-batches.
+    Cancel {
+        job: String,
+        #[command(flatten)]
+        fleet: FleetArgs,
+    },
 }
 
 fn main() -> ExitCode {
@@ -50,6 +83,32 @@ fn main() -> ExitCode {
             processes,
             quiet,
         } => run(job, overrides, processes, quiet),
+        Command::Submit {
+            job,
+            overrides,
+            wait,
+            quiet,
+            fleet,
+        } => {
+            let spec = match fleetrun_config::load(&job, &overrides) {
+                Ok(spec) => spec,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(EXIT_BAD_JOB);
+                }
+            };
+            on_fleet(fleet, |fleet, interrupt| async move {
+                submit(spec, fleet, wait, !quiet, interrupt).await
+            })
+        }
+        Command::Status { job, watch, fleet } => on_fleet(fleet, |fleet, interrupt| async move {
+            status(fleet, job, watch, interrupt).await
+        }),
+        Command::Cancel { job, fleet } => on_fleet(fleet, |fleet, _| async move {
+            let status = fleet_cmd::cancel(&fleet, &job).await?;
+            println!("Job {job}: {}.", status.state);
+            Ok(ExitCode::SUCCESS)
+        }),
     }
 }
 
@@ -132,5 +191,119 @@ fn print_report(r: &JobReport) {
             r.log_dir.join("job_result.txt").display(),
             r.log_dir.join("user/error.txt").display()
         );
+    }
+}
+
+/// Runs a fleet command: resolves the settings, connects, maps errors to exit code 1.
+fn on_fleet<F, Fut>(args: FleetArgs, command: F) -> ExitCode
+where
+    F: FnOnce(Fleet, CancellationToken) -> Fut,
+    Fut: std::future::Future<Output = Result<ExitCode, String>>,
+{
+    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    let result = runtime.block_on(async {
+        let args = args.resolve()?;
+        let fleet = Fleet::connect(&args).await?;
+        let interrupt = CancellationToken::new();
+        let on_signal = interrupt.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                on_signal.cancel();
+            }
+        });
+        command(fleet, interrupt).await
+    });
+    result.unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        ExitCode::FAILURE
+    })
+}
+
+async fn submit(
+    spec: fleetrun_config::JobSpec,
+    fleet: Fleet,
+    wait: bool,
+    progress: bool,
+    interrupt: CancellationToken,
+) -> Result<ExitCode, String> {
+    let name = spec.name.clone();
+    let output = fleet_cmd::output_file(&spec);
+    let (job, produced) = fleet_cmd::submit(spec, &fleet, |id| println!("{id}")).await?;
+    if !wait {
+        eprintln!("Submitted {job}; follow it with `fleetrun status {job} --watch`.");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let status =
+        fleet_cmd::wait(&fleet, &job, &name, Some(&produced), progress, &interrupt).await?;
+    if !status.state.is_terminal() {
+        eprintln!("Stopped waiting; the job goes on. `fleetrun status {job}` follows it.");
+        return Ok(ExitCode::from(130));
+    }
+    let report = JobReport {
+        job_id: job,
+        status,
+        output_file: None,
+        log_dir: PathBuf::new(),
+        elapsed: std::time::Duration::ZERO,
+    };
+    println!(
+        "Job {} {}: {} of {} mini-batches, {} items succeeded, {} failed.",
+        report.job_id,
+        report.status.state.as_str().to_lowercase(),
+        report.status.done,
+        report.status.total.unwrap_or(0),
+        report.status.items_succeeded,
+        report.status.items_failed
+    );
+    if let Some(reason) = &report.status.reason {
+        println!("Cause: {reason}");
+    }
+    if report.status.state == JobState::Completed {
+        println!("Output: {output}");
+    }
+    Ok(ExitCode::from(report.exit_code() as u8))
+}
+
+async fn status(
+    fleet: Fleet,
+    job: Option<String>,
+    watch: bool,
+    interrupt: CancellationToken,
+) -> Result<ExitCode, String> {
+    let Some(job) = job else {
+        let jobs = fleet.registry.jobs().await.map_err(|e| e.to_string())?;
+        if jobs.is_empty() {
+            println!("No jobs.");
+        }
+        for job in jobs {
+            if let Some(s) = fleet.ledger.status(&job).await.map_err(|e| e.to_string())? {
+                let total = s.total.map_or_else(|| "?".to_owned(), |t| t.to_string());
+                println!(
+                    "{job:<40} {:<10} {:>8}/{total:<8} mini-batches  {} items failed",
+                    s.state, s.done, s.items_failed
+                );
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let record = fleet_cmd::record(&fleet, &job)
+        .await?
+        .ok_or_else(|| format!("no job {job}"))?;
+    loop {
+        let status = fleet
+            .ledger
+            .status(&job)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("job {job} is not in the ledger"))?;
+        let depth = fleet.queue.depth().await.ok();
+        println!("{}", fleet_cmd::describe(&job, &record, &status, depth));
+        if !watch || status.state.is_terminal() {
+            return Ok(ExitCode::SUCCESS);
+        }
+        tokio::select! {
+            _ = interrupt.cancelled() => return Ok(ExitCode::SUCCESS),
+            _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
+        }
     }
 }

@@ -7,6 +7,7 @@ use fleetrun_common::queue::{Queue, QueueError};
 use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_common::wire::MiniBatch;
 use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PartitionError {
@@ -23,8 +24,9 @@ pub struct Produced {
     pub items: AtomicU64,
 }
 
-/// Lists `prefix` of `input` in key order and publishes mini-batches of `size` files.
-/// Returns the number of mini-batches, to be sealed in the ledger.
+/// Lists `prefix` of `input` in key order and publishes mini-batches of `size` files, until
+/// the listing ends or `stop` is cancelled (the job no longer runs). Returns the number of
+/// mini-batches, to be sealed in the ledger.
 pub async fn publish_files(
     input: &dyn Storage,
     prefix: &str,
@@ -32,12 +34,13 @@ pub async fn publish_files(
     size: usize,
     queue: &dyn Queue,
     produced: &Produced,
+    stop: &CancellationToken,
 ) -> Result<u64, PartitionError> {
     let size = size.max(1);
     let mut listing = input.list(prefix);
     let mut items = Vec::with_capacity(size);
     let mut index = 0u64;
-    loop {
+    while !stop.is_cancelled() {
         let next = listing.next().await.transpose()?;
         let exhausted = next.is_none();
         if let Some(object) = next {
@@ -102,9 +105,17 @@ mod tests {
         }
         let queue = MemoryQueue::new(QueueOptions::default());
         let produced = Produced::default();
-        let total = publish_files(&storage, "", "j", 2, &queue, &produced)
-            .await
-            .unwrap();
+        let total = publish_files(
+            &storage,
+            "",
+            "j",
+            2,
+            &queue,
+            &produced,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
         assert_eq!(total, 3);
         assert_eq!(produced.items.load(Ordering::Relaxed), 5);
         let batches = drain(&queue, 3).await;
@@ -121,9 +132,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let storage = LocalStorage::new(dir.path());
         let queue = MemoryQueue::new(QueueOptions::default());
-        let total = publish_files(&storage, "", "j", 10, &queue, &Produced::default())
-            .await
-            .unwrap();
+        let total = publish_files(
+            &storage,
+            "",
+            "j",
+            10,
+            &queue,
+            &Produced::default(),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
         assert_eq!(total, 0);
     }
 
@@ -150,6 +169,7 @@ mod tests {
                     1,
                     &*queue,
                     &produced,
+                    &CancellationToken::new(),
                 )
                 .await
             })

@@ -156,6 +156,8 @@ struct Active {
     job: String,
     name: String,
     process: RunnerProcess,
+    /// The job's stop signal: once it fires the runner (its model, its GPU) is released.
+    job_stop: CancellationToken,
 }
 
 struct Slot {
@@ -192,10 +194,24 @@ impl Slot {
             }
         };
         loop {
+            let job_stop = self.runner.as_ref().map(|a| a.job_stop.clone());
+            let job_stopped = async {
+                match &job_stop {
+                    Some(stop) => stop.cancelled().await,
+                    None => std::future::pending().await,
+                }
+            };
             let delivery = tokio::select! {
                 biased;
                 _ = drain.cancelled() => break,
                 _ = abort.cancelled() => break,
+                _ = job_stopped => {
+                    if let Some(active) = self.runner.take() {
+                        let status = active.process.shutdown().await;
+                        debug!(process = %active.name, code = returncode(&status), "Runner of an ended job stopped.");
+                    }
+                    continue;
+                }
                 d = consumer.next() => d,
             };
             match delivery {
@@ -628,6 +644,7 @@ impl Slot {
                     job: ctx.id.clone(),
                     name,
                     process,
+                    job_stop: ctx.stop.clone(),
                 });
                 return true;
             }

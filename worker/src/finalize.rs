@@ -1,8 +1,8 @@
 //! The finalizer: joins the parts into the one `append_row` file, in mini-batch order, so
 //! the same input gives the same file byte for byte.
 
+use crate::agent::part_key;
 use fleetrun_common::storage::{Storage, StorageError};
-use fleetrun_worker::agent::part_key;
 use futures::{StreamExt, TryStreamExt};
 
 /// Parts fetched ahead of the one being written (they are independent objects on S3).

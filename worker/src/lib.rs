@@ -7,9 +7,14 @@
 //! - [`process`]: one runner process from the agent's side (spawn, init, run with a timeout,
 //!   kill, restart).
 //! - [`logs`]: the job's log folder (CONTRACT.md §7).
+//! - [`finalize`]: joins output parts into the one `append_row` file.
+//! - [`fleet`]: serving a pool's jobs from RabbitMQ, Redis and S3: settings, the job
+//!   registry's records, code shipping, the dead-letter recorder.
 //!
 //! The runner process itself (embedded Python) is the `fleetrun-runner` crate.
 
 pub mod agent;
+pub mod finalize;
+pub mod fleet;
 pub mod logs;
 pub mod process;

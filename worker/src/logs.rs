@@ -22,9 +22,15 @@ pub const JOB_ERROR: &str = "job_error.txt";
 pub const PROGRESS_OVERVIEW: &str = "job_progress_overview.txt";
 pub const MASTER_ROLE: &str = "sys/master_role.txt";
 
+/// Files every node of a job appends to; on a fleet each node keeps its own copy.
+const SHARED: [&str; 3] = [REPORT_CSV, FAILED_ITEMS_CSV, USER_ERROR];
+
 pub struct JobLogs {
     dir: PathBuf,
     files: Mutex<HashMap<PathBuf, BufWriter<File>>>,
+    /// Set on a fleet: shared files get the node's id in their name
+    /// (`processed_mini-batches.<node>.csv`), as nodes cannot append to one file.
+    node: Option<String>,
 }
 
 impl JobLogs {
@@ -32,6 +38,27 @@ impl JobLogs {
         JobLogs {
             dir: dir.into(),
             files: Mutex::new(HashMap::new()),
+            node: None,
+        }
+    }
+
+    /// The logs of one node of a fleet.
+    pub fn for_node(dir: impl Into<PathBuf>, node: &str) -> JobLogs {
+        JobLogs {
+            dir: dir.into(),
+            files: Mutex::new(HashMap::new()),
+            node: Some(node.to_owned()),
+        }
+    }
+
+    /// Where a line for `rel` goes: `rel` itself, or its per-node name on a fleet.
+    fn target(&self, rel: &Path) -> PathBuf {
+        match (&self.node, rel.to_str()) {
+            (Some(node), Some(name)) if SHARED.contains(&name) => {
+                let (stem, ext) = name.rsplit_once('.').unwrap_or((name, "txt"));
+                self.dir.join(format!("{stem}.{node}.{ext}"))
+            }
+            _ => self.dir.join(rel),
         }
     }
 
@@ -79,7 +106,7 @@ impl JobLogs {
     }
 
     fn append(&self, rel: impl AsRef<Path>, line: &str, header: Option<&str>) {
-        let path = self.path(rel);
+        let path = self.target(rel.as_ref());
         let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
         if !files.contains_key(&path) {
             match open_append(&path) {
@@ -170,6 +197,21 @@ mod tests {
             fs::read_to_string(logs.path(REPORT_CSV)).unwrap(),
             "a,b\n1,2\n3,4\n"
         );
+    }
+
+    #[test]
+    fn fleet_nodes_keep_their_own_shared_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = JobLogs::for_node(dir.path(), "n1");
+        logs.csv(REPORT_CSV, "a", "1");
+        logs.log(JobLogs::node_main("n1"), "started");
+        logs.flush();
+        assert!(
+            dir.path()
+                .join("sys/job_report/processed_mini-batches.n1.csv")
+                .is_file()
+        );
+        assert!(dir.path().join("sys/node/n1/_main.txt").is_file());
     }
 
     #[test]

@@ -1,20 +1,110 @@
-//! `fleetrun-worker`: the node agent a fleet container runs.
+//! `fleetrun-worker`: the node agent a fleet container runs. Serves every job of its pool;
+//! SIGTERM (or Ctrl-C) drains: no new mini-batches, the ones in hand finish or go back to
+//! the queue; a second signal, or the drain timeout, stops at once.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
+use fleetrun_worker::fleet::{self, Fleet, FleetArgs, WorkerConfig};
+use fleetrun_worker::process::find_runner_exe;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
 #[command(
     name = "fleetrun-worker",
     version,
-    about = "Serve a pool's mini-batches on this node."
+    about = "Serve a fleetrun pool's mini-batches on this node."
 )]
-struct Cli {}
+struct Cli {
+    #[command(flatten)]
+    fleet: FleetArgs,
+    /// Runner processes on this node (default: the number of cores).
+    #[arg(long, env = "FLEETRUN_PROCESSES")]
+    processes: Option<usize>,
+    /// This node's id in logs (default: the host name).
+    #[arg(long, env = "FLEETRUN_NODE_ID")]
+    node_id: Option<String>,
+    /// Unacknowledged mini-batches each runner slot may hold.
+    #[arg(long, env = "FLEETRUN_PREFETCH", default_value_t = 1)]
+    prefetch: u16,
+    /// Where code, staged inputs and logs are kept (default: a folder under the temp dir).
+    #[arg(long, env = "FLEETRUN_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Seconds to finish the mini-batches in hand after SIGTERM before stopping at once.
+    #[arg(long, env = "FLEETRUN_DRAIN_TIMEOUT", default_value_t = 600)]
+    drain_timeout: u64,
+}
 
-fn main() -> std::process::ExitCode {
-    let _cli = Cli::parse();
-    eprintln!(
-        "fleetrun-worker serves a fleet's RabbitMQ queue, which this build does not connect to yet; \
-         run a job on this machine with `fleetrun run JOB.toml`."
-    );
-    std::process::ExitCode::from(2)
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    use tracing_subscriber::{EnvFilter, fmt};
+    let filter = EnvFilter::try_from_env("FLEETRUN_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    match runtime.block_on(serve(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(cli: Cli) -> Result<(), String> {
+    let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let args = cli.fleet.resolve()?;
+    let fleet = Fleet::connect(&args).await?;
+    let node_id = cli.node_id.unwrap_or_else(hostname);
+    let config = WorkerConfig {
+        processes: cli
+            .processes
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        prefetch: cli.prefetch,
+        runner_exe: find_runner_exe()?,
+        cache_dir: cli
+            .cache_dir
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("fleetrun-worker-{node_id}"))),
+        node_id,
+    };
+    tracing::info!(node = %config.node_id, pool = %fleet.pool, processes = config.processes, "Worker serving.");
+    let drain = CancellationToken::new();
+    let abort = CancellationToken::new();
+    let signals = {
+        let (drain, abort) = (drain.clone(), abort.clone());
+        let grace = Duration::from_secs(cli.drain_timeout);
+        tokio::spawn(async move {
+            tokio::select! { _ = terminate.recv() => {}, _ = interrupt.recv() => {} }
+            tracing::info!(
+                grace_s = grace.as_secs(),
+                "Draining: finishing the mini-batches in hand."
+            );
+            drain.cancel();
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = interrupt.recv() => {}
+                _ = tokio::time::sleep(grace) => {}
+            }
+            tracing::warn!("Stopping now; unfinished mini-batches go back to the queue.");
+            abort.cancel();
+        })
+    };
+    fleet::serve(config, fleet, drain, abort).await;
+    signals.abort();
+    tracing::info!("Worker stopped.");
+    Ok(())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "node".to_owned())
 }

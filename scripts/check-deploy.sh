@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# Checks the deployment files without a Docker engine or a cluster:
+#   1. docker-compose.yml parses (`docker-compose config -q`; Debian's docker-compose 1.29 is
+#      installed with apt-get when missing);
+#   2. every file or folder the compose file mounts or builds from exists;
+#   3. deploy/Dockerfile passes a small lint: known instructions, FROM first, JSON forms
+#      that parse, COPY --from naming a stage, COPY sources present in the build context,
+#      every workspace member copied into the build stage;
+#   4. deploy/k8s/*.yaml are valid YAML with apiVersion and kind, and the KEDA trigger
+#      watches the queue of the pool the workers serve (fleetrun.<pool>.batches);
+#   5. the broker and ledger settings the fleet relies on are present.
+#
+#   scripts/check-deploy.sh        # exit 0 when every check passed
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+cd "$ROOT"
+
+say() { printf '[check-deploy] %s\n' "$*" >&2; }
+
+if ! command -v docker-compose >/dev/null; then
+    say "installing docker-compose (Debian package)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null
+fi
+if ! python3 -c 'import yaml' 2>/dev/null; then
+    say "installing PyYAML"
+    python3 -m pip install -q pyyaml
+fi
+
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); say "ok: $*"; }
+bad() { failed=$((failed + 1)); say "FAILED: $*"; }
+
+# --- 1. the compose file parses --------------------------------------------------------
+config="$(mktemp)"
+trap 'rm -f "$config"' EXIT
+if docker-compose -f docker-compose.yml config -q \
+   && docker-compose -f docker-compose.yml config > "$config"; then
+    ok "docker-compose.yml parses ($(docker-compose version --short))"
+else
+    bad "docker-compose -f docker-compose.yml config -q"
+fi
+
+# --- 2-5: the rest in Python (PyYAML) -----------------------------------------------------
+# Prints one line per check: "ok <what>" or "bad <what>".
+results="$(python3 - "$config" <<'PY'
+import glob, json, os, re, sys
+import yaml
+
+def ok(what): print("ok", " ".join(str(what).split()))
+def bad(what): print("bad", " ".join(str(what).split()))
+
+# 2. what the compose file mounts and builds from
+try:
+    with open(sys.argv[1]) as f:
+        compose = yaml.safe_load(f) or {}
+except Exception as e:  # the config step already failed and said so
+    compose = {}
+    bad(f"normalized compose config unreadable: {e}")
+named = set((compose.get("volumes") or {}).keys())
+for name, svc in (compose.get("services") or {}).items():
+    for vol in svc.get("volumes") or []:
+        if isinstance(vol, dict):
+            kind, src = vol.get("type"), vol.get("source")
+        else:
+            src = vol.split(":")[0]
+            kind = "bind" if src.startswith(("/", ".", "~")) else "volume"
+        if kind == "volume":
+            (ok if src in named else bad)(f"{name}: named volume {src} is declared")
+        elif kind == "bind":
+            (ok if os.path.exists(src) else bad)(f"{name}: mount source {src} exists")
+    build = svc.get("build")
+    if build:
+        ctx = build if isinstance(build, str) else build.get("context", ".")
+        dockerfile = os.path.join(ctx, (build.get("dockerfile") if isinstance(build, dict) else None) or "Dockerfile")
+        (ok if os.path.isdir(ctx) else bad)(f"{name}: build context {ctx} exists")
+        (ok if os.path.isfile(dockerfile) else bad)(f"{name}: {dockerfile} exists")
+
+# 3. deploy/Dockerfile lint (build context: the repository root)
+KNOWN = {"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT",
+         "VOLUME", "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL"}
+path = "deploy/Dockerfile"
+problems, logical, buf, start = [], [], "", 0
+for no, line in enumerate(open(path), 1):
+    stripped = line.strip()
+    if not stripped or stripped.startswith("#"):
+        continue  # comments may also sit inside a continued instruction
+    if not buf:
+        start = no
+    buf += " " + stripped[:-1] if stripped.endswith("\\") else " " + stripped
+    if not stripped.endswith("\\"):
+        logical.append((start, buf.strip()))
+        buf = ""
+if buf:
+    problems.append(f"line {start}: the file ends inside a continued instruction")
+stages, froms = set(), 0
+for i, (no, text) in enumerate(logical):
+    word, _, rest = text.partition(" ")
+    if word.upper() not in KNOWN:
+        problems.append(f"line {no}: unknown instruction {word!r}")
+        continue
+    word = word.upper()
+    if i == 0 and word not in ("FROM", "ARG"):
+        problems.append(f"line {no}: the first instruction is {word}, not FROM or ARG")
+    if word == "ARG" and froms == 0:
+        continue
+    if word == "FROM":
+        froms += 1
+        m = re.search(r"\s+AS\s+(\S+)\s*$", rest, re.I)
+        if m:
+            stages.add(m.group(1).lower())
+    if word in ("CMD", "ENTRYPOINT", "SHELL", "RUN") and rest.lstrip().startswith("["):
+        try:
+            json.loads(rest)
+        except ValueError:
+            problems.append(f"line {no}: {word}'s JSON form does not parse")
+    if word in ("COPY", "ADD"):
+        args = rest.split()
+        flags = [a for a in args if a.startswith("--")]
+        paths = [a for a in args if not a.startswith("--")]
+        source = next((f.split("=", 1)[1] for f in flags if f.startswith("--from=")), None)
+        if source is not None:
+            if source.lower() not in stages and not re.search(r"[:/]", source):
+                problems.append(f"line {no}: COPY --from={source} names no earlier stage")
+        elif word == "COPY" and len(paths) >= 2:
+            for src in paths[:-1]:
+                if not glob.glob(src):
+                    problems.append(f"line {no}: COPY source {src} is not in the build context")
+if froms == 0:
+    problems.append("no FROM")
+# cargo needs every workspace member in the build stage
+import tomllib
+copied = {a.rstrip("/") for _, t in logical if t.upper().startswith("COPY ") and "--from" not in t
+          for a in t.split()[1:-1]}
+for member in tomllib.load(open("Cargo.toml", "rb"))["workspace"]["members"]:
+    if member not in copied:
+        problems.append(f"workspace member {member}/ is not copied into the build stage")
+for p in problems:
+    bad(f"{path}: {p}")
+if not problems:
+    ok(f"{path}: {len(logical)} instructions, {froms} stages, lint clean")
+
+# 4. Kubernetes manifests
+pool = None
+queue = None
+for path in sorted(glob.glob("deploy/k8s/*.yaml")):
+    try:
+        docs = [d for d in yaml.safe_load_all(open(path)) if d is not None]
+    except yaml.YAMLError as e:
+        bad(f"{path}: not valid YAML: {e}")
+        continue
+    missing = [i for i, d in enumerate(docs) if not (isinstance(d, dict) and d.get("apiVersion") and d.get("kind"))]
+    if missing:
+        bad(f"{path}: documents {missing} lack apiVersion or kind")
+    else:
+        ok(f"{path}: valid YAML, {len(docs)} objects ({', '.join(d['kind'] for d in docs)})")
+    for d in docs:
+        if d.get("kind") == "ConfigMap" and "FLEETRUN_POOL" in (d.get("data") or {}):
+            pool = d["data"]["FLEETRUN_POOL"]
+        if d.get("kind") == "ScaledObject":
+            for t in d["spec"].get("triggers", []):
+                if t.get("type") == "rabbitmq":
+                    queue = t["metadata"].get("queueName")
+if pool is None or queue is None:
+    bad("deploy/k8s: a worker ConfigMap with FLEETRUN_POOL and a rabbitmq KEDA trigger")
+elif queue == f"fleetrun.{pool}.batches":
+    ok(f"deploy/k8s: KEDA watches {queue}, the queue of pool {pool!r}")
+else:
+    bad(f"deploy/k8s: KEDA watches {queue}, but the workers serve fleetrun.{pool}.batches")
+
+# 5. broker and ledger settings
+def setting(path, key, sep):
+    if not os.path.isfile(path):
+        return None
+    for line in open(path):
+        line = line.split("#", 1)[0].strip()
+        if line.startswith(key):
+            k, _, v = line.partition(sep)
+            if k.strip() == key:
+                return v.strip()
+    return None
+timeout = setting("deploy/rabbitmq/rabbitmq.conf", "consumer_timeout", "=")
+if timeout and timeout.isdigit() and int(timeout) >= 3_600_000:
+    ok(f"rabbitmq.conf: consumer_timeout = {int(timeout) // 60_000} min")
+else:
+    bad(f"rabbitmq.conf: consumer_timeout should be a whole number of ms, >= 1 h (is {timeout})")
+plugins_file = "deploy/rabbitmq/enabled_plugins"
+plugins = open(plugins_file).read() if os.path.isfile(plugins_file) else ""
+(ok if re.fullmatch(r"\s*\[[\w,\s]*rabbitmq_management[\w,\s]*\]\.\s*", plugins) else bad)(
+    "enabled_plugins: an Erlang list ending in '.', with rabbitmq_management")
+(ok if setting("deploy/redis/redis.conf", "appendonly", " ") == "yes" else bad)(
+    "redis.conf: appendonly yes")
+PY
+)" || bad "the Python checks crashed"
+
+while read -r verdict what; do
+    [ -z "$verdict" ] && continue
+    if [ "$verdict" = ok ]; then ok "$what"; else bad "$what"; fi
+done <<< "$results"
+
+echo "check-deploy: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

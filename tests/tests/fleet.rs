@@ -1,0 +1,346 @@
+//! The fleet end to end: `fleetrun submit` against real RabbitMQ, Redis and S3 servers on
+//! loopback, served by real `fleetrun-worker` processes.
+#![cfg(feature = "services")]
+
+use std::path::Path;
+use std::process::{Child, Command, Output};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use fleetrun_common::queue::amqp::AmqpQueue;
+use fleetrun_common::queue::{Queue, QueueOptions};
+use fleetrun_common::storage::Storage;
+use fleetrun_common::storage::s3::{S3Settings, S3Storage};
+use fleetrun_common::testing::random_suffix;
+use fleetrun_tests::{bin, code, expected_lines, services, wait_for};
+use futures::TryStreamExt;
+
+fn management_url() -> String {
+    std::env::var("FLEETRUN_TEST_AMQP_MANAGEMENT_URL")
+        .unwrap_or_else(|_| "http://guest:guest@127.0.0.1:15673".to_owned())
+}
+
+/// One test's fleet: its own pool, bucket and folder; its workers are killed on drop.
+struct Fleet {
+    pool: String,
+    bucket: String,
+    dir: tempfile::TempDir,
+    workers: Vec<(String, Child)>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Fleet {
+    fn new(script: &str) -> Fleet {
+        let fleet = Fleet {
+            pool: format!("t{}", random_suffix()),
+            bucket: format!("fleet-{}", random_suffix()),
+            dir: tempfile::tempdir().unwrap(),
+            workers: Vec::new(),
+            runtime: tokio::runtime::Runtime::new().unwrap(),
+        };
+        std::fs::create_dir_all(fleet.path("code")).unwrap();
+        std::fs::write(fleet.path("code/score.py"), script).unwrap();
+        fleet
+    }
+
+    fn path(&self, rel: &str) -> std::path::PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn storage(&self, prefix: &str) -> S3Storage {
+        let settings = S3Settings {
+            endpoint_url: Some(services::s3_endpoint()),
+            region: Some("us-east-1".into()),
+            access_key_id: Some("test".into()),
+            secret_access_key: Some("test".into()),
+            force_path_style: Some(true),
+        };
+        self.runtime
+            .block_on(S3Storage::new(&self.bucket, prefix, &settings))
+            .unwrap()
+    }
+
+    /// Writes `n` inputs `fNNNN` to S3 under `in/` and to the local folder `local-in/`.
+    fn inputs(&self, n: usize) {
+        let s3 = self.storage("in");
+        self.runtime.block_on(async {
+            s3.create_bucket_if_missing().await.unwrap();
+            for i in 0..n {
+                let key = format!("g{:02}/f{i:04}.txt", i / 100);
+                s3.put(&key, Bytes::from(format!("f{i:04}"))).await.unwrap();
+                let local = self.path(&format!("local-in/{key}"));
+                std::fs::create_dir_all(local.parent().unwrap()).unwrap();
+                std::fs::write(local, format!("f{i:04}")).unwrap();
+            }
+        });
+    }
+
+    fn job(&self, settings: &str, input: &str, output: &str) -> std::path::PathBuf {
+        let toml = format!(
+            "name = \"fleet-e2e\"\nentry_script = \"score.py\"\nsource_directory = \"code\"\noutput_action = \"append_row\"\n{settings}\n[input]\nfiles = \"{input}\"\n[output]\npath = \"{output}\"\n"
+        );
+        let path = self.path(&format!("job-{}.toml", random_suffix()));
+        std::fs::write(&path, toml).unwrap();
+        path
+    }
+
+    fn env(&self, cmd: &mut Command) {
+        cmd.env("FLEETRUN_AMQP_URL", services::amqp_url())
+            .env("FLEETRUN_AMQP_MANAGEMENT_URL", management_url())
+            .env("FLEETRUN_REDIS_URL", services::redis_url())
+            .env("FLEETRUN_POOL", &self.pool)
+            .env("AWS_ENDPOINT_URL", services::s3_endpoint())
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_REGION", "us-east-1")
+            .env("FLEETRUN_CONFIG", "/nonexistent")
+            .env_remove("VIRTUAL_ENV");
+    }
+
+    fn worker(&mut self, node: &str, processes: usize) {
+        let mut cmd = Command::new(bin("fleetrun-worker"));
+        self.env(&mut cmd);
+        let log = std::fs::File::create(self.path(&format!("{node}.log"))).unwrap();
+        cmd.args(["--node-id", node, "--processes", &processes.to_string()])
+            .arg("--cache-dir")
+            .arg(self.path(&format!("cache-{node}")))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        self.workers.push((
+            node.to_owned(),
+            cmd.spawn().expect("fleetrun-worker starts"),
+        ));
+    }
+
+    fn submit(&self, job: &Path, args: &[&str]) -> Output {
+        let mut cmd = Command::new(bin("fleetrun"));
+        self.env(&mut cmd);
+        let out = cmd
+            .arg("submit")
+            .arg(job)
+            .arg("--quiet")
+            .args(args)
+            .output()
+            .unwrap();
+        eprintln!(
+            "--- submit stdout\n{}--- stderr\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    fn output(&self, key: &str) -> Vec<u8> {
+        let s3 = self.storage("");
+        self.runtime.block_on(s3.get(key)).unwrap().to_vec()
+    }
+
+    fn queue(&self) -> Arc<dyn Queue> {
+        let (url, pool, mgmt) = (services::amqp_url(), self.pool.clone(), management_url());
+        self.runtime.block_on(async {
+            let options = QueueOptions {
+                delivery_limit: Some(fleetrun_worker_delivery_limit()),
+            };
+            Arc::new(
+                AmqpQueue::connect(&url, &pool, options, Some(&mgmt))
+                    .await
+                    .unwrap(),
+            ) as Arc<dyn Queue>
+        })
+    }
+}
+
+/// The pool's delivery limit, as the binaries declare it.
+fn fleetrun_worker_delivery_limit() -> u32 {
+    101
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for (node, child) in &mut self.workers {
+            let _ = child.kill();
+            let _ = child.wait();
+            if std::thread::panicking() {
+                let log = std::fs::read_to_string(self.dir.path().join(format!("{node}.log")));
+                eprintln!("--- worker {node}\n{}", log.unwrap_or_default());
+            }
+        }
+    }
+}
+
+fn lines(bytes: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+const ECHO: &str =
+    "import time\ndef run(mini_batch):\n    return [open(p).read() for p in mini_batch]\n";
+
+/// Three workers, inputs and output on S3: the same bytes `fleetrun run` writes locally.
+#[test]
+fn s3_job_on_three_workers_matches_a_local_run() {
+    let mut fleet = Fleet::new(ECHO);
+    fleet.inputs(120);
+    for node in ["w1", "w2", "w3"] {
+        fleet.worker(node, 1);
+    }
+    let s3_in = format!("s3://{}/in", fleet.bucket);
+    let s3_out = format!("s3://{}/out", fleet.bucket);
+    let job = fleet.job("mini_batch_size = 7", &s3_in, &s3_out);
+    let out = fleet.submit(&job, &["--wait"]);
+    assert_eq!(code(&out), 0);
+    let fleet_bytes = fleet.output("out/parallel_run_step.txt");
+
+    let local = fleet.job("mini_batch_size = 7", "local-in", "local-out");
+    let run = Command::new(bin("fleetrun"))
+        .arg("run")
+        .arg(&local)
+        .arg("--quiet")
+        .output()
+        .unwrap();
+    assert_eq!(code(&run), 0);
+    let local_bytes = std::fs::read(fleet.path("local-out/parallel_run_step.txt")).unwrap();
+    assert_eq!(fleet_bytes, local_bytes);
+    assert_eq!(lines(&fleet_bytes), expected_lines(120, |_| false));
+    // Work was spread: more than one node reports (each uploads its logs as the job ends).
+    let s3 = fleet.storage("out/logs");
+    let keys = || -> Vec<String> {
+        fleet
+            .runtime
+            .block_on(s3.list("").map_ok(|m| m.key).try_collect())
+            .unwrap()
+    };
+    wait_for("two nodes' reports", Duration::from_secs(20), || {
+        keys()
+            .iter()
+            .filter(|k| k.starts_with("sys/job_report/"))
+            .count()
+            >= 2
+    });
+    let keys = keys();
+    assert!(keys.contains(&"job_result.txt".to_owned()));
+}
+
+/// A worker killed with SIGKILL while it holds a mini-batch: the job still completes, with
+/// every line exactly once.
+#[test]
+fn a_worker_killed_mid_job_loses_and_duplicates_nothing() {
+    let markers = tempfile::tempdir().unwrap();
+    let script = format!(
+        "import os, time\nMARKS = {:?}\ndef run(mini_batch):\n    node = os.environ['FLEETRUN_NODE_ID']\n    open(os.path.join(MARKS, node + '-' + str(os.getpid())), 'a').close()\n    time.sleep(0.2)\n    return [open(p).read() for p in mini_batch]\n",
+        markers.path().display().to_string()
+    );
+    let mut fleet = Fleet::new(&script);
+    fleet.inputs(150);
+    fleet.worker("victim", 2);
+    fleet.worker("w2", 1);
+    let job = fleet.job(
+        "mini_batch_size = 5\nrun_max_try = 3",
+        &format!("s3://{}/in", fleet.bucket),
+        &format!("s3://{}/out", fleet.bucket),
+    );
+    let mut submit = Command::new(bin("fleetrun"));
+    fleet.env(&mut submit);
+    let mut submit = submit
+        .arg("submit")
+        .arg(&job)
+        .arg("--quiet")
+        .arg("--wait")
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the victim to be running a mini-batch",
+        Duration::from_secs(60),
+        || {
+            std::fs::read_dir(markers.path())
+                .unwrap()
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("victim-"))
+        },
+    );
+    let (_, victim) = &mut fleet.workers[0];
+    victim.kill().unwrap(); // SIGKILL
+    victim.wait().unwrap();
+    let status = submit.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(
+        lines(&fleet.output("out/parallel_run_step.txt")),
+        expected_lines(150, |_| false)
+    );
+}
+
+/// With the threshold exceeded every worker stops the job's work promptly and the queue
+/// holds none of its mini-batches afterwards.
+#[test]
+fn threshold_stops_every_worker_and_leaves_nothing_queued() {
+    let script = "import time\ndef run(mini_batch):\n    time.sleep(0.05)\n    raise RuntimeError('bad model')\n";
+    let mut fleet = Fleet::new(script);
+    fleet.inputs(300);
+    for node in ["w1", "w2", "w3"] {
+        fleet.worker(node, 1);
+    }
+    let job = fleet.job(
+        "mini_batch_size = 1\nrun_max_try = 1\nerror_threshold = 4",
+        &format!("s3://{}/in", fleet.bucket),
+        &format!("s3://{}/out", fleet.bucket),
+    );
+    let out = fleet.submit(&job, &["--wait"]);
+    assert_eq!(code(&out), 42);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("error_threshold exceeded"));
+    let queue = fleet.queue();
+    wait_for(
+        "the job's mini-batches to leave the queue",
+        Duration::from_secs(30),
+        || {
+            let d = fleet.runtime.block_on(queue.depth()).unwrap();
+            d.ready == 0 && d.unacked == 0
+        },
+    );
+    let result = String::from_utf8_lossy(&fleet.output("out/logs/job_result.txt")).into_owned();
+    assert!(result.contains("Result: Failed"), "{result}");
+    // Promptly: far fewer than the 300 mini-batches were attempted.
+    let status = Command::new(bin("fleetrun"))
+        .args(["status"])
+        .envs([
+            ("FLEETRUN_REDIS_URL", services::redis_url()),
+            ("FLEETRUN_AMQP_URL", services::amqp_url()),
+            ("FLEETRUN_POOL", fleet.pool.clone()),
+            ("FLEETRUN_CONFIG", "/nonexistent".into()),
+        ])
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&status.stdout);
+    assert!(listing.contains("Failed"), "{listing}");
+}
+
+/// A message that does not decode goes to the dead-letter queue; the workers keep serving.
+#[test]
+fn malformed_message_is_dead_lettered_and_workers_keep_serving() {
+    let mut fleet = Fleet::new(ECHO);
+    fleet.inputs(20);
+    let queue = fleet.queue();
+    fleet
+        .runtime
+        .block_on(queue.publish(b"\xc1 not a mini-batch".to_vec()))
+        .unwrap();
+    fleet.worker("w1", 1);
+    let job = fleet.job(
+        "mini_batch_size = 4",
+        &format!("s3://{}/in", fleet.bucket),
+        &format!("s3://{}/out", fleet.bucket),
+    );
+    let out = fleet.submit(&job, &["--wait"]);
+    assert_eq!(code(&out), 0);
+    assert_eq!(
+        lines(&fleet.output("out/parallel_run_step.txt")),
+        expected_lines(20, |_| false)
+    );
+    wait_for(
+        "the dead-letter queue to show the message",
+        Duration::from_secs(30),
+        || fleet.runtime.block_on(queue.depth()).unwrap().dead == 1,
+    );
+}

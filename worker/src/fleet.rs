@@ -1,0 +1,769 @@
+//! Serving a pool's jobs on a fleet: RabbitMQ for mini-batches, Redis for the ledger and the
+//! job registry, S3 (or a shared folder) for data.
+//!
+//! Everything a worker needs to serve a job it has never seen is in the registry's
+//! [`JobRecord`]: the validated spec and, when the job's code was shipped, where it is. A
+//! worker stages the code once per job into its cache, opens the job's storages, and serves
+//! the job like any other until the ledger says it no longer runs.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use fleetrun_common::ledger::redis::RedisLedger;
+use fleetrun_common::ledger::{JobRegistry, JobState, Ledger, Outcome, RedisRegistry, Status};
+use fleetrun_common::queue::amqp::AmqpQueue;
+use fleetrun_common::queue::{Disposition, Queue, QueueOptions};
+use fleetrun_common::storage::s3::{S3Settings, S3Storage};
+use fleetrun_common::storage::{LocalStorage, Storage, StorageError, check_key, join_key};
+use fleetrun_common::wire::MiniBatch;
+use fleetrun_config::{JobSpec, Location, OutputAction};
+use futures::TryStreamExt;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::agent::{self, Agent, AgentConfig, AgentEvent, JobContext, Jobs};
+use crate::finalize::join_parts;
+use crate::logs::{self, JobLogs};
+
+/// The pool both binaries use when none is named.
+pub const DEFAULT_POOL: &str = "default";
+/// The prefix of every Redis key fleetrun writes.
+pub const KEY_PREFIX: &str = "fleetrun";
+/// Deliveries of one message before the broker dead-letters it: a backstop above any
+/// `run_max_try` (at most 100), since workers record a mini-batch failed themselves once its
+/// attempts are spent.
+pub const POOL_DELIVERY_LIMIT: u32 = 101;
+/// Where shipped code lives, under the job's output location.
+pub const CODE_PREFIX: &str = "_fleetrun/code";
+/// How often a worker re-reads the state of each job it serves.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Where the fleet's services are. Flags win over the environment, which wins over the
+/// config file (`$FLEETRUN_CONFIG`, else `~/.config/fleetrun/fleet.toml`).
+#[derive(Debug, Clone, Default, clap::Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FleetArgs {
+    /// RabbitMQ URL, e.g. amqp://guest:guest@127.0.0.1:5672/%2f
+    #[arg(long, env = "FLEETRUN_AMQP_URL")]
+    pub amqp_url: Option<String>,
+    /// RabbitMQ management API URL (for the unacknowledged count), e.g. http://guest:guest@127.0.0.1:15672
+    #[arg(long, env = "FLEETRUN_AMQP_MANAGEMENT_URL")]
+    pub amqp_management_url: Option<String>,
+    /// Redis URL, e.g. redis://127.0.0.1:6379/
+    #[arg(long, env = "FLEETRUN_REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// The worker pool (its queue is `fleetrun.<pool>.batches`).
+    #[arg(long, env = "FLEETRUN_POOL")]
+    pub pool: Option<String>,
+    /// S3 endpoint for S3-compatible servers (else AWS_ENDPOINT_URL, else AWS).
+    #[arg(long, env = "FLEETRUN_S3_ENDPOINT_URL")]
+    pub s3_endpoint_url: Option<String>,
+    /// Address buckets by path (default: on whenever a custom endpoint is set).
+    #[arg(long, env = "FLEETRUN_S3_FORCE_PATH_STYLE")]
+    pub s3_force_path_style: Option<bool>,
+}
+
+impl FleetArgs {
+    /// Fills what flags and environment left unset from the config file.
+    pub fn resolve(self) -> Result<FleetArgs, String> {
+        let path = std::env::var_os("FLEETRUN_CONFIG")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| Path::new(&h).join(".config/fleetrun/fleet.toml"))
+            });
+        let file = match path {
+            Some(p) if p.is_file() => {
+                let text =
+                    std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+                toml::from_str::<FleetArgs>(&text).map_err(|e| format!("{}: {e}", p.display()))?
+            }
+            _ => FleetArgs::default(),
+        };
+        Ok(FleetArgs {
+            amqp_url: self.amqp_url.or(file.amqp_url),
+            amqp_management_url: self.amqp_management_url.or(file.amqp_management_url),
+            redis_url: self.redis_url.or(file.redis_url),
+            pool: self.pool.or(file.pool),
+            s3_endpoint_url: self.s3_endpoint_url.or(file.s3_endpoint_url),
+            s3_force_path_style: self.s3_force_path_style.or(file.s3_force_path_style),
+        })
+    }
+
+    pub fn pool(&self) -> &str {
+        self.pool.as_deref().unwrap_or(DEFAULT_POOL)
+    }
+
+    pub fn s3(&self) -> S3Settings {
+        S3Settings {
+            endpoint_url: self.s3_endpoint_url.clone(),
+            force_path_style: self.s3_force_path_style,
+            ..S3Settings::default()
+        }
+    }
+}
+
+/// The connected seams of a fleet.
+#[derive(Clone)]
+pub struct Fleet {
+    pub queue: Arc<dyn Queue>,
+    pub ledger: Arc<dyn Ledger>,
+    pub registry: Arc<dyn JobRegistry>,
+    pub s3: S3Settings,
+    pub pool: String,
+}
+
+impl Fleet {
+    pub async fn connect(args: &FleetArgs) -> Result<Fleet, String> {
+        let amqp = args.amqp_url.as_deref().ok_or(
+            "no RabbitMQ URL: set FLEETRUN_AMQP_URL, --amqp-url or amqp_url in the config file",
+        )?;
+        let redis = args.redis_url.as_deref().ok_or(
+            "no Redis URL: set FLEETRUN_REDIS_URL, --redis-url or redis_url in the config file",
+        )?;
+        let pool = args.pool().to_owned();
+        let options = QueueOptions {
+            delivery_limit: Some(POOL_DELIVERY_LIMIT),
+        };
+        let queue = AmqpQueue::connect(amqp, &pool, options, args.amqp_management_url.as_deref())
+            .await
+            .map_err(|e| format!("RabbitMQ at {amqp}: {e}"))?;
+        let ledger = RedisLedger::connect(redis, KEY_PREFIX)
+            .await
+            .map_err(|e| format!("Redis at {redis}: {e}"))?;
+        let registry = RedisRegistry::connect(redis, KEY_PREFIX)
+            .await
+            .map_err(|e| format!("Redis at {redis}: {e}"))?;
+        Ok(Fleet {
+            queue: Arc::new(queue),
+            ledger: Arc::new(ledger),
+            registry: Arc::new(registry),
+            s3: args.s3(),
+            pool,
+        })
+    }
+}
+
+/// What the registry holds for a job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub spec: JobSpec,
+    /// Seconds since the Unix epoch.
+    pub submitted_at: f64,
+    /// The pool that serves it.
+    pub pool: String,
+}
+
+impl JobRecord {
+    pub fn new(spec: JobSpec, pool: &str) -> JobRecord {
+        JobRecord {
+            spec,
+            submitted_at: unix_now(),
+            pool: pool.to_owned(),
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a job record always encodes")
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<JobRecord, String> {
+        serde_json::from_slice(bytes).map_err(|e| format!("job record does not decode: {e}"))
+    }
+}
+
+pub fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// Storage for a location: a local folder or an S3 prefix.
+pub async fn open_storage(
+    location: &Location,
+    s3: &S3Settings,
+) -> Result<Arc<dyn Storage>, StorageError> {
+    Ok(match location {
+        Location::Local(path) => Arc::new(LocalStorage::new(path)),
+        Location::S3 { bucket, prefix } => Arc::new(S3Storage::new(bucket, prefix, s3).await?),
+    })
+}
+
+/// Ships a job's code to its output storage when the output is on S3 (workers elsewhere
+/// cannot read the submitter's disk): the source directory (or the entry script alone)
+/// goes under `_fleetrun/code/<sha256>/`, and the spec is rewritten to point there.
+/// Content-addressed: the same code is stored once, whatever number of jobs run it.
+pub async fn ship_code(mut spec: JobSpec, s3: &S3Settings) -> Result<JobSpec, String> {
+    let Location::S3 { bucket, prefix } = &spec.output else {
+        return Ok(spec);
+    };
+    let Location::Local(entry) = &spec.entry_script else {
+        return Ok(spec);
+    };
+    let (root, files) = match &spec.source_directory {
+        Some(Location::Local(dir)) => (
+            dir.clone(),
+            list_code(dir).map_err(|e| format!("{}: {e}", dir.display()))?,
+        ),
+        Some(Location::S3 { .. }) => return Ok(spec),
+        None => {
+            let dir = entry.parent().unwrap_or(Path::new("/")).to_path_buf();
+            let name = entry
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            (dir, vec![name])
+        }
+    };
+    let rel_entry = entry
+        .strip_prefix(&root)
+        .map_err(|_| {
+            format!(
+                "entry_script {} is not inside source_directory {}",
+                entry.display(),
+                root.display()
+            )
+        })?
+        .to_string_lossy()
+        .replace('\\', "/");
+    let mut hasher = Sha256::new();
+    let mut contents = Vec::with_capacity(files.len());
+    for rel in &files {
+        let body = std::fs::read(root.join(rel)).map_err(|e| format!("{rel}: {e}"))?;
+        hasher.update(rel.as_bytes());
+        hasher.update([0]);
+        hasher.update((body.len() as u64).to_be_bytes());
+        hasher.update(&body);
+        contents.push(body);
+    }
+    let hash = format!("{:x}", hasher.finalize());
+    let code_prefix = join_key(&join_key(prefix, CODE_PREFIX), &hash);
+    let storage = S3Storage::new(bucket, &code_prefix, s3)
+        .await
+        .map_err(|e| e.to_string())?;
+    for (rel, body) in files.iter().zip(contents) {
+        storage
+            .put(rel, Bytes::from(body))
+            .await
+            .map_err(|e| format!("shipping {rel}: {e}"))?;
+    }
+    spec.entry_script = Location::S3 {
+        bucket: bucket.clone(),
+        prefix: join_key(&code_prefix, &rel_entry),
+    };
+    spec.source_directory = Some(Location::S3 {
+        bucket: bucket.clone(),
+        prefix: code_prefix,
+    });
+    Ok(spec)
+}
+
+/// The files of a source directory, relative, in a stable order; caches and virtualenvs
+/// are left behind.
+fn list_code(dir: &Path) -> std::io::Result<Vec<String>> {
+    const SKIP: [&str; 5] = ["__pycache__", ".git", ".venv", "venv", ".mypy_cache"];
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if SKIP.contains(&name.as_str()) {
+                continue;
+            }
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if let Ok(rel) = path.strip_prefix(dir) {
+                out.push(rel.to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Brings shipped code to this machine (once per code hash) and points the spec at it.
+async fn stage_code(mut spec: JobSpec, cache: &Path, s3: &S3Settings) -> Result<JobSpec, String> {
+    let (
+        Location::S3 {
+            bucket,
+            prefix: entry_key,
+        },
+        Some(Location::S3 {
+            prefix: root_key, ..
+        }),
+    ) = (&spec.entry_script, &spec.source_directory)
+    else {
+        return Ok(spec);
+    };
+    let hash = root_key.rsplit('/').next().unwrap_or_default();
+    let local_root = cache.join("code").join(hash);
+    let rel_entry = entry_key
+        .strip_prefix(root_key.as_str())
+        .unwrap_or(entry_key)
+        .trim_start_matches('/');
+    if !local_root.join(".complete").exists() {
+        let storage = S3Storage::new(bucket, root_key, s3)
+            .await
+            .map_err(|e| e.to_string())?;
+        let partial = cache
+            .join("code")
+            .join(format!("{hash}.partial-{}", std::process::id()));
+        let objects: Vec<_> = storage
+            .list("")
+            .try_collect()
+            .await
+            .map_err(|e| e.to_string())?;
+        for object in objects {
+            // An object key never names a path outside the staging folder.
+            check_key(&object.key).map_err(|e| e.to_string())?;
+            let body = storage.get(&object.key).await.map_err(|e| e.to_string())?;
+            let path = partial.join(&object.key);
+            tokio::fs::create_dir_all(path.parent().unwrap_or(&partial))
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::fs::write(&path, &body)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        tokio::fs::write(partial.join(".complete"), b"")
+            .await
+            .map_err(|e| e.to_string())?;
+        if tokio::fs::rename(&partial, &local_root).await.is_err() {
+            // Another slot staged it first.
+            let _ = tokio::fs::remove_dir_all(&partial).await;
+        }
+    }
+    spec.entry_script = Location::Local(local_root.join(rel_entry));
+    spec.source_directory = Some(Location::Local(local_root));
+    Ok(spec)
+}
+
+/// How a worker node runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub node_id: String,
+    pub processes: usize,
+    pub prefetch: u16,
+    pub runner_exe: PathBuf,
+    /// Staged code, inputs and (for S3 outputs) logs before upload.
+    pub cache_dir: PathBuf,
+}
+
+/// Serves every job of the fleet's pool until `drain` (finish what is in hand) or `abort`.
+pub async fn serve(
+    config: WorkerConfig,
+    fleet: Fleet,
+    drain: CancellationToken,
+    abort: CancellationToken,
+) {
+    let (events, mut event_rx) = mpsc::unbounded_channel();
+    let jobs = Arc::new(FleetJobs {
+        fleet: fleet.clone(),
+        config: config.clone(),
+        contexts: Mutex::new(HashMap::new()),
+        loading: tokio::sync::Mutex::new(()),
+        stop: abort.clone(),
+    });
+    let agent = tokio::spawn(agent::run(
+        Agent {
+            config: AgentConfig {
+                node_id: config.node_id.clone(),
+                processes: config.processes,
+                prefetch: config.prefetch,
+                runner_exe: config.runner_exe.clone(),
+                staging_dir: config.cache_dir.join("staging"),
+                warm_job: None,
+            },
+            queue: fleet.queue.clone(),
+            ledger: fleet.ledger.clone(),
+            jobs: jobs.clone(),
+            events,
+        },
+        drain.clone(),
+        abort.clone(),
+    ));
+    let recorder = tokio::spawn(record_dead_letters(
+        fleet.clone(),
+        jobs.clone(),
+        drain.clone(),
+    ));
+    let finisher = {
+        let (fleet, jobs, node) = (fleet.clone(), jobs.clone(), config.node_id.clone());
+        tokio::spawn(async move {
+            while let Some(event) = event_rx.recv().await {
+                handle_event(&fleet, &jobs, &node, event).await;
+            }
+        })
+    };
+    let _ = agent.await;
+    recorder.abort();
+    finisher.abort();
+    for ctx in jobs.all() {
+        ctx.logs.flush();
+        upload_logs(&ctx, &config.node_id).await;
+    }
+}
+
+/// Acts on what the agent reports: finalizes a job this node saw complete, announces a
+/// failure it caused, or fails a job no node can start.
+async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, event: AgentEvent) {
+    match event {
+        AgentEvent::Transitioned { job, status } => {
+            let Ok(Some(ctx)) = jobs.get(&job).await else {
+                return;
+            };
+            let state = if status.state == JobState::Finalizing {
+                finalize_job(&*fleet.ledger, &ctx).await
+            } else {
+                status.state
+            };
+            let status = fleet
+                .ledger
+                .status(&job)
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or(status);
+            info!(job = %job, state = %state, "Job ended.");
+            write_job_result(&ctx, &status).await;
+        }
+        AgentEvent::GaveUp { job, reason } => {
+            let Ok(Some(ctx)) = jobs.get(&job).await else {
+                return;
+            };
+            if ctx.spec.node_count <= 1 {
+                let reason = format!("no runner process could start: {reason}");
+                if let Ok((true, status)) = fleet
+                    .ledger
+                    .transition(&job, &[JobState::Running], JobState::Failed, Some(&reason))
+                    .await
+                {
+                    write_job_result(&ctx, &status).await;
+                }
+            } else {
+                warn!(job = %job, node, "This node gave up on the job; other nodes keep serving it.");
+            }
+        }
+    }
+}
+
+/// Joins the parts and completes the job; owned by the one recording that finished it.
+pub async fn finalize_job(ledger: &dyn Ledger, ctx: &JobContext) -> JobState {
+    let total = ledger
+        .status(&ctx.id)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|s| s.total)
+        .unwrap_or(0);
+    if ctx.spec.output_action == OutputAction::AppendRow
+        && let Err(e) =
+            join_parts(&*ctx.output, &ctx.id, &ctx.spec.append_row_file_name, total).await
+    {
+        let reason = format!("writing the output file failed: {e}");
+        return match ledger
+            .transition(
+                &ctx.id,
+                &[JobState::Finalizing],
+                JobState::Failed,
+                Some(&reason),
+            )
+            .await
+        {
+            Ok((_, s)) => s.state,
+            Err(_) => JobState::Failed,
+        };
+    }
+    match ledger
+        .transition(&ctx.id, &[JobState::Finalizing], JobState::Completed, None)
+        .await
+    {
+        Ok((_, s)) => s.state,
+        Err(_) => JobState::Failed,
+    }
+}
+
+/// Writes `logs/job_result.txt` into the job's output.
+pub async fn write_job_result(ctx: &JobContext, status: &Status) {
+    let mut text = format!(
+        "Job: {}\nResult: {}\nMini-batches: {} processed of {}\nItems: {} succeeded, {} failed (error_threshold {})\nMini-batches failed: {}\n",
+        ctx.id,
+        status.state,
+        status.done,
+        status
+            .total
+            .map_or_else(|| "?".to_owned(), |t| t.to_string()),
+        status.items_succeeded,
+        status.items_failed,
+        ctx.spec.error_threshold,
+        status.batches_failed,
+    );
+    if let Some(reason) = &status.reason {
+        text.push_str(&format!("Cause: {reason}\n"));
+    }
+    if let Err(e) = ctx
+        .output
+        .put("logs/job_result.txt", Bytes::from(text))
+        .await
+    {
+        warn!(job = %ctx.id, error = %e, "Cannot write job_result.txt.");
+    }
+}
+
+/// Dead-lettered mini-batches count as failed in their job's ledger, so a crash loop can
+/// neither stall a job nor hide from its error count. Messages that do not decode stay in
+/// the dead-letter queue for operators: this consumer holds them unacknowledged.
+async fn record_dead_letters(fleet: Fleet, jobs: Arc<FleetJobs>, drain: CancellationToken) {
+    const HOLD: u16 = 1_000;
+    let mut consumer = match fleet.queue.consume_dead(HOLD).await {
+        Ok(c) => c,
+        Err(e) => {
+            warn!(error = %e, "Cannot consume the dead-letter queue.");
+            return;
+        }
+    };
+    let mut held = Vec::new();
+    loop {
+        let delivery = tokio::select! {
+            _ = drain.cancelled() => return,
+            d = consumer.next() => d,
+        };
+        let delivery = match delivery {
+            Ok(d) => d,
+            Err(e) => {
+                warn!(error = %e, "Reading the dead-letter queue failed; retrying.");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let Ok(batch) = MiniBatch::decode(&delivery.body) else {
+            held.push(delivery);
+            continue;
+        };
+        let reason = delivery
+            .dead_reason
+            .clone()
+            .unwrap_or_else(|| "unknown".into());
+        let disposition = match jobs.get(&batch.job).await {
+            Ok(Some(ctx)) => {
+                let cause = format!("dead-lettered by the broker ({reason})");
+                for item in &batch.items {
+                    ctx.logs.csv(
+                        logs::FAILED_ITEMS_CSV,
+                        logs::FAILED_ITEMS_HEADER,
+                        &format!(
+                            "{},{},{},{}",
+                            logs::csv_field(item),
+                            batch.index,
+                            delivery.attempt,
+                            cause
+                        ),
+                    );
+                }
+                let _ = ctx
+                    .output
+                    .delete_prefix(&agent::part_key(&ctx.id, batch.index))
+                    .await;
+                let items = batch.items.len() as u64;
+                match fleet
+                    .ledger
+                    .record(
+                        &ctx.id,
+                        batch.index,
+                        Outcome {
+                            succeeded: 0,
+                            failed: items,
+                            batch_failed: true,
+                        },
+                    )
+                    .await
+                {
+                    Ok(r) => {
+                        if r.transitioned {
+                            let state = if r.status.state == JobState::Finalizing {
+                                finalize_job(&*fleet.ledger, &ctx).await
+                            } else {
+                                r.status.state
+                            };
+                            info!(job = %ctx.id, state = %state, "Job ended after a dead-lettered mini-batch.");
+                            write_job_result(
+                                &ctx,
+                                &fleet
+                                    .ledger
+                                    .status(&ctx.id)
+                                    .await
+                                    .ok()
+                                    .flatten()
+                                    .unwrap_or(r.status),
+                            )
+                            .await;
+                        }
+                        Disposition::Ack
+                    }
+                    Err(_) => Disposition::Requeue,
+                }
+            }
+            // A job this pool does not know: keep it for operators.
+            _ => {
+                held.push(delivery);
+                continue;
+            }
+        };
+        let _ = delivery.settle(disposition).await;
+    }
+}
+
+struct FleetJobs {
+    fleet: Fleet,
+    config: WorkerConfig,
+    contexts: Mutex<HashMap<String, Arc<JobContext>>>,
+    /// One job is loaded at a time, so slots asking for the same new job load it once.
+    loading: tokio::sync::Mutex<()>,
+    stop: CancellationToken,
+}
+
+impl FleetJobs {
+    fn cached(&self, job: &str) -> Option<Arc<JobContext>> {
+        self.contexts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(job)
+            .cloned()
+    }
+
+    fn all(&self) -> Vec<Arc<JobContext>> {
+        self.contexts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    async fn load(&self, job: &str) -> Result<Option<Arc<JobContext>>, String> {
+        let Some(bytes) = self
+            .fleet
+            .registry
+            .record(job)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(None);
+        };
+        let record = JobRecord::decode(&bytes)?;
+        let spec = stage_code(record.spec, &self.config.cache_dir, &self.fleet.s3).await?;
+        let fleetrun_config::Input::Files(input_location) = &spec.input;
+        let input = open_storage(input_location, &self.fleet.s3)
+            .await
+            .map_err(|e| e.to_string())?;
+        let output = open_storage(&spec.output, &self.fleet.s3)
+            .await
+            .map_err(|e| e.to_string())?;
+        let log_dir = match &spec.output {
+            Location::Local(dir) => dir.join("logs"),
+            Location::S3 { .. } => self.config.cache_dir.join("jobs").join(job).join("logs"),
+        };
+        let logs = Arc::new(JobLogs::for_node(log_dir, &self.config.node_id));
+        let ctx = Arc::new(JobContext::new(job.to_owned(), spec, input, output, logs));
+        tokio::spawn(watch_job(
+            self.fleet.ledger.clone(),
+            ctx.clone(),
+            self.config.node_id.clone(),
+            self.stop.clone(),
+        ));
+        Ok(Some(ctx))
+    }
+}
+
+#[async_trait]
+impl Jobs for FleetJobs {
+    async fn get(&self, job: &str) -> Result<Option<Arc<JobContext>>, String> {
+        if let Some(ctx) = self.cached(job) {
+            return Ok(Some(ctx));
+        }
+        let _one_at_a_time = self.loading.lock().await;
+        if let Some(ctx) = self.cached(job) {
+            return Ok(Some(ctx));
+        }
+        let ctx = self.load(job).await?;
+        if let Some(ctx) = &ctx {
+            self.contexts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(job.to_owned(), ctx.clone());
+        }
+        Ok(ctx)
+    }
+}
+
+/// Follows a job's state in the ledger: stops its running attempts on this node as soon as
+/// it no longer runs, flushes its logs now and then, and uploads them at the end.
+async fn watch_job(
+    ledger: Arc<dyn Ledger>,
+    ctx: Arc<JobContext>,
+    node: String,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(WATCH_EVERY) => {}
+        }
+        ctx.logs.flush();
+        match ledger.status(&ctx.id).await {
+            Ok(Some(status)) if !status.state.accepts_work() => {
+                ctx.stop.cancel();
+                if status.state.is_terminal() {
+                    ctx.logs.flush();
+                    upload_logs(&ctx, &node).await;
+                    return;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => warn!(job = %ctx.id, error = %e, "Cannot read the job's state."),
+        }
+    }
+}
+
+/// Copies this node's log files of a job whose output is on S3 under `<output>/logs/`.
+async fn upload_logs(ctx: &JobContext, node: &str) {
+    if ctx.spec.output.as_local().is_some() {
+        return;
+    }
+    let root = ctx.logs.dir().to_path_buf();
+    let mut stack = vec![root.clone()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let Ok(rel) = path.strip_prefix(&root) else {
+                continue;
+            };
+            let key = format!("logs/{}", rel.to_string_lossy().replace('\\', "/"));
+            match tokio::fs::read(&path).await {
+                Ok(body) => {
+                    if let Err(e) = ctx.output.put(&key, Bytes::from(body)).await {
+                        warn!(job = %ctx.id, node, key, error = %e, "Cannot upload a log file.");
+                    }
+                }
+                Err(e) => warn!(job = %ctx.id, node, error = %e, "Cannot read a log file."),
+            }
+        }
+    }
+}
