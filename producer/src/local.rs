@@ -149,7 +149,7 @@ pub async fn run_local(
             config: AgentConfig {
                 node_id: "0".into(),
                 processes,
-                prefetch: 1,
+                prefetch: 2,
                 runner_exe,
                 staging_dir: node_dir.clone(),
                 warm_job: Some(job_id.clone()),

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use fleetrun_common::queue::{Queue, QueueError};
 use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_common::wire::MiniBatch;
-use futures::StreamExt;
+use futures::stream::FuturesOrdered;
+use futures::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, thiserror::Error)]
@@ -17,11 +18,21 @@ pub enum PartitionError {
     Publish(#[from] QueueError),
 }
 
-/// Counts a producer publishes, readable while it runs.
+/// Publishes awaiting their confirmation at once.
+const PUBLISH_WINDOW: usize = 64;
+
+/// Counts of what the queue has confirmed, readable while the producer runs.
 #[derive(Debug, Default)]
 pub struct Produced {
     pub mini_batches: AtomicU64,
     pub items: AtomicU64,
+}
+
+impl Produced {
+    fn confirmed(&self, items: u64) {
+        self.mini_batches.fetch_add(1, Ordering::Relaxed);
+        self.items.fetch_add(items, Ordering::Relaxed);
+    }
 }
 
 /// Lists `prefix` of `input` in key order and publishes mini-batches of `size` files, until
@@ -40,6 +51,9 @@ pub async fn publish_files(
     let mut listing = input.list(prefix);
     let mut items = Vec::with_capacity(size);
     let mut index = 0u64;
+    // Confirms come back in their own time: keep a window of publishes in flight instead of
+    // waiting a round trip per mini-batch.
+    let mut in_flight = FuturesOrdered::new();
     while !stop.is_cancelled() {
         let next = listing.next().await.transpose()?;
         let exhausted = next.is_none();
@@ -54,22 +68,32 @@ pub async fn publish_files(
                 continue;
             }
         }
-        if items.is_empty() {
-            break;
+        if !items.is_empty() {
+            let count = items.len() as u64;
+            let batch = MiniBatch::new(
+                job,
+                index,
+                std::mem::replace(&mut items, Vec::with_capacity(size)),
+            );
+            let body = batch.encode();
+            in_flight.push_back(async move { queue.publish(body).await.map(|()| count) });
+            index += 1;
+            // Count what the queue confirmed; wait only when the window is full.
+            while let Some(Some(published)) = in_flight.next().now_or_never() {
+                produced.confirmed(published?);
+            }
+            if in_flight.len() >= PUBLISH_WINDOW
+                && let Some(published) = in_flight.next().await
+            {
+                produced.confirmed(published?);
+            }
         }
-        let count = items.len() as u64;
-        let batch = MiniBatch::new(
-            job,
-            index,
-            std::mem::replace(&mut items, Vec::with_capacity(size)),
-        );
-        queue.publish(batch.encode()).await?;
-        index += 1;
-        produced.mini_batches.store(index, Ordering::Relaxed);
-        produced.items.fetch_add(count, Ordering::Relaxed);
         if exhausted {
             break;
         }
+    }
+    while let Some(published) = in_flight.next().await {
+        produced.confirmed(published?);
     }
     Ok(index)
 }

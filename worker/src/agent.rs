@@ -137,6 +137,7 @@ pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToke
             shared: shared.clone(),
             index,
             runner: None,
+            finishing: tokio::task::JoinSet::new(),
         };
         slots.spawn(slot.run(drain.clone(), abort.clone()));
     }
@@ -164,6 +165,8 @@ struct Slot {
     shared: Arc<Shared>,
     index: usize,
     runner: Option<Active>,
+    /// Deliveries being finished in the background (at most the consumer's prefetch).
+    finishing: tokio::task::JoinSet<()>,
 }
 
 /// What to do with a delivery, decided once.
@@ -171,6 +174,9 @@ enum Verdict {
     Settle(Disposition),
     /// The job no longer runs: drop the message.
     Drop,
+    /// `run()` succeeded: write the part and record the outcome, then settle with what that
+    /// gives. Done in the background, so the runner gets its next mini-batch at once.
+    Finish(futures::future::BoxFuture<'static, Disposition>),
 }
 
 impl Slot {
@@ -237,6 +243,8 @@ impl Slot {
                 }
             }
         }
+        // Settle what is being finished before stopping: nothing is left unacknowledged.
+        while self.finishing.join_next().await.is_some() {}
         if let Some(active) = self.runner.take() {
             if abort.is_cancelled() {
                 let mut process = active.process;
@@ -273,19 +281,20 @@ impl Slot {
     }
 
     async fn handle(&mut self, delivery: Delivery) {
-        let verdict = self.decide(&delivery).await;
-        let disposition = match verdict {
+        while self.finishing.try_join_next().is_some() {}
+        let disposition = match self.decide(&delivery).await {
             Verdict::Settle(d) => d,
             Verdict::Drop => Disposition::Ack,
+            Verdict::Finish(work) => {
+                let slot = self.index;
+                self.finishing.spawn(async move {
+                    let disposition = work.await;
+                    settle(slot, delivery, disposition).await;
+                });
+                return;
+            }
         };
-        match delivery.settle(disposition).await {
-            Ok(true) => {}
-            Ok(false) => info!(
-                slot = self.index,
-                "Settlement not delivered; the broker will redeliver."
-            ),
-            Err(e) => warn!(slot = self.index, error = %e, "Settling a delivery failed."),
-        }
+        settle(self.index, delivery, disposition).await;
     }
 
     async fn decide(&mut self, delivery: &Delivery) -> Verdict {
@@ -396,13 +405,6 @@ impl Slot {
                     }
                     std::cmp::Ordering::Equal => String::new(),
                 };
-                if ctx.spec.output_action == OutputAction::AppendRow {
-                    let part = join_rows(&rows);
-                    if let Err(e) = ctx.output.put(&part_key(&ctx.id, batch.index), part).await {
-                        warn!(job = %ctx.id, mini_batch = batch.index, error = %e, "Writing the output part failed; requeueing.");
-                        return Verdict::Settle(Disposition::Requeue);
-                    }
-                }
                 ctx.logs.log(
                     logs::JobLogs::node_process(&node, &process),
                     &format!(
@@ -427,10 +429,22 @@ impl Slot {
                     timing.run_seconds,
                     &note,
                 );
-                if !self.record(ctx, batch.index, outcome).await {
-                    return Verdict::Settle(Disposition::Requeue);
-                }
-                Verdict::Settle(Disposition::Ack)
+                let part =
+                    (ctx.spec.output_action == OutputAction::AppendRow).then(|| join_rows(&rows));
+                let (shared, ctx, index) = (self.shared.clone(), ctx.clone(), batch.index);
+                Verdict::Finish(Box::pin(async move {
+                    if let Some(part) = part
+                        && let Err(e) = ctx.output.put(&part_key(&ctx.id, index), part).await
+                    {
+                        warn!(job = %ctx.id, mini_batch = index, error = %e, "Writing the output part failed; requeueing.");
+                        return Disposition::Requeue;
+                    }
+                    if record_outcome(&shared, &ctx, index, outcome).await {
+                        Disposition::Ack
+                    } else {
+                        Disposition::Requeue
+                    }
+                }))
             }
             RunOutcome::Raised { error, timing } => {
                 self.script_error(ctx, &process, batch, attempt, &error);
@@ -564,32 +578,8 @@ impl Slot {
         .await
     }
 
-    /// Records an outcome in the ledger and reports a state change it caused.
     async fn record(&self, ctx: &Arc<JobContext>, index: u64, outcome: Outcome) -> bool {
-        match self
-            .shared
-            .agent
-            .ledger
-            .record(&ctx.id, index, outcome)
-            .await
-        {
-            Ok(recorded) => {
-                if !recorded.status.state.accepts_work() {
-                    ctx.stop.cancel();
-                }
-                if recorded.transitioned {
-                    let _ = self.shared.agent.events.send(AgentEvent::Transitioned {
-                        job: ctx.id.clone(),
-                        status: recorded.status,
-                    });
-                }
-                true
-            }
-            Err(e) => {
-                warn!(job = %ctx.id, mini_batch = index, error = %e, "Recording in the ledger failed; requeueing.");
-                false
-            }
-        }
+        record_outcome(&self.shared, ctx, index, outcome).await
     }
 
     /// Makes sure this slot has a ready runner for the job. On an init failure, counts it and
@@ -789,6 +779,41 @@ impl Slot {
             paths.push(path.display().to_string());
         }
         Ok(Staged { paths, folder })
+    }
+}
+
+async fn settle(slot: usize, delivery: Delivery, disposition: Disposition) {
+    match delivery.settle(disposition).await {
+        Ok(true) => {}
+        Ok(false) => info!(slot, "Settlement not delivered; the broker will redeliver."),
+        Err(e) => warn!(slot, error = %e, "Settling a delivery failed."),
+    }
+}
+
+/// Records an outcome in the ledger and reports a state change it caused.
+async fn record_outcome(
+    shared: &Shared,
+    ctx: &Arc<JobContext>,
+    index: u64,
+    outcome: Outcome,
+) -> bool {
+    match shared.agent.ledger.record(&ctx.id, index, outcome).await {
+        Ok(recorded) => {
+            if !recorded.status.state.accepts_work() {
+                ctx.stop.cancel();
+            }
+            if recorded.transitioned {
+                let _ = shared.agent.events.send(AgentEvent::Transitioned {
+                    job: ctx.id.clone(),
+                    status: recorded.status,
+                });
+            }
+            true
+        }
+        Err(e) => {
+            warn!(job = %ctx.id, mini_batch = index, error = %e, "Recording in the ledger failed; requeueing.");
+            false
+        }
     }
 }
 

@@ -27,8 +27,9 @@ struct Cli {
     /// This node's id in logs (default: the host name).
     #[arg(long, env = "FLEETRUN_NODE_ID")]
     node_id: Option<String>,
-    /// Unacknowledged mini-batches each runner slot may hold.
-    #[arg(long, env = "FLEETRUN_PREFETCH", default_value_t = 1)]
+    /// Unacknowledged mini-batches each runner slot may hold: one running, one being
+    /// finished (part written, recorded) while the runner already has the next.
+    #[arg(long, env = "FLEETRUN_PREFETCH", default_value_t = 2)]
     prefetch: u16,
     /// Where code, staged inputs and logs are kept (default: a folder under the temp dir).
     #[arg(long, env = "FLEETRUN_CACHE_DIR")]

@@ -42,9 +42,9 @@ use bytes::Bytes;
 use futures::StreamExt;
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions,
-    BasicPublishOptions, BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions,
-    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
+    BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
@@ -625,7 +625,9 @@ impl AmqpConsumer {
             tokio::time::sleep(delay).await;
         }
         let opened = match self.shared.open_channel().await {
-            Ok(channel) => consumer_qos(&channel, self.prefetch).await.map(|()| channel),
+            Ok(channel) => consumer_qos(&channel, self.prefetch)
+                .await
+                .map(|()| channel),
             Err(e) => Err(e),
         };
         match opened {

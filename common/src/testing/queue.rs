@@ -225,7 +225,10 @@ async fn wait_depth(q: &dyn Queue, want: impl Fn(u64, u64) -> bool) {
         if want(depth.ready, depth.unacked) {
             return;
         }
-        assert!(tokio::time::Instant::now() < deadline, "depth stayed {depth:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "depth stayed {depth:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
