@@ -105,10 +105,18 @@ pub async fn run_local(
 
     let job_id = new_job_id(&spec.name);
     let logs = Arc::new(JobLogs::new(&log_dir));
+    let gpus = fleetrun_worker::gpu::detect_gpus();
+    // CONTRACT.md §2: 1 on a GPU machine, the number of cores on a CPU machine.
     let processes = options
         .processes
         .or(spec.process_count_per_node.map(|n| n as usize))
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        .unwrap_or_else(|| {
+            if gpus > 0 {
+                1
+            } else {
+                std::thread::available_parallelism().map_or(1, |n| n.get())
+            }
+        });
     let output: Arc<dyn Storage> = Arc::new(LocalStorage::new(&output_dir));
     let input: Arc<dyn Storage> = Arc::new(LocalStorage::new(&input_dir));
     // Enough ready mini-batches that no runner waits, few enough that memory stays flat.
@@ -153,6 +161,7 @@ pub async fn run_local(
                 runner_exe,
                 staging_dir: node_dir.clone(),
                 warm_job: Some(job_id.clone()),
+                gpus,
             },
             queue: queue.clone(),
             ledger: ledger.clone(),

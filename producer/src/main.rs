@@ -56,7 +56,7 @@ enum Command {
         #[command(flatten)]
         fleet: FleetArgs,
     },
-    /// Show a job's progress (or every job's state, without JOB).
+    /// Show a job's progress (or the state of every job of the pool, without JOB).
     Status {
         job: Option<String>,
         /// Refresh until the job ends.
@@ -276,6 +276,10 @@ async fn status(
             println!("No jobs.");
         }
         for job in jobs {
+            let pool = fleet_cmd::record(&fleet, &job).await?.map(|r| r.pool);
+            if pool.as_deref() != Some(fleet.pool.as_str()) {
+                continue;
+            }
             if let Some(s) = fleet.ledger.status(&job).await.map_err(|e| e.to_string())? {
                 let total = s.total.map_or_else(|| "?".to_owned(), |t| t.to_string());
                 println!(

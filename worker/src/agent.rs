@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::gpu::{GPU_COUNT_VAR, GpuLease, GpuPool};
 use crate::logs::{self, JobLogs, csv_field};
 use crate::process::{InitOutcome, Launch, RunOutcome, RunnerProcess, returncode};
 
@@ -50,6 +51,8 @@ pub struct AgentConfig {
     pub staging_dir: PathBuf,
     /// Start every slot's runner for this job before taking work (one-job runs).
     pub warm_job: Option<String>,
+    /// GPUs on this node, handed to runners one index each (CONTRACT.md §3).
+    pub gpus: usize,
 }
 
 /// A job as a node sees it: its spec, its storages, its log folder, and what this node
@@ -127,9 +130,11 @@ pub struct Agent {
 /// Runs the agent until `drain` is cancelled (finish the mini-batch in hand, take no more)
 /// or `abort` is (kill the runners now; unsettled deliveries go back to the queue).
 pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToken) {
+    let gpus = GpuPool::new(agent.config.gpus);
     let shared = Arc::new(Shared {
         agent,
         next_process: AtomicU32::new(0),
+        gpus,
     });
     let mut slots = tokio::task::JoinSet::new();
     for index in 0..shared.agent.config.processes.max(1) {
@@ -151,6 +156,7 @@ pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToke
 struct Shared {
     agent: Agent,
     next_process: AtomicU32,
+    gpus: Arc<GpuPool>,
 }
 
 struct Active {
@@ -159,6 +165,8 @@ struct Active {
     process: RunnerProcess,
     /// The job's stop signal: once it fires the runner (its model, its GPU) is released.
     job_stop: CancellationToken,
+    /// Its GPU, released when the process is dropped.
+    _gpu: Option<GpuLease>,
 }
 
 struct Slot {
@@ -597,12 +605,20 @@ impl Slot {
         let node = self.config().node_id.clone();
         let number = self.shared.next_process.fetch_add(1, Ordering::Relaxed);
         let name = format!("process{number:03}");
+        let gpu = self.shared.gpus.acquire();
+        let mut env = runner_env(ctx, &node, &name);
+        env.push((GPU_COUNT_VAR.into(), self.shared.gpus.count().to_string()));
+        let mut env_remove = Vec::new();
+        match &gpu {
+            Some(lease) => env.push(("CUDA_VISIBLE_DEVICES".into(), lease.index().to_string())),
+            None => env_remove.push("CUDA_VISIBLE_DEVICES".to_owned()),
+        }
         let launch = Launch {
             exe: self.config().runner_exe.clone(),
             stdout: ctx.logs.user_stdout(&node, &name),
             stderr: ctx.logs.user_stderr(&node, &name),
-            env: runner_env(ctx, &node, &name),
-            env_remove: Vec::new(),
+            env,
+            env_remove,
         };
         let spec = &ctx.spec;
         let params = InitParams {
@@ -635,6 +651,7 @@ impl Slot {
                     name,
                     process,
                     job_stop: ctx.stop.clone(),
+                    _gpu: gpu,
                 });
                 return true;
             }

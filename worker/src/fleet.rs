@@ -357,6 +357,8 @@ pub struct WorkerConfig {
     pub runner_exe: PathBuf,
     /// Staged code, inputs and (for S3 outputs) logs before upload.
     pub cache_dir: PathBuf,
+    /// GPUs on this node.
+    pub gpus: usize,
 }
 
 /// Serves every job of the fleet's pool until `drain` (finish what is in hand) or `abort`.
@@ -383,6 +385,7 @@ pub async fn serve(
                 runner_exe: config.runner_exe.clone(),
                 staging_dir: config.cache_dir.join("staging"),
                 warm_job: None,
+                gpus: config.gpus,
             },
             queue: fleet.queue.clone(),
             ledger: fleet.ledger.clone(),

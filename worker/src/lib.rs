@@ -7,6 +7,7 @@
 //! - [`process`]: one runner process from the agent's side (spawn, init, run with a timeout,
 //!   kill, restart).
 //! - [`logs`]: the job's log folder (CONTRACT.md §7).
+//! - [`gpu`]: one GPU index per runner process (CONTRACT.md §3).
 //! - [`finalize`]: joins output parts into the one `append_row` file.
 //! - [`fleet`]: serving a pool's jobs from RabbitMQ, Redis and S3: settings, the job
 //!   registry's records, code shipping, the dead-letter recorder.
@@ -16,5 +17,6 @@
 pub mod agent;
 pub mod finalize;
 pub mod fleet;
+pub mod gpu;
 pub mod logs;
 pub mod process;

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 struct Cli {
     #[command(flatten)]
     fleet: FleetArgs,
-    /// Runner processes on this node (default: the number of cores).
+    /// Runner processes on this node (default: one per GPU, else one per core).
     #[arg(long, env = "FLEETRUN_PROCESSES")]
     processes: Option<usize>,
     /// This node's id in logs (default: the host name).
@@ -63,10 +63,17 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let args = cli.fleet.resolve()?;
     let fleet = Fleet::connect(&args).await?;
     let node_id = cli.node_id.unwrap_or_else(hostname);
+    let gpus = fleetrun_worker::gpu::detect_gpus();
     let config = WorkerConfig {
-        processes: cli
-            .processes
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        // One process per GPU on a GPU machine, one per core otherwise.
+        processes: cli.processes.unwrap_or_else(|| {
+            if gpus > 0 {
+                gpus
+            } else {
+                std::thread::available_parallelism().map_or(1, |n| n.get())
+            }
+        }),
+        gpus,
         prefetch: cli.prefetch,
         runner_exe: find_runner_exe()?,
         cache_dir: cli
