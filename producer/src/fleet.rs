@@ -105,15 +105,7 @@ pub async fn submit(
         if sealed.transitioned && sealed.status.state == JobState::Finalizing {
             // Every mini-batch was done before the seal (or there were none): finalize here.
             let ctx = context(fleet, &job, &spec).await?;
-            fleet::finalize_job(&*fleet.ledger, &ctx).await;
-            let status = fleet
-                .ledger
-                .status(&job)
-                .await
-                .ok()
-                .flatten()
-                .unwrap_or(sealed.status);
-            fleet::write_job_result(&ctx, &status).await;
+            fleet::conclude(&*fleet.ledger, &ctx, sealed.status).await;
         }
     }
     Ok((job, produced))

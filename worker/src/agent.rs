@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use fleetrun_common::ledger::{JobState, Ledger, Outcome, Status};
+use fleetrun_common::ledger::{JobState, Ledger, Outcome, Recorded, Status};
 use fleetrun_common::protocol::{InitParams, ScriptError};
 use fleetrun_common::queue::{Delivery, Disposition, Queue};
 use fleetrun_common::storage::Storage;
@@ -551,43 +551,16 @@ impl Slot {
         attempts: u32,
         cause: &str,
     ) -> bool {
-        // An earlier attempt may have written a part and died before recording it.
-        if let Err(e) = ctx
-            .output
-            .delete_prefix(&part_key(&ctx.id, batch.index))
-            .await
-        {
-            warn!(job = %ctx.id, mini_batch = batch.index, error = %e, "Removing a stale part failed.");
-            return false;
+        match record_failed_batch(&*self.shared.agent.ledger, ctx, batch, attempts, cause).await {
+            Ok(recorded) => {
+                report_recorded(&self.shared, ctx, recorded);
+                true
+            }
+            Err(e) => {
+                warn!(job = %ctx.id, mini_batch = batch.index, error = %e, "Recording a failed mini-batch failed; requeueing.");
+                false
+            }
         }
-        let cause_line = cause.lines().next().unwrap_or_default();
-        for item in &batch.items {
-            ctx.logs.csv(
-                logs::FAILED_ITEMS_CSV,
-                logs::FAILED_ITEMS_HEADER,
-                &format!(
-                    "{},{},{attempts},{}",
-                    csv_field(item),
-                    batch.index,
-                    csv_field(cause_line)
-                ),
-            );
-        }
-        let items = batch.items.len() as u64;
-        self.record(
-            ctx,
-            batch.index,
-            Outcome {
-                succeeded: 0,
-                failed: items,
-                batch_failed: true,
-            },
-        )
-        .await
-    }
-
-    async fn record(&self, ctx: &Arc<JobContext>, index: u64, outcome: Outcome) -> bool {
-        record_outcome(&self.shared, ctx, index, outcome).await
     }
 
     /// Makes sure this slot has a ready runner for the job. On an init failure, counts it and
@@ -816,15 +789,7 @@ async fn record_outcome(
 ) -> bool {
     match shared.agent.ledger.record(&ctx.id, index, outcome).await {
         Ok(recorded) => {
-            if !recorded.status.state.accepts_work() {
-                ctx.stop.cancel();
-            }
-            if recorded.transitioned {
-                let _ = shared.agent.events.send(AgentEvent::Transitioned {
-                    job: ctx.id.clone(),
-                    status: recorded.status,
-                });
-            }
+            report_recorded(shared, ctx, recorded);
             true
         }
         Err(e) => {
@@ -832,6 +797,57 @@ async fn record_outcome(
             false
         }
     }
+}
+
+/// Acts on a recording: stops the job's work if it no longer runs, and hands a state change
+/// to whoever drives the job.
+fn report_recorded(shared: &Shared, ctx: &JobContext, recorded: Recorded) {
+    if !recorded.status.state.accepts_work() {
+        ctx.stop.cancel();
+    }
+    if recorded.transitioned {
+        let _ = shared.agent.events.send(AgentEvent::Transitioned {
+            job: ctx.id.clone(),
+            status: recorded.status,
+        });
+    }
+}
+
+/// Records a mini-batch that failed whole (its attempts spent, or dead-lettered): removes
+/// any part an earlier attempt left, lists its items in `failed_items.csv`, and counts them
+/// all as failed.
+pub async fn record_failed_batch(
+    ledger: &dyn Ledger,
+    ctx: &JobContext,
+    batch: &MiniBatch,
+    attempts: u32,
+    cause: &str,
+) -> Result<Recorded, String> {
+    // An earlier attempt may have written a part and died before recording it.
+    ctx.output
+        .delete_prefix(&part_key(&ctx.id, batch.index))
+        .await
+        .map_err(|e| format!("removing a stale part: {e}"))?;
+    let cause_line = csv_field(cause.lines().next().unwrap_or_default());
+    for item in &batch.items {
+        ctx.logs.csv(
+            logs::FAILED_ITEMS_CSV,
+            logs::FAILED_ITEMS_HEADER,
+            &format!(
+                "{},{},{attempts},{cause_line}",
+                csv_field(item),
+                batch.index
+            ),
+        );
+    }
+    ledger
+        .record(
+            &ctx.id,
+            batch.index,
+            Outcome::all_failed(batch.items.len() as u64),
+        )
+        .await
+        .map_err(|e| e.to_string())
 }
 
 struct Staged {

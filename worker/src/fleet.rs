@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use bytes::Bytes;
 use fleetrun_common::ledger::redis::RedisLedger;
-use fleetrun_common::ledger::{JobRegistry, JobState, Ledger, Outcome, RedisRegistry, Status};
+use fleetrun_common::ledger::{JobRegistry, JobState, Ledger, RedisRegistry, Status};
 use fleetrun_common::queue::amqp::AmqpQueue;
 use fleetrun_common::queue::{Disposition, Queue, QueueOptions};
 use fleetrun_common::storage::s3::{S3Settings, S3Storage};
@@ -30,7 +30,7 @@ use tracing::{info, warn};
 
 use crate::agent::{self, Agent, AgentConfig, AgentEvent, JobContext, Jobs};
 use crate::finalize::join_parts;
-use crate::logs::{self, JobLogs};
+use crate::logs::JobLogs;
 
 /// The pool both binaries use when none is named.
 pub const DEFAULT_POOL: &str = "default";
@@ -425,20 +425,7 @@ async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, event: AgentE
             let Ok(Some(ctx)) = jobs.get(&job).await else {
                 return;
             };
-            let state = if status.state == JobState::Finalizing {
-                finalize_job(&*fleet.ledger, &ctx).await
-            } else {
-                status.state
-            };
-            let status = fleet
-                .ledger
-                .status(&job)
-                .await
-                .ok()
-                .flatten()
-                .unwrap_or(status);
-            info!(job = %job, state = %state, "Job ended.");
-            write_job_result(&ctx, &status).await;
+            conclude(&*fleet.ledger, &ctx, status).await;
         }
         AgentEvent::GaveUp { job, reason } => {
             let Ok(Some(ctx)) = jobs.get(&job).await else {
@@ -458,6 +445,25 @@ async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, event: AgentE
             }
         }
     }
+}
+
+/// Concludes a job whose state a recording just moved (the caller saw `transitioned`):
+/// finalizes it if every mini-batch is done, then writes `logs/job_result.txt`.
+pub async fn conclude(ledger: &dyn Ledger, ctx: &JobContext, status: Status) -> JobState {
+    let state = if status.state == JobState::Finalizing {
+        finalize_job(ledger, ctx).await
+    } else {
+        status.state
+    };
+    let status = ledger
+        .status(&ctx.id)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(status);
+    info!(job = %ctx.id, state = %state, "Job ended.");
+    write_job_result(ctx, &status).await;
+    state
 }
 
 /// Joins the parts and completes the job; owned by the one recording that finished it.
@@ -560,56 +566,18 @@ async fn record_dead_letters(fleet: Fleet, jobs: Arc<FleetJobs>, drain: Cancella
         let disposition = match jobs.get(&batch.job).await {
             Ok(Some(ctx)) => {
                 let cause = format!("dead-lettered by the broker ({reason})");
-                for item in &batch.items {
-                    ctx.logs.csv(
-                        logs::FAILED_ITEMS_CSV,
-                        logs::FAILED_ITEMS_HEADER,
-                        &format!(
-                            "{},{},{},{}",
-                            logs::csv_field(item),
-                            batch.index,
-                            delivery.attempt,
-                            cause
-                        ),
-                    );
-                }
-                let _ = ctx
-                    .output
-                    .delete_prefix(&agent::part_key(&ctx.id, batch.index))
-                    .await;
-                let items = batch.items.len() as u64;
-                match fleet
-                    .ledger
-                    .record(
-                        &ctx.id,
-                        batch.index,
-                        Outcome {
-                            succeeded: 0,
-                            failed: items,
-                            batch_failed: true,
-                        },
-                    )
-                    .await
+                match agent::record_failed_batch(
+                    &*fleet.ledger,
+                    &ctx,
+                    &batch,
+                    delivery.attempt,
+                    &cause,
+                )
+                .await
                 {
-                    Ok(r) => {
-                        if r.transitioned {
-                            let state = if r.status.state == JobState::Finalizing {
-                                finalize_job(&*fleet.ledger, &ctx).await
-                            } else {
-                                r.status.state
-                            };
-                            info!(job = %ctx.id, state = %state, "Job ended after a dead-lettered mini-batch.");
-                            write_job_result(
-                                &ctx,
-                                &fleet
-                                    .ledger
-                                    .status(&ctx.id)
-                                    .await
-                                    .ok()
-                                    .flatten()
-                                    .unwrap_or(r.status),
-                            )
-                            .await;
+                    Ok(recorded) => {
+                        if recorded.transitioned {
+                            conclude(&*fleet.ledger, &ctx, recorded.status).await;
                         }
                         Disposition::Ack
                     }

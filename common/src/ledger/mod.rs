@@ -144,6 +144,17 @@ pub struct Outcome {
     pub batch_failed: bool,
 }
 
+impl Outcome {
+    /// A mini-batch that failed whole: every one of its `items` failed.
+    pub const fn all_failed(items: u64) -> Outcome {
+        Outcome {
+            succeeded: 0,
+            failed: items,
+            batch_failed: true,
+        }
+    }
+}
+
 /// A job's count at one instant.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Status {
