@@ -344,3 +344,103 @@ fn malformed_message_is_dead_lettered_and_workers_keep_serving() {
         || fleet.runtime.block_on(queue.depth()).unwrap().dead == 1,
     );
 }
+
+/// `fleetrun cancel`: the job ends Canceled and its remaining mini-batches leave the queue
+/// without running.
+#[test]
+fn cancel_stops_a_job_and_drops_its_mini_batches() {
+    let script = "import time\ndef run(mini_batch):\n    time.sleep(0.2)\n    return [open(p).read() for p in mini_batch]\n";
+    let mut fleet = Fleet::new(script);
+    fleet.inputs(100);
+    fleet.worker("w1", 1);
+    let job = fleet.job(
+        "mini_batch_size = 1",
+        &format!("s3://{}/in", fleet.bucket),
+        &format!("s3://{}/out", fleet.bucket),
+    );
+    let out = fleet.submit(&job, &[]);
+    assert_eq!(
+        code(&out),
+        0,
+        "submit without --wait returns once published"
+    );
+    let id = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .to_owned();
+    let mut cancel = Command::new(bin("fleetrun"));
+    fleet.env(&mut cancel);
+    let cancelled = cancel.args(["cancel", &id]).output().unwrap();
+    assert_eq!(code(&cancelled), 0);
+    assert!(String::from_utf8_lossy(&cancelled.stdout).contains("Canceled"));
+    let queue = fleet.queue();
+    wait_for(
+        "the canceled job's mini-batches to leave the queue",
+        Duration::from_secs(30),
+        || {
+            let d = fleet.runtime.block_on(queue.depth()).unwrap();
+            d.ready == 0 && d.unacked == 0
+        },
+    );
+    let mut status = Command::new(bin("fleetrun"));
+    fleet.env(&mut status);
+    let shown = status.args(["status", &id]).output().unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+    assert!(shown.contains("Canceled"), "{shown}");
+    // Far from all 100 one-second-fifth mini-batches ran.
+    let done: u64 = shown
+        .lines()
+        .find_map(|l| l.strip_prefix("mini-batches:"))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .expect("a mini-batches line");
+    assert!(done < 50, "{done} mini-batches ran after the cancel");
+}
+
+/// SIGTERM drains a worker: it finishes the mini-batch in hand, takes no more and exits 0;
+/// another worker completes the job, with every line exactly once.
+#[test]
+fn sigterm_drains_a_worker_without_losing_work() {
+    let markers = tempfile::tempdir().unwrap();
+    let script = format!(
+        "import os, time\nMARKS = {:?}\ndef run(mini_batch):\n    open(os.path.join(MARKS, os.environ['FLEETRUN_NODE_ID']), 'a').close()\n    time.sleep(0.3)\n    return [open(p).read() for p in mini_batch]\n",
+        markers.path().display().to_string()
+    );
+    let mut fleet = Fleet::new(&script);
+    fleet.inputs(60);
+    fleet.worker("draining", 1);
+    let job = fleet.job(
+        "mini_batch_size = 3",
+        &format!("s3://{}/in", fleet.bucket),
+        &format!("s3://{}/out", fleet.bucket),
+    );
+    let mut submit = Command::new(bin("fleetrun"));
+    fleet.env(&mut submit);
+    let mut submit = submit
+        .arg("submit")
+        .arg(&job)
+        .arg("--quiet")
+        .arg("--wait")
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the worker to be running a mini-batch",
+        Duration::from_secs(60),
+        || markers.path().join("draining").exists(),
+    );
+    let (_, draining) = &mut fleet.workers[0];
+    // SAFETY: kill(2) with SIGTERM on our own child.
+    assert_eq!(
+        unsafe { libc::kill(draining.id() as i32, libc::SIGTERM) },
+        0
+    );
+    let exit = draining.wait().unwrap();
+    assert_eq!(exit.code(), Some(0), "a drained worker exits 0");
+    fleet.worker("w2", 1);
+    assert_eq!(submit.wait().unwrap().code(), Some(0));
+    assert_eq!(
+        lines(&fleet.output("out/parallel_run_step.txt")),
+        expected_lines(60, |_| false)
+    );
+}
