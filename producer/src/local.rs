@@ -12,8 +12,8 @@ use fleetrun_common::queue::{MemoryQueue, QueueOptions};
 use fleetrun_common::storage::{LocalStorage, Storage};
 use fleetrun_config::{Input, JobSpec, Location, OutputAction};
 use fleetrun_worker::agent::{self, Agent, AgentConfig, AgentEvent, JobContext, Jobs};
-use fleetrun_worker::finalize::join_parts;
 use fleetrun_worker::logs::{self, JobLogs};
+use fleetrun_worker::parts::{Parts, SpoolParts};
 use fleetrun_worker::process::find_runner_exe;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -134,11 +134,18 @@ pub async fn run_local(
         .create(&job_id, limits)
         .await
         .map_err(|e| RunError::Other(e.to_string()))?;
+    // This process's scratch folder: staged inputs and the parts' spool.
+    let node_dir = std::env::temp_dir().join(format!("fleetrun-{job_id}"));
+    let parts: Arc<dyn Parts> = Arc::new(
+        SpoolParts::create(node_dir.join("parts.spool"))
+            .map_err(|e| RunError::Other(format!("creating {}: {e}", node_dir.display())))?,
+    );
     let ctx = Arc::new(JobContext::new(
         job_id.clone(),
         spec.clone(),
         input.clone(),
         output.clone(),
+        parts.clone(),
         logs.clone(),
     ));
 
@@ -151,7 +158,6 @@ pub async fn run_local(
     let (events, mut event_rx) = mpsc::unbounded_channel();
     let drain = CancellationToken::new();
     let abort = CancellationToken::new();
-    let node_dir = std::env::temp_dir().join(format!("fleetrun-{job_id}"));
     let agent_task = tokio::spawn(agent::run(
         Agent {
             config: AgentConfig {
@@ -204,7 +210,7 @@ pub async fn run_local(
         tokio::select! {
             event = event_rx.recv() => match event.expect("the driver holds a sender") {
                 AgentEvent::Transitioned { status, .. } if status.state == JobState::Finalizing => {
-                    break finalize(&*ledger, &job_id, &spec, &*output, &master).await;
+                    break finalize(&*ledger, &job_id, &spec, &*output, &*parts, &master).await;
                 }
                 AgentEvent::Transitioned { status, .. } => break status.state,
                 AgentEvent::GaveUp { reason, .. } => {
@@ -343,6 +349,7 @@ async fn finalize(
     job: &str,
     spec: &JobSpec,
     output: &dyn Storage,
+    parts: &dyn Parts,
     master: &impl Fn(&str),
 ) -> JobState {
     let total = ledger
@@ -357,12 +364,11 @@ async fn finalize(
             "Finalizing: joining {total} parts into {}.",
             spec.append_row_file_name
         ));
-        if let Err(e) = join_parts(output, job, &spec.append_row_file_name, total).await {
+        if let Err(e) = parts
+            .join_into(output, &spec.append_row_file_name, total)
+            .await
+        {
             return fail(ledger, job, &format!("writing the output file failed: {e}")).await;
-        }
-        if let Some(dir) = spec.output.as_local() {
-            // The parts folder is empty now; leave the output folder as the user expects it.
-            let _ = std::fs::remove_dir(dir.join("_parts"));
         }
     }
     match ledger

@@ -26,6 +26,7 @@ use tracing::{debug, info, warn};
 
 use crate::gpu::{GPU_COUNT_VAR, GpuLease, GpuPool};
 use crate::logs::{self, JobLogs, csv_field};
+use crate::parts::Parts;
 use crate::process::{InitOutcome, Launch, RunOutcome, RunnerProcess, returncode};
 
 /// The key of a mini-batch's output part in the job's output storage.
@@ -62,6 +63,8 @@ pub struct JobContext {
     pub spec: JobSpec,
     pub input: Arc<dyn Storage>,
     pub output: Arc<dyn Storage>,
+    /// Where the mini-batches' output parts wait for the finalizer.
+    pub parts: Arc<dyn Parts>,
     pub logs: Arc<JobLogs>,
     /// Cancelled once the job stops accepting work; running attempts are killed.
     pub stop: CancellationToken,
@@ -76,6 +79,7 @@ impl JobContext {
         spec: JobSpec,
         input: Arc<dyn Storage>,
         output: Arc<dyn Storage>,
+        parts: Arc<dyn Parts>,
         logs: Arc<JobLogs>,
     ) -> JobContext {
         JobContext {
@@ -83,6 +87,7 @@ impl JobContext {
             spec,
             input,
             output,
+            parts,
             logs,
             stop: CancellationToken::new(),
             init_failures: AtomicU32::new(0),
@@ -442,7 +447,7 @@ impl Slot {
                 let (shared, ctx, index) = (self.shared.clone(), ctx.clone(), batch.index);
                 Verdict::Finish(Box::pin(async move {
                     if let Some(part) = part
-                        && let Err(e) = ctx.output.put(&part_key(&ctx.id, index), part).await
+                        && let Err(e) = ctx.parts.put(index, part).await
                     {
                         warn!(job = %ctx.id, mini_batch = index, error = %e, "Writing the output part failed; requeueing.");
                         return Disposition::Requeue;
@@ -824,8 +829,8 @@ pub async fn record_failed_batch(
     cause: &str,
 ) -> Result<Recorded, String> {
     // An earlier attempt may have written a part and died before recording it.
-    ctx.output
-        .delete_prefix(&part_key(&ctx.id, batch.index))
+    ctx.parts
+        .remove(batch.index)
         .await
         .map_err(|e| format!("removing a stale part: {e}"))?;
     let cause_line = csv_field(cause.lines().next().unwrap_or_default());

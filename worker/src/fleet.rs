@@ -29,8 +29,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::agent::{self, Agent, AgentConfig, AgentEvent, JobContext, Jobs};
-use crate::finalize::join_parts;
 use crate::logs::JobLogs;
+use crate::parts::StorageParts;
 
 /// The pool both binaries use when none is named.
 pub const DEFAULT_POOL: &str = "default";
@@ -476,8 +476,10 @@ pub async fn finalize_job(ledger: &dyn Ledger, ctx: &JobContext) -> JobState {
         .and_then(|s| s.total)
         .unwrap_or(0);
     if ctx.spec.output_action == OutputAction::AppendRow
-        && let Err(e) =
-            join_parts(&*ctx.output, &ctx.id, &ctx.spec.append_row_file_name, total).await
+        && let Err(e) = ctx
+            .parts
+            .join_into(&*ctx.output, &ctx.spec.append_row_file_name, total)
+            .await
     {
         let reason = format!("writing the output file failed: {e}");
         return match ledger
@@ -645,7 +647,18 @@ impl FleetJobs {
             Location::S3 { .. } => self.config.cache_dir.join("jobs").join(job).join("logs"),
         };
         let logs = Arc::new(JobLogs::for_node(log_dir, &self.config.node_id));
-        let ctx = Arc::new(JobContext::new(job.to_owned(), spec, input, output, logs));
+        let parts = Arc::new(StorageParts {
+            storage: output.clone(),
+            job: job.to_owned(),
+        });
+        let ctx = Arc::new(JobContext::new(
+            job.to_owned(),
+            spec,
+            input,
+            output,
+            parts,
+            logs,
+        ));
         tokio::spawn(watch_job(
             self.fleet.ledger.clone(),
             ctx.clone(),
