@@ -1,5 +1,5 @@
 """The distributed side of a benchmark row: one `fleetrun-worker` with 2 runner processes
-on its own pool, and `fleetrun submit JOB --wait` through RabbitMQ + Redis (local storage).
+on the pool `bench`, and `fleetrun submit JOB --wait` through RabbitMQ + Redis (local storage).
 
     python3 bench/fleet_run.py JOB.toml
 
@@ -9,7 +9,6 @@ of scripts/services.sh. Exits with submit's exit code.
 import os
 import subprocess
 import sys
-import uuid
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 RELEASE = os.path.join(os.path.dirname(BENCH), "target", "release")
@@ -21,7 +20,8 @@ def fleet_env() -> dict:
                    env.get("FLEETRUN_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5673/%2f"))
     env.setdefault("FLEETRUN_REDIS_URL",
                    env.get("FLEETRUN_TEST_REDIS_URL", "redis://127.0.0.1:6390/"))
-    env["FLEETRUN_POOL"] = "bench-" + uuid.uuid4().hex[:8]
+    # One pool for every run: each pool is a quorum queue the broker keeps up.
+    env["FLEETRUN_POOL"] = "bench"
     env.pop("VIRTUAL_ENV", None)
     return env
 

@@ -23,7 +23,7 @@ use crate::partition::{Produced, publish_files};
 use crate::progress::{Figures, Progress};
 
 /// How often a waiting submitter or `status --watch` reads the ledger.
-const POLL: Duration = Duration::from_millis(500);
+const POLL: Duration = Duration::from_millis(100);
 
 /// Registers and partitions a job; returns its id once every mini-batch is published.
 pub async fn submit(

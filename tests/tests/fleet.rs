@@ -166,6 +166,22 @@ impl Drop for Fleet {
                 eprintln!("--- worker {node}\n{}", log.unwrap_or_default());
             }
         }
+        // Each test has a pool of its own: remove its queues (every quorum queue costs the
+        // broker upkeep).
+        let (url, pool) = (services::amqp_url(), self.pool.clone());
+        let _ = self.runtime.block_on(async {
+            AmqpQueue::connect(
+                &url,
+                &pool,
+                QueueOptions {
+                    delivery_limit: Some(fleetrun_worker_delivery_limit()),
+                },
+                None,
+            )
+            .await?
+            .delete()
+            .await
+        });
     }
 }
 

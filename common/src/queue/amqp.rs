@@ -43,8 +43,8 @@ use futures::StreamExt;
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
-    BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
-    QueueDeclareOptions,
+    BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
@@ -223,6 +223,30 @@ impl AmqpQueue {
     /// The dead-letter queue's name.
     pub fn dead_queue_name(&self) -> &str {
         &self.shared.dead
+    }
+
+    /// Deletes the pool's queues and dead-letter exchange, with whatever they hold: for
+    /// retiring a pool (and for tests, which each use a pool of their own).
+    pub async fn delete(&self) -> Result<(), QueueError> {
+        let channel = self
+            .shared
+            .open_channel()
+            .await
+            .map_err(backend("open a channel"))?;
+        for queue in [&self.shared.batches, &self.shared.dead] {
+            channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .map_err(backend("delete a queue"))?;
+        }
+        channel
+            .exchange_delete(
+                names::dlx(&self.shared.pool).as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await
+            .map_err(backend("delete the dead-letter exchange"))?;
+        Ok(())
     }
 
     async fn consumer(
