@@ -85,6 +85,28 @@ impl Fleet {
         path
     }
 
+    /// A job with input and output in this test's bucket.
+    fn s3_job(&self, settings: &str) -> std::path::PathBuf {
+        let bucket = &self.bucket;
+        self.job(
+            settings,
+            &format!("s3://{bucket}/in"),
+            &format!("s3://{bucket}/out"),
+        )
+    }
+
+    /// `fleetrun submit JOB --wait`, running while the test goes on.
+    fn spawn_submit(&self, job: &Path) -> Child {
+        let mut cmd = Command::new(bin("fleetrun"));
+        self.env(&mut cmd);
+        cmd.arg("submit")
+            .arg(job)
+            .arg("--quiet")
+            .arg("--wait")
+            .spawn()
+            .unwrap()
+    }
+
     fn env(&self, cmd: &mut Command) {
         cmd.env("FLEETRUN_AMQP_URL", services::amqp_url())
             .env("FLEETRUN_AMQP_MANAGEMENT_URL", management_url())
@@ -253,20 +275,8 @@ fn a_worker_killed_mid_job_loses_and_duplicates_nothing() {
     fleet.inputs(150);
     fleet.worker("victim", 2);
     fleet.worker("w2", 1);
-    let job = fleet.job(
-        "mini_batch_size = 5\nrun_max_try = 3",
-        &format!("s3://{}/in", fleet.bucket),
-        &format!("s3://{}/out", fleet.bucket),
-    );
-    let mut submit = Command::new(bin("fleetrun"));
-    fleet.env(&mut submit);
-    let mut submit = submit
-        .arg("submit")
-        .arg(&job)
-        .arg("--quiet")
-        .arg("--wait")
-        .spawn()
-        .unwrap();
+    let job = fleet.s3_job("mini_batch_size = 5\nrun_max_try = 3");
+    let mut submit = fleet.spawn_submit(&job);
     wait_for(
         "the victim to be running a mini-batch",
         Duration::from_secs(60),
@@ -298,11 +308,7 @@ fn threshold_stops_every_worker_and_leaves_nothing_queued() {
     for node in ["w1", "w2", "w3"] {
         fleet.worker(node, 1);
     }
-    let job = fleet.job(
-        "mini_batch_size = 1\nrun_max_try = 1\nerror_threshold = 4",
-        &format!("s3://{}/in", fleet.bucket),
-        &format!("s3://{}/out", fleet.bucket),
-    );
+    let job = fleet.s3_job("mini_batch_size = 1\nrun_max_try = 1\nerror_threshold = 4");
     let out = fleet.submit(&job, &["--wait"]);
     assert_eq!(code(&out), 42);
     assert!(String::from_utf8_lossy(&out.stdout).contains("error_threshold exceeded"));
@@ -343,11 +349,7 @@ fn malformed_message_is_dead_lettered_and_workers_keep_serving() {
         .block_on(queue.publish(b"\xc1 not a mini-batch".to_vec()))
         .unwrap();
     fleet.worker("w1", 1);
-    let job = fleet.job(
-        "mini_batch_size = 4",
-        &format!("s3://{}/in", fleet.bucket),
-        &format!("s3://{}/out", fleet.bucket),
-    );
+    let job = fleet.s3_job("mini_batch_size = 4");
     let out = fleet.submit(&job, &["--wait"]);
     assert_eq!(code(&out), 0);
     assert_eq!(
@@ -369,11 +371,7 @@ fn cancel_stops_a_job_and_drops_its_mini_batches() {
     let mut fleet = Fleet::new(script);
     fleet.inputs(100);
     fleet.worker("w1", 1);
-    let job = fleet.job(
-        "mini_batch_size = 1",
-        &format!("s3://{}/in", fleet.bucket),
-        &format!("s3://{}/out", fleet.bucket),
-    );
+    let job = fleet.s3_job("mini_batch_size = 1");
     let out = fleet.submit(&job, &[]);
     assert_eq!(
         code(&out),
@@ -426,20 +424,8 @@ fn sigterm_drains_a_worker_without_losing_work() {
     let mut fleet = Fleet::new(&script);
     fleet.inputs(60);
     fleet.worker("draining", 1);
-    let job = fleet.job(
-        "mini_batch_size = 3",
-        &format!("s3://{}/in", fleet.bucket),
-        &format!("s3://{}/out", fleet.bucket),
-    );
-    let mut submit = Command::new(bin("fleetrun"));
-    fleet.env(&mut submit);
-    let mut submit = submit
-        .arg("submit")
-        .arg(&job)
-        .arg("--quiet")
-        .arg("--wait")
-        .spawn()
-        .unwrap();
+    let job = fleet.s3_job("mini_batch_size = 3");
+    let mut submit = fleet.spawn_submit(&job);
     wait_for(
         "the worker to be running a mini-batch",
         Duration::from_secs(60),
