@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every test tier, the way CI runs it: formatting, lints, then unit, flow, end-to-end and
-# real-server tests (RabbitMQ, Redis and an S3 server started on loopback by
-# scripts/services.sh, installed first when missing).
+# real-server tests (RabbitMQ, Redis and an S3 server installed when missing by
+# scripts/install-deps.sh and started on loopback by scripts/services.sh).
 #
 #   scripts/test.sh                 # everything
 #   FLEETRUN_KEEP_SERVICES=1 scripts/test.sh   # leave the servers running afterwards
@@ -10,6 +10,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 say() { printf '\n== %s\n' "$*" >&2; }
 
+scripts/install-deps.sh
 scripts/services.sh start
 if [ -z "${FLEETRUN_KEEP_SERVICES:-}" ]; then
   trap 'scripts/services.sh stop' EXIT

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs beyond the Rust toolchain and CPython, when missing:
+# RabbitMQ and Redis servers and Debian's docker-compose (one `apt-get update`, then one
+# `apt-get install`), moto's S3 server (>= 5.2.5) and PyYAML (pip).
+set -euo pipefail
+
+# The Python the project uses (pyenv's on the dev and CI machines); PYTHON overrides it.
+PYTHON=${PYTHON:-python3}
+
+packages=()
+command -v redis-server >/dev/null || packages+=(redis-server)
+command -v rabbitmq-server >/dev/null || packages+=(rabbitmq-server)
+command -v docker-compose >/dev/null || packages+=(docker-compose)
+if [ ${#packages[@]} -gt 0 ]; then
+  echo "[install-deps] apt-get install ${packages[*]}" >&2
+  apt-get update -qq
+  # The packages' own service start is refused in containers; scripts/services.sh starts them.
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${packages[@]}" >/dev/null
+fi
+
+# moto before 5.2.5 answers CompleteMultipartUpload with the wrong XML root.
+if ! "$PYTHON" -c 'import moto, sys; sys.exit(tuple(map(int, moto.__version__.split(".")[:3])) < (5, 2, 5))' 2>/dev/null \
+   || ! command -v moto_server >/dev/null || ! "$PYTHON" -c 'import yaml' 2>/dev/null; then
+  echo "[install-deps] pip install moto[server]>=5.2.5 pyyaml" >&2
+  # A Debian-managed interpreter refuses pip installs (PEP 668): say which one to use.
+  if ! "$PYTHON" -m pip install -q 'moto[server]>=5.2.5' pyyaml; then
+    echo "[install-deps] pip failed for $("$PYTHON" -c 'import sys; print(sys.executable)'); set PYTHON to a Python that pip may install into (the one fleetrun-runner is built against)" >&2
+    exit 1
+  fi
+fi
