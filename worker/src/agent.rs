@@ -374,7 +374,7 @@ impl Slot {
     /// One `run()` attempt of a mini-batch, and what becomes of the delivery.
     async fn attempt(&mut self, ctx: &Arc<JobContext>, batch: &MiniBatch, attempt: u32) -> Verdict {
         let node = self.config().node_id.clone();
-        let staged = match self.stage(ctx, batch).await {
+        let mut staged = match self.stage(ctx, batch).await {
             Ok(s) => s,
             Err(e) => {
                 warn!(job = %ctx.id, mini_batch = batch.index, error = %e, "Staging inputs failed.");
@@ -388,13 +388,15 @@ impl Slot {
         let timeout = Duration::from_secs(ctx.spec.run_invocation_timeout);
         let start_wall = logs::now();
         let started = Instant::now();
+        let paths = std::mem::take(&mut staged.paths);
         let outcome = tokio::select! {
             biased;
             _ = ctx.stop.cancelled() => {
                 self.kill_runner().await;
+                staged.clean().await;
                 return Verdict::Drop;
             }
-            o = active.process.run(batch.index, staged.paths.clone(), timeout) => o,
+            o = active.process.run(batch.index, paths, timeout) => o,
         };
         let elapsed = started.elapsed().as_secs_f64();
         staged.clean().await;
@@ -476,44 +478,38 @@ impl Slot {
                 self.failed_attempt(ctx, batch, attempt, &error.message)
                     .await
             }
-            RunOutcome::TimedOut => {
+            lost @ (RunOutcome::TimedOut | RunOutcome::Died(_)) => {
+                // The runner is gone (killed at the timeout, or dead): the slot starts another.
                 self.runner = None;
-                let cause = format!(
-                    "run() exceeded run_invocation_timeout ({}s); the process was killed",
-                    ctx.spec.run_invocation_timeout
-                );
-                ctx.logs.log(
-                    logs::JobLogs::node_main(&node),
-                    &format!("{process} killed: mini-batch {} {cause}.", batch.index),
-                );
+                let (result, main_line, cause) = match lost {
+                    RunOutcome::Died(status) => {
+                        let code = returncode(&status);
+                        (
+                            "died",
+                            format!("{process} exits with returncode {code}."),
+                            format!(
+                                "the process died (returncode {code}) while running the mini-batch"
+                            ),
+                        )
+                    }
+                    _ => {
+                        let cause = format!(
+                            "run() exceeded run_invocation_timeout ({}s); the process was killed",
+                            ctx.spec.run_invocation_timeout
+                        );
+                        (
+                            "timeout",
+                            format!("{process} killed: mini-batch {} {cause}.", batch.index),
+                            cause,
+                        )
+                    }
+                };
+                ctx.logs.log(logs::JobLogs::node_main(&node), &main_line);
                 self.report(
                     ctx,
                     batch,
                     attempt,
-                    "timeout",
-                    Outcome::default(),
-                    &process,
-                    &start_wall,
-                    elapsed,
-                    elapsed,
-                    &cause,
-                );
-                self.failed_attempt(ctx, batch, attempt, &cause).await
-            }
-            RunOutcome::Died(status) => {
-                self.runner = None;
-                let code = returncode(&status);
-                ctx.logs.log(
-                    logs::JobLogs::node_main(&node),
-                    &format!("{process} exits with returncode {code}."),
-                );
-                let cause =
-                    format!("the process died (returncode {code}) while running the mini-batch");
-                self.report(
-                    ctx,
-                    batch,
-                    attempt,
-                    "died",
+                    result,
                     Outcome::default(),
                     &process,
                     &start_wall,

@@ -242,10 +242,13 @@ impl RunnerProcess {
     }
 
     async fn send(&mut self, request: &Request) -> std::io::Result<()> {
-        let body = protocol::encode(request)?;
-        let mut frame = Vec::with_capacity(body.len() + 4);
-        frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        frame.extend_from_slice(&body);
+        // Encoded straight after a length placeholder: one buffer, one write.
+        let mut frame = vec![0u8; 4];
+        rmp_serde::encode::write_named(&mut frame, request)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        let len = u32::try_from(frame.len() - 4)
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "frame too large"))?;
+        frame[..4].copy_from_slice(&len.to_be_bytes());
         self.channel.write_all(&frame).await
     }
 
