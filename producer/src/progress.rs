@@ -13,7 +13,8 @@ const PLAIN_EVERY: Duration = Duration::from_secs(10);
 pub struct Progress {
     bar: Option<ProgressBar>,
     started: Instant,
-    last_line: Instant,
+    /// When the plain form last printed (it prints its first line at once).
+    last_line: Option<Instant>,
     name: String,
 }
 
@@ -41,7 +42,7 @@ impl Progress {
         Progress {
             bar,
             started: Instant::now(),
-            last_line: Instant::now(),
+            last_line: None,
             name: name.to_owned(),
         }
     }
@@ -58,8 +59,8 @@ impl Progress {
             bar.set_length(f.items_listed.max(processed));
             bar.set_position(processed);
             bar.set_message(msg);
-        } else if self.last_line.elapsed() >= PLAIN_EVERY {
-            self.last_line = Instant::now();
+        } else if self.last_line.is_none_or(|t| t.elapsed() >= PLAIN_EVERY) {
+            self.last_line = Some(Instant::now());
             let secs = self.started.elapsed().as_secs_f64().max(1e-3);
             let rate = processed as f64 / secs;
             let eta = match (s.total, rate > 0.0) {

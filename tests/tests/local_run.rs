@@ -349,3 +349,29 @@ def run(mini_batch):
     seen.sort();
     assert_eq!(seen, ["0 2", "1 2", "none 2", "none 2"]);
 }
+
+/// Without a terminal, progress comes as plain lines on stderr (the first one at once), and
+/// `--quiet` turns it off.
+#[test]
+fn progress_is_plain_lines_when_not_on_a_terminal() {
+    let script = "import time\ndef run(mini_batch):\n    time.sleep(0.3)\n    return [open(p).read() for p in mini_batch]\n";
+    let job = JobDir::new(script, "mini_batch_size = 2\nprocess_count_per_node = 1");
+    job.inputs(6);
+    let mut cmd = std::process::Command::new(fleetrun_tests::bin("fleetrun"));
+    cmd.arg("run")
+        .arg(job.path("job.toml"))
+        .env_remove("VIRTUAL_ENV");
+    let out = cmd.output().unwrap();
+    assert_eq!(code(&out), 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("[e2e] "))
+        .unwrap_or_else(|| panic!("no progress line in {stderr:?}"));
+    assert!(
+        line.contains("items") && line.contains("mini-batches"),
+        "{line}"
+    );
+    let quiet = job.run(&[]);
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("[e2e] "));
+}
