@@ -21,7 +21,7 @@ use fleetrun_common::storage::s3::{S3Settings, S3Storage};
 use fleetrun_common::storage::{LocalStorage, Storage, StorageError, check_key, join_key};
 use fleetrun_common::wire::MiniBatch;
 use fleetrun_config::{JobSpec, Location, OutputAction};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
@@ -721,33 +721,22 @@ async fn watch_job(
 
 /// Copies this node's log files of a job whose output is on S3 under `<output>/logs/`.
 async fn upload_logs(ctx: &JobContext, node: &str) {
-    if ctx.spec.output.as_local().is_some() {
+    // Local outputs hold the logs already; a node that wrote none has nothing to send.
+    if ctx.spec.output.as_local().is_some() || !ctx.logs.dir().is_dir() {
         return;
     }
-    let root = ctx.logs.dir().to_path_buf();
-    let mut stack = vec![root.clone()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
+    let logs = LocalStorage::new(ctx.logs.dir());
+    let mut listing = logs.list("");
+    while let Some(object) = listing.next().await {
+        let copied = match object {
+            Ok(object) => match logs.get(&object.key).await {
+                Ok(body) => ctx.output.put(&format!("logs/{}", object.key), body).await,
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
         };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            let Ok(rel) = path.strip_prefix(&root) else {
-                continue;
-            };
-            let key = format!("logs/{}", rel.to_string_lossy().replace('\\', "/"));
-            match tokio::fs::read(&path).await {
-                Ok(body) => {
-                    if let Err(e) = ctx.output.put(&key, Bytes::from(body)).await {
-                        warn!(job = %ctx.id, node, key, error = %e, "Cannot upload a log file.");
-                    }
-                }
-                Err(e) => warn!(job = %ctx.id, node, error = %e, "Cannot read a log file."),
-            }
+        if let Err(e) = copied {
+            warn!(job = %ctx.id, node, error = %e, "Cannot upload a log file.");
         }
     }
 }
