@@ -15,7 +15,7 @@ use fleetrun_config::{Input, JobSpec, Location, MiniBatchSize, OutputAction};
 use fleetrun_worker::agent::JobContext;
 use fleetrun_worker::fleet::{self, Fleet, JobRecord};
 use fleetrun_worker::logs::JobLogs;
-use fleetrun_worker::parts::StorageParts;
+use fleetrun_worker::parts;
 use tokio_util::sync::CancellationToken;
 
 use crate::local::new_job_id;
@@ -123,10 +123,7 @@ async fn context(fleet: &Fleet, job: &str, spec: &JobSpec) -> Result<JobContext,
     let logs = Arc::new(JobLogs::new(
         std::env::temp_dir().join(format!("fleetrun-submit-{job}")),
     ));
-    let parts = Arc::new(StorageParts {
-        storage: output.clone(),
-        job: job.to_owned(),
-    });
+    let parts = parts::for_job(output.clone(), job, &parts::writer_name("submit"));
     Ok(JobContext::new(
         job.to_owned(),
         spec.clone(),

@@ -13,7 +13,7 @@ use fleetrun_common::storage::{LocalStorage, Storage};
 use fleetrun_config::{Input, JobSpec, Location, OutputAction};
 use fleetrun_worker::agent::{self, Agent, AgentConfig, AgentEvent, JobContext, Jobs};
 use fleetrun_worker::logs::{self, JobLogs};
-use fleetrun_worker::parts::{Parts, SpoolParts};
+use fleetrun_worker::parts::{self, Parts, SegmentParts};
 use fleetrun_worker::process::find_runner_exe;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -134,12 +134,9 @@ pub async fn run_local(
         .create(&job_id, limits)
         .await
         .map_err(|e| RunError::Other(e.to_string()))?;
-    // This process's scratch folder: staged inputs and the parts' spool.
+    // This process's scratch folder: staged inputs and the parts' segment.
     let node_dir = std::env::temp_dir().join(format!("fleetrun-{job_id}"));
-    let parts: Arc<dyn Parts> = Arc::new(
-        SpoolParts::create(node_dir.join("parts.spool"))
-            .map_err(|e| RunError::Other(format!("creating {}: {e}", node_dir.display())))?,
-    );
+    let parts: Arc<dyn Parts> = Arc::new(SegmentParts::new(node_dir.join("parts"), "local"));
     let ctx = Arc::new(JobContext::new(
         job_id.clone(),
         spec.clone(),
@@ -364,9 +361,15 @@ async fn finalize(
             "Finalizing: joining {total} parts into {}.",
             spec.append_row_file_name
         ));
-        if let Err(e) = parts
-            .join_into(output, &spec.append_row_file_name, total)
-            .await
+        if let Err(e) = parts::join_parts(
+            parts,
+            ledger,
+            job,
+            total,
+            output,
+            &spec.append_row_file_name,
+        )
+        .await
         {
             return fail(ledger, job, &format!("writing the output file failed: {e}")).await;
         }

@@ -2,7 +2,7 @@
 //! loopback, served by real `fleetrun-worker` processes.
 #![cfg(feature = "services")]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
@@ -263,9 +263,42 @@ fn s3_job_on_three_workers_matches_a_local_run() {
 }
 
 /// A worker killed with SIGKILL while it holds a mini-batch: the job still completes, with
-/// every line exactly once.
+/// every line exactly once. Output on S3 (a part is an object).
 #[test]
 fn a_worker_killed_mid_job_loses_and_duplicates_nothing() {
+    let (fleet, _markers) =
+        kill_a_worker_mid_job(|fleet| fleet.s3_job("mini_batch_size = 5\nrun_max_try = 3"));
+    assert_eq!(
+        lines(&fleet.output("out/parallel_run_step.txt")),
+        expected_lines(150, |_| false)
+    );
+}
+
+/// The same with input and output in a local folder the workers share: parts are appended
+/// to one segment file per worker, the killed worker's included.
+#[test]
+fn a_worker_killed_mid_job_with_local_output_loses_and_duplicates_nothing() {
+    let (fleet, _markers) = kill_a_worker_mid_job(|fleet| {
+        let out = fleet.path("shared-out");
+        let input = fleet.path("local-in");
+        fleet.job(
+            "mini_batch_size = 5\nrun_max_try = 3",
+            &input.display().to_string(),
+            &out.display().to_string(),
+        )
+    });
+    let out = fleet.path("shared-out");
+    let bytes = std::fs::read(out.join("parallel_run_step.txt")).unwrap();
+    assert_eq!(lines(&bytes), expected_lines(150, |_| false));
+    assert!(
+        !out.join("_parts").read_dir().unwrap().any(|_| true),
+        "parts removed"
+    );
+}
+
+/// Runs the job `make_job` gives on two workers (150 inputs), SIGKILLs one while it runs a
+/// mini-batch, and waits for `submit --wait` to exit 0.
+fn kill_a_worker_mid_job(make_job: impl Fn(&Fleet) -> PathBuf) -> (Fleet, tempfile::TempDir) {
     let markers = tempfile::tempdir().unwrap();
     let script = format!(
         "import os, time\nMARKS = {:?}\ndef run(mini_batch):\n    node = os.environ['FLEETRUN_NODE_ID']\n    open(os.path.join(MARKS, node + '-' + str(os.getpid())), 'a').close()\n    time.sleep(0.2)\n    return [open(p).read() for p in mini_batch]\n",
@@ -275,7 +308,7 @@ fn a_worker_killed_mid_job_loses_and_duplicates_nothing() {
     fleet.inputs(150);
     fleet.worker("victim", 2);
     fleet.worker("w2", 1);
-    let job = fleet.s3_job("mini_batch_size = 5\nrun_max_try = 3");
+    let job = make_job(&fleet);
     let mut submit = fleet.spawn_submit(&job);
     wait_for(
         "the victim to be running a mini-batch",
@@ -292,14 +325,9 @@ fn a_worker_killed_mid_job_loses_and_duplicates_nothing() {
     victim.wait().unwrap();
     let status = submit.wait().unwrap();
     assert_eq!(status.code(), Some(0));
-    assert_eq!(
-        lines(&fleet.output("out/parallel_run_step.txt")),
-        expected_lines(150, |_| false)
-    );
+    (fleet, markers)
 }
 
-/// With the threshold exceeded every worker stops the job's work promptly and the queue
-/// holds none of its mini-batches afterwards.
 #[test]
 fn threshold_stops_every_worker_and_leaves_nothing_queued() {
     let script = "import time\ndef run(mini_batch):\n    time.sleep(0.05)\n    raise RuntimeError('bad model')\n";

@@ -74,15 +74,18 @@ async fn survives_a_dropped_connection() {
     let l = ledger(&format!("test-{}", random_suffix())).await;
     let j = "job-1";
     l.create(j, Limits::NONE).await.unwrap();
-    l.record(j, 0, OK).await.unwrap();
+    l.record(j, 0, OK, None).await.unwrap();
 
     let killed = redis_cli(&["CLIENT", "KILL", "TYPE", "normal"]);
     let killed: u64 = killed.trim().parse().expect("CLIENT KILL answers a count");
     assert!(killed >= 1, "the ledger's connection was killed");
 
-    let r = l.record(j, 1, OK).await.expect("the record is retried");
+    let r = l
+        .record(j, 1, OK, None)
+        .await
+        .expect("the record is retried");
     assert!(r.first);
-    let again = l.record(j, 1, OK).await.unwrap();
+    let again = l.record(j, 1, OK, None).await.unwrap();
     assert!(!again.first);
     let s = l.status(j).await.unwrap().unwrap();
     assert_eq!((s.done, s.items_succeeded), (2, 20));
@@ -99,9 +102,9 @@ async fn jobs_keep_to_their_own_hash_tagged_keys() {
     l.create("a", strict).await.unwrap();
     l.create("b", Limits::NONE).await.unwrap();
 
-    let a = l.record("a", 0, FAILED).await.unwrap();
+    let a = l.record("a", 0, FAILED, None).await.unwrap();
     assert_eq!(a.status.state, JobState::Failed);
-    let b = l.record("b", 0, FAILED).await.unwrap();
+    let b = l.record("b", 0, FAILED, None).await.unwrap();
     assert!(
         b.first,
         "the same index in another job is another mini-batch"
@@ -140,7 +143,7 @@ async fn calls_whose_replies_were_lost_answer_as_the_first_time() {
     redis_cli(&["CLIENT", "PAUSE", "12000", "WRITE"]);
     let start = Instant::now();
     let (recorded, created, moved) = tokio::join!(
-        l.record("sealed", 0, OK),
+        l.record("sealed", 0, OK, None),
         l.create("new", Limits::NONE),
         l.transition(
             "running",
@@ -158,7 +161,7 @@ async fn calls_whose_replies_were_lost_answer_as_the_first_time() {
     assert!(r.first, "the retry answers as the first attempt");
     assert!(r.transitioned, "the retry keeps the transition it made");
     assert_eq!((r.status.state, r.status.done), (JobState::Finalizing, 1));
-    let again = l.record("sealed", 0, OK).await.unwrap();
+    let again = l.record("sealed", 0, OK, None).await.unwrap();
     assert!(!again.first && !again.transitioned);
     assert_eq!(again.status.items_succeeded, 10);
 
@@ -182,7 +185,7 @@ async fn prefixes_keep_ledgers_apart() {
     let other = ledger(&format!("test-{}", random_suffix())).await;
     l.create("j", Limits::NONE).await.unwrap();
     other.create("j", Limits::NONE).await.unwrap();
-    l.record("j", 0, OK).await.unwrap();
+    l.record("j", 0, OK, None).await.unwrap();
     assert_eq!(other.status("j").await.unwrap().unwrap().done, 0);
     assert!(matches!(
         l.create("j", Limits::NONE).await,

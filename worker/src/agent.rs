@@ -29,11 +29,6 @@ use crate::logs::{self, JobLogs, csv_field};
 use crate::parts::Parts;
 use crate::process::{InitOutcome, Launch, RunOutcome, RunnerProcess, returncode};
 
-/// The key of a mini-batch's output part in the job's output storage.
-pub fn part_key(job: &str, index: u64) -> String {
-    format!("_parts/{job}/{index:010}")
-}
-
 /// How often a slot re-reads a job's state from the ledger between its own recordings.
 const STATE_RECHECK: Duration = Duration::from_millis(500);
 /// How long a node that gave up on a job holds one of its mini-batches before handing it back.
@@ -448,13 +443,17 @@ impl Slot {
                     (ctx.spec.output_action == OutputAction::AppendRow).then(|| join_rows(&rows));
                 let (shared, ctx, index) = (self.shared.clone(), ctx.clone(), batch.index);
                 Verdict::Finish(Box::pin(async move {
-                    if let Some(part) = part
-                        && let Err(e) = ctx.parts.put(index, part).await
-                    {
-                        warn!(job = %ctx.id, mini_batch = index, error = %e, "Writing the output part failed; requeueing.");
-                        return Disposition::Requeue;
-                    }
-                    if record_outcome(&shared, &ctx, index, outcome).await {
+                    let part = match part {
+                        Some(body) => match ctx.parts.put(index, body).await {
+                            Ok(part) => Some(part),
+                            Err(e) => {
+                                warn!(job = %ctx.id, mini_batch = index, error = %e, "Writing the output part failed; requeueing.");
+                                return Disposition::Requeue;
+                            }
+                        },
+                        None => None,
+                    };
+                    if record_outcome(&shared, &ctx, index, outcome, part.as_deref()).await {
                         Disposition::Ack
                     } else {
                         Disposition::Requeue
@@ -787,8 +786,14 @@ async fn record_outcome(
     ctx: &Arc<JobContext>,
     index: u64,
     outcome: Outcome,
+    part: Option<&str>,
 ) -> bool {
-    match shared.agent.ledger.record(&ctx.id, index, outcome).await {
+    match shared
+        .agent
+        .ledger
+        .record(&ctx.id, index, outcome, part)
+        .await
+    {
         Ok(recorded) => {
             report_recorded(shared, ctx, recorded);
             true
@@ -814,9 +819,9 @@ fn report_recorded(shared: &Shared, ctx: &JobContext, recorded: Recorded) {
     }
 }
 
-/// Records a mini-batch that failed whole (its attempts spent, or dead-lettered): removes
-/// any part an earlier attempt left, lists its items in `failed_items.csv`, and counts them
-/// all as failed.
+/// Records a mini-batch that failed whole (its attempts spent, or dead-lettered): lists its
+/// items in `failed_items.csv` and counts them all as failed, with no part (one an earlier
+/// attempt stored is never read).
 pub async fn record_failed_batch(
     ledger: &dyn Ledger,
     ctx: &JobContext,
@@ -824,11 +829,6 @@ pub async fn record_failed_batch(
     attempts: u32,
     cause: &str,
 ) -> Result<Recorded, String> {
-    // An earlier attempt may have written a part and died before recording it.
-    ctx.parts
-        .remove(batch.index)
-        .await
-        .map_err(|e| format!("removing a stale part: {e}"))?;
     let cause_line = csv_field(cause.lines().next().unwrap_or_default());
     for item in &batch.items {
         ctx.logs.csv(
@@ -846,6 +846,7 @@ pub async fn record_failed_batch(
             &ctx.id,
             batch.index,
             Outcome::all_failed(batch.items.len() as u64),
+            None,
         )
         .await
         .map_err(|e| e.to_string())

@@ -30,7 +30,7 @@ use tracing::{info, warn};
 
 use crate::agent::{self, Agent, AgentConfig, AgentEvent, JobContext, Jobs};
 use crate::logs::JobLogs;
-use crate::parts::StorageParts;
+use crate::parts;
 
 /// The pool both binaries use when none is named.
 pub const DEFAULT_POOL: &str = "default";
@@ -476,10 +476,15 @@ pub async fn finalize_job(ledger: &dyn Ledger, ctx: &JobContext) -> JobState {
         .and_then(|s| s.total)
         .unwrap_or(0);
     if ctx.spec.output_action == OutputAction::AppendRow
-        && let Err(e) = ctx
-            .parts
-            .join_into(&*ctx.output, &ctx.spec.append_row_file_name, total)
-            .await
+        && let Err(e) = parts::join_parts(
+            &*ctx.parts,
+            ledger,
+            &ctx.id,
+            total,
+            &*ctx.output,
+            &ctx.spec.append_row_file_name,
+        )
+        .await
     {
         let reason = format!("writing the output file failed: {e}");
         return match ledger
@@ -647,10 +652,11 @@ impl FleetJobs {
             Location::S3 { .. } => self.config.cache_dir.join("jobs").join(job).join("logs"),
         };
         let logs = Arc::new(JobLogs::for_node(log_dir, &self.config.node_id));
-        let parts = Arc::new(StorageParts {
-            storage: output.clone(),
-            job: job.to_owned(),
-        });
+        let parts = parts::for_job(
+            output.clone(),
+            job,
+            &parts::writer_name(&self.config.node_id),
+        );
         let ctx = Arc::new(JobContext::new(
             job.to_owned(),
             spec,

@@ -1,247 +1,394 @@
 //! Where a job's output parts wait for the finalizer.
 //!
-//! Each mini-batch's rows are one part, written under the mini-batch's index: a re-run
-//! replaces the part instead of adding one, so every successful item lands once. On a fleet
-//! parts are storage objects (`_parts/<job>/<index>`), visible to whichever worker
-//! finalizes. On one machine they go to a single append-only spool file with an index in
-//! memory, sparing the file system thousands of small files.
+//! Each successful mini-batch's rows are one part. Storing a part returns a reference, which
+//! the ledger keeps with the mini-batch's recording; only the first recording's counts, and
+//! the finalizer joins the parts the ledger names, in mini-batch order ([`join_parts`]). A
+//! redelivered mini-batch may store a second part, and an attempt that died may have stored
+//! one, but neither is ever read, and a mini-batch that failed whole names none: every
+//! counted row lands once, and no other.
+//!
+//! Two ways to keep them:
+//! - [`SegmentParts`] append to one segment file per writer in a local folder: no file per
+//!   mini-batch for the file system to create and delete (thousands of small files cost more
+//!   than the work on a fast script). For `fleetrun run`, and for a fleet whose output is on
+//!   a local file system, whose page cache every reader on the machine shares.
+//! - [`ObjectParts`] are one storage object per part: on S3, and on a network file system,
+//!   where another machine sees a file's bytes once its writer has closed it.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use fleetrun_common::storage::{Storage, StorageError};
+use fleetrun_common::ledger::Ledger;
+use fleetrun_common::storage::Storage;
 use futures::{StreamExt, TryStreamExt};
 
-use crate::agent::part_key;
-
-/// Parts fetched ahead of the one being written (they are independent objects on S3).
+/// Parts read ahead of the one being written (they are independent objects on S3).
 const READ_AHEAD: usize = 16;
+/// Mini-batches whose part references the finalizer asks the ledger for at once.
+const REFS_PER_CALL: u64 = 1000;
 
 #[async_trait]
 pub trait Parts: Send + Sync {
-    /// Stores (or replaces) the part of mini-batch `index`.
-    async fn put(&self, index: u64, body: Bytes) -> Result<(), String>;
-    /// Forgets the part of mini-batch `index` (it failed after an attempt wrote one).
-    async fn remove(&self, index: u64) -> Result<(), String>;
-    /// Writes the parts of mini-batches `0..total` in order into `file_name` of `output`
-    /// (a failed mini-batch has none) and removes them. Returns the output's size.
-    async fn join_into(
-        &self,
-        output: &dyn Storage,
-        file_name: &str,
-        total: u64,
-    ) -> Result<u64, String>;
+    /// Stores the part of mini-batch `index`; returns the reference to record with it.
+    async fn put(&self, index: u64, body: Bytes) -> Result<String, String>;
+    /// Reads back a part stored by any writer of the job.
+    async fn get(&self, part: &str) -> Result<Bytes, String>;
+    /// Removes every part of the job.
+    async fn clear(&self) -> Result<(), String>;
 }
 
-/// Parts as objects of the job's output storage.
-pub struct StorageParts {
-    pub storage: Arc<dyn Storage>,
-    pub job: String,
-}
-
-#[async_trait]
-impl Parts for StorageParts {
-    async fn put(&self, index: u64, body: Bytes) -> Result<(), String> {
-        self.storage
-            .put(&part_key(&self.job, index), body)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    async fn remove(&self, index: u64) -> Result<(), String> {
-        self.storage
-            .delete_prefix(&part_key(&self.job, index))
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    async fn join_into(
-        &self,
-        output: &dyn Storage,
-        file_name: &str,
-        total: u64,
-    ) -> Result<u64, String> {
-        let storage = &*self.storage;
-        let mut writer = output.writer(file_name).await.map_err(|e| e.to_string())?;
-        let mut parts = futures::stream::iter(0..total)
-            .map(|index| async move {
-                match storage.get(&part_key(&self.job, index)).await {
-                    Ok(body) => Ok(Some(body)),
-                    Err(StorageError::NotFound(_)) => Ok(None),
-                    Err(e) => Err(e),
-                }
-            })
-            .buffered(READ_AHEAD);
-        while let Some(part) = parts.try_next().await.map_err(|e| e.to_string())? {
-            if let Some(body) = part {
-                writer.write(body).await.map_err(|e| e.to_string())?;
-            }
-        }
-        let size = writer.finish().await.map_err(|e| e.to_string())?;
-        storage
-            .delete_prefix(&format!("_parts/{}/", self.job))
+/// Writes the parts the ledger recorded for mini-batches `0..total`, in order, into
+/// `file_name` of `output`, then removes the job's parts. Returns the output's size.
+pub async fn join_parts(
+    parts: &dyn Parts,
+    ledger: &dyn Ledger,
+    job: &str,
+    total: u64,
+    output: &dyn Storage,
+    file_name: &str,
+) -> Result<u64, String> {
+    let mut writer = output.writer(file_name).await.map_err(|e| e.to_string())?;
+    let mut start = 0;
+    while start < total {
+        let end = total.min(start + REFS_PER_CALL);
+        let refs = ledger
+            .parts(job, start..end)
             .await
             .map_err(|e| e.to_string())?;
-        Ok(size)
-    }
-}
-
-/// Parts in one local spool file; the index (offset and length per mini-batch, 12 bytes
-/// each) lives in memory, as only this process writes and reads them.
-pub struct SpoolParts {
-    path: PathBuf,
-    spool: Mutex<Spool>,
-}
-
-struct Spool {
-    file: File,
-    len: u64,
-    /// By mini-batch index: where its latest part is.
-    index: Vec<Option<(u64, u32)>>,
-}
-
-impl SpoolParts {
-    pub fn create(path: PathBuf) -> std::io::Result<SpoolParts> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
+        let mut bodies = futures::stream::iter(refs.into_iter().flatten())
+            .map(|part| async move { parts.get(&part).await })
+            .buffered(READ_AHEAD);
+        while let Some(body) = bodies.try_next().await? {
+            writer.write(body).await.map_err(|e| e.to_string())?;
         }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)?;
-        Ok(SpoolParts {
-            path,
-            spool: Mutex::new(Spool {
-                file,
-                len: 0,
-                index: Vec::new(),
-            }),
+        start = end;
+    }
+    let size = writer.finish().await.map_err(|e| e.to_string())?;
+    parts.clear().await?;
+    Ok(size)
+}
+
+/// The parts a job's writer on this node keeps: segments in the output's `_parts/<job>/`
+/// when that is a local file system, else objects there.
+pub fn for_job(storage: Arc<dyn Storage>, job: &str, writer: &str) -> Arc<dyn Parts> {
+    let prefix = format!("_parts/{job}");
+    match storage.local_path(&prefix) {
+        Some(dir) if !is_network_fs(&dir) => Arc::new(SegmentParts::new(dir, writer)),
+        _ => Arc::new(ObjectParts::new(storage, job, writer)),
+    }
+}
+
+/// A name for one writer of a job's parts, unique across nodes and restarts: the node id
+/// (made safe for a file name) and a random suffix.
+pub fn writer_name(node: &str) -> String {
+    let safe: String = node
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
         })
+        .collect();
+    format!("{safe}-{:08x}", rand::random::<u32>())
+}
+
+/// Whether `path` (or the nearest folder above it that exists) is on a network file system,
+/// where another machine sees a file's bytes only once its writer closes it.
+fn is_network_fs(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    // f_type values of statfs(2) for NFS, SMB/CIFS, FUSE (s3fs, blobfuse, gcsfuse, …),
+    // Ceph, 9P, AFS, Lustre and GPFS.
+    const NETWORK: [i64; 11] = [
+        0x6969,
+        0x517B,
+        0xFF53_4D42,
+        0xFE53_4D42,
+        0x6573_5546,
+        0x00C3_6400,
+        0x0102_1997,
+        0x5346_414F,
+        0x6B41_4653,
+        0x0BD0_0BD0,
+        0x4750_4653,
+    ];
+    let mut probe = path;
+    loop {
+        if probe.exists() {
+            break;
+        }
+        match probe.parent() {
+            Some(parent) => probe = parent,
+            None => return false,
+        }
+    }
+    let Ok(c_path) = std::ffi::CString::new(probe.as_os_str().as_bytes()) else {
+        return false;
+    };
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a statfs struct to fill.
+    if unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } != 0 {
+        return false;
+    }
+    #[allow(clippy::unnecessary_cast)] // f_type is i64 or u32 depending on the target
+    NETWORK.contains(&(stat.f_type as i64))
+}
+
+/// Parts appended to this writer's segment file in `dir`; a reference is
+/// `<segment>@<offset>+<length>`.
+pub struct SegmentParts {
+    dir: PathBuf,
+    segment: String,
+    /// This writer's segment, opened at its first part, and its length.
+    own: Mutex<Option<(File, u64)>>,
+    /// Segments opened for reading, by name.
+    readers: Mutex<HashMap<String, Arc<File>>>,
+}
+
+impl SegmentParts {
+    pub fn new(dir: PathBuf, writer: &str) -> SegmentParts {
+        SegmentParts {
+            dir,
+            segment: format!("{writer}.seg"),
+            own: Mutex::new(None),
+            readers: Mutex::new(HashMap::new()),
+        }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Spool> {
-        self.spool.lock().unwrap_or_else(|p| p.into_inner())
+    fn reader(&self, segment: &str) -> Result<Arc<File>, String> {
+        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(file) = readers.get(segment) {
+            return Ok(file.clone());
+        }
+        let path = self.dir.join(segment);
+        let file = Arc::new(File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?);
+        readers.insert(segment.to_owned(), file.clone());
+        Ok(file)
     }
 }
 
 #[async_trait]
-impl Parts for SpoolParts {
-    async fn put(&self, index: u64, body: Bytes) -> Result<(), String> {
-        let len = u32::try_from(body.len()).map_err(|_| "a part over 4 GiB".to_owned())?;
-        let mut spool = self.lock();
-        let offset = spool.len;
-        spool
-            .file
-            .write_all_at(&body, offset)
-            .map_err(|e| format!("{}: {e}", self.path.display()))?;
-        spool.len += u64::from(len);
-        let slot = index as usize;
-        if spool.index.len() <= slot {
-            spool.index.resize(slot + 1, None);
+impl Parts for SegmentParts {
+    async fn put(&self, _index: u64, body: Bytes) -> Result<String, String> {
+        let path = || self.dir.join(&self.segment);
+        let mut own = self.own.lock().unwrap_or_else(|p| p.into_inner());
+        if own.is_none() {
+            std::fs::create_dir_all(&self.dir)
+                .map_err(|e| format!("{}: {e}", self.dir.display()))?;
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path())
+                .map_err(|e| format!("{}: {e}", path().display()))?;
+            *own = Some((file, 0));
         }
-        spool.index[slot] = Some((offset, len));
-        Ok(())
+        let (file, len) = own.as_mut().expect("opened above");
+        let offset = *len;
+        file.write_all_at(&body, offset)
+            .map_err(|e| format!("{}: {e}", path().display()))?;
+        *len += body.len() as u64;
+        Ok(format!("{}@{offset}+{}", self.segment, body.len()))
     }
 
-    async fn remove(&self, index: u64) -> Result<(), String> {
-        if let Some(slot) = self.lock().index.get_mut(index as usize) {
-            *slot = None;
+    async fn get(&self, part: &str) -> Result<Bytes, String> {
+        let bad = || format!("not a segment part reference: {part:?}");
+        let (segment, span) = part.rsplit_once('@').ok_or_else(bad)?;
+        let (offset, len) = span.split_once('+').ok_or_else(bad)?;
+        let offset: u64 = offset.parse().map_err(|_| bad())?;
+        let len: usize = len.parse().map_err(|_| bad())?;
+        if segment.is_empty() || segment.contains('/') || segment.starts_with('.') {
+            return Err(bad());
         }
-        Ok(())
+        let file = self.reader(segment)?;
+        let mut body = vec![0u8; len];
+        file.read_exact_at(&mut body, offset)
+            .map_err(|e| format!("{segment} at {offset}+{len}: {e}"))?;
+        Ok(body.into())
     }
 
-    async fn join_into(
-        &self,
-        output: &dyn Storage,
-        file_name: &str,
-        total: u64,
-    ) -> Result<u64, String> {
-        let mut writer = output.writer(file_name).await.map_err(|e| e.to_string())?;
-        for index in 0..total {
-            let body = {
-                let spool = self.lock();
-                match spool.index.get(index as usize).copied().flatten() {
-                    Some((offset, len)) => {
-                        let mut buf = vec![0u8; len as usize];
-                        spool
-                            .file
-                            .read_exact_at(&mut buf, offset)
-                            .map_err(|e| e.to_string())?;
-                        Some(buf)
-                    }
-                    None => None,
-                }
-            };
-            if let Some(body) = body {
-                writer
-                    .write(Bytes::from(body))
-                    .await
-                    .map_err(|e| e.to_string())?;
+    async fn clear(&self) -> Result<(), String> {
+        self.readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        *self.own.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        match std::fs::remove_dir_all(&self.dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(format!("{}: {e}", self.dir.display()))
             }
+            _ => Ok(()),
         }
-        let size = writer.finish().await.map_err(|e| e.to_string())?;
-        let _ = std::fs::remove_file(&self.path);
-        Ok(size)
+    }
+}
+
+/// Parts as objects `_parts/<job>/<index>.<writer>.<n>` of the job's output storage; a
+/// reference is the object's name in that folder. Every attempt writes its own object, so
+/// a later attempt never replaces the part that was counted.
+pub struct ObjectParts {
+    storage: Arc<dyn Storage>,
+    prefix: String,
+    writer: String,
+    puts: AtomicU64,
+}
+
+impl ObjectParts {
+    pub fn new(storage: Arc<dyn Storage>, job: &str, writer: &str) -> ObjectParts {
+        ObjectParts {
+            storage,
+            prefix: format!("_parts/{job}/"),
+            writer: writer.to_owned(),
+            puts: AtomicU64::new(0),
+        }
+    }
+}
+
+#[async_trait]
+impl Parts for ObjectParts {
+    async fn put(&self, index: u64, body: Bytes) -> Result<String, String> {
+        let n = self.puts.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{index:010}.{}.{n}", self.writer);
+        self.storage
+            .put(&format!("{}{name}", self.prefix), body)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(name)
+    }
+
+    async fn get(&self, part: &str) -> Result<Bytes, String> {
+        if part.is_empty() || part.contains('/') || part.starts_with('.') {
+            return Err(format!("not an object part reference: {part:?}"));
+        }
+        self.storage
+            .get(&format!("{}{part}", self.prefix))
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn clear(&self) -> Result<(), String> {
+        self.storage
+            .delete_prefix(&self.prefix)
+            .await
+            .map_err(|e| e.to_string())
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use fleetrun_common::ledger::{Limits, MemoryLedger, Outcome};
     use fleetrun_common::storage::LocalStorage;
 
     use super::*;
 
-    async fn joined(parts: &dyn Parts, total: u64) -> String {
-        let dir = tempfile::tempdir().unwrap();
-        let out = LocalStorage::new(dir.path());
-        parts.join_into(&out, "out.txt", total).await.unwrap();
-        std::fs::read_to_string(dir.path().join("out.txt")).unwrap()
-    }
+    const OK: Outcome = Outcome {
+        succeeded: 1,
+        failed: 0,
+        batch_failed: false,
+    };
 
-    /// Both kinds: index order, the latest write of a part wins, removed parts are gone.
-    async fn behaves(parts: &dyn Parts) {
-        parts.put(2, Bytes::from("c\n")).await.unwrap();
-        parts.put(0, Bytes::from("first run\n")).await.unwrap();
-        parts.put(0, Bytes::from("a\n")).await.unwrap();
-        parts.put(1, Bytes::from("stale\n")).await.unwrap();
-        parts.remove(1).await.unwrap();
-        parts.put(3, Bytes::from("d1\nd2\n")).await.unwrap();
-        assert_eq!(joined(parts, 4).await, "a\nc\nd1\nd2\n");
+    /// Two writers store parts; the ledger keeps the first recording of each mini-batch. The
+    /// join holds exactly the recorded parts, in index order, whoever wrote them.
+    async fn joins_what_the_ledger_counted(a: &dyn Parts, b: &dyn Parts) -> String {
+        let ledger = MemoryLedger::new();
+        ledger.create("j", Limits::NONE).await.unwrap();
+        let put = |parts: &'static str| Bytes::from(parts);
+        let r2 = b.put(2, put("c\n")).await.unwrap();
+        ledger.record("j", 2, OK, Some(&r2)).await.unwrap();
+        let r0 = a.put(0, put("a\n")).await.unwrap();
+        ledger.record("j", 0, OK, Some(&r0)).await.unwrap();
+        // A redelivered mini-batch 0 run again elsewhere: stored, never counted.
+        let again = b.put(0, put("a, second run\n")).await.unwrap();
+        assert!(!ledger.record("j", 0, OK, Some(&again)).await.unwrap().first);
+        // An attempt that stored a part and died; the mini-batch then failed whole.
+        a.put(1, put("stale\n")).await.unwrap();
+        ledger
+            .record("j", 1, Outcome::all_failed(1), None)
+            .await
+            .unwrap();
+        let r3 = a.put(3, put("d1\nd2\n")).await.unwrap();
+        ledger.record("j", 3, OK, Some(&r3)).await.unwrap();
+
+        let out_dir = tempfile::tempdir().unwrap();
+        let out = LocalStorage::new(out_dir.path());
+        let size = join_parts(a, &ledger, "j", 4, &out, "out.txt")
+            .await
+            .unwrap();
+        let joined = std::fs::read_to_string(out_dir.path().join("out.txt")).unwrap();
+        assert_eq!(size, joined.len() as u64);
+        joined
     }
 
     #[tokio::test]
-    async fn spool_parts_keep_the_latest_of_each_in_order() {
+    async fn segment_parts_join_the_counted_parts_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let parts = SpoolParts::create(dir.path().join("spool")).unwrap();
-        behaves(&parts).await;
-        assert!(
-            !dir.path().join("spool").exists(),
-            "the spool is removed once joined"
+        let parts_dir = dir.path().join("_parts/j");
+        let a = SegmentParts::new(parts_dir.clone(), &writer_name("n1"));
+        let b = SegmentParts::new(parts_dir.clone(), &writer_name("n2"));
+        assert_eq!(
+            joins_what_the_ledger_counted(&a, &b).await,
+            "a\nc\nd1\nd2\n"
         );
+        assert!(!parts_dir.exists(), "the parts are removed once joined");
     }
 
     #[tokio::test]
-    async fn storage_parts_keep_the_latest_of_each_in_order() {
+    async fn object_parts_join_the_counted_parts_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let storage: Arc<dyn Storage> = Arc::new(LocalStorage::new(dir.path()));
-        let parts = StorageParts {
-            storage,
-            job: "j".into(),
-        };
-        behaves(&parts).await;
+        let a = ObjectParts::new(storage.clone(), "j", &writer_name("n1"));
+        let b = ObjectParts::new(storage, "j", &writer_name("n2"));
+        assert_eq!(
+            joins_what_the_ledger_counted(&a, &b).await,
+            "a\nc\nd1\nd2\n"
+        );
         assert!(!dir.path().join("_parts/j").exists());
     }
 
     #[tokio::test]
-    async fn no_parts_make_an_empty_file() {
+    async fn a_local_folder_gets_segments_and_no_parts_make_an_empty_file() {
         let dir = tempfile::tempdir().unwrap();
-        let parts = SpoolParts::create(dir.path().join("spool")).unwrap();
-        assert_eq!(joined(&parts, 0).await, "");
+        let storage: Arc<dyn Storage> = Arc::new(LocalStorage::new(dir.path()));
+        let parts = for_job(storage, "j", "n1-0");
+        let name = parts.put(0, Bytes::from("x\n")).await.unwrap();
+        assert_eq!(name, "n1-0.seg@0+2");
+        assert!(dir.path().join("_parts/j/n1-0.seg").is_file());
+        assert_eq!(parts.get(&name).await.unwrap(), Bytes::from("x\n"));
+
+        let ledger = MemoryLedger::new();
+        ledger.create("j", Limits::NONE).await.unwrap();
+        let out = LocalStorage::new(dir.path());
+        join_parts(&*parts, &ledger, "j", 0, &out, "out.txt")
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("out.txt")).unwrap(),
+            ""
+        );
+    }
+
+    #[tokio::test]
+    async fn references_cannot_leave_the_parts_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let segments = SegmentParts::new(dir.path().join("p"), "w");
+        for bad in [
+            "../x.seg@0+1",
+            "x.seg",
+            "x.seg@a+1",
+            "/etc/passwd@0+1",
+            "@0+1",
+        ] {
+            assert!(segments.get(bad).await.is_err(), "{bad}");
+        }
+        let storage: Arc<dyn Storage> = Arc::new(LocalStorage::new(dir.path()));
+        let objects = ObjectParts::new(storage, "j", "w");
+        for bad in ["../../secret", "a/b", ""] {
+            assert!(objects.get(bad).await.is_err(), "{bad}");
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! The embedded ledger: one mutex around a map of jobs.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -16,6 +17,7 @@ struct Job {
     limits: Limits,
     status: Status,
     done: HashSet<u64>,
+    parts: HashMap<u64, String>,
 }
 
 impl MemoryLedger {
@@ -69,6 +71,7 @@ impl Ledger for MemoryLedger {
                 limits,
                 status: Status::new(),
                 done: HashSet::new(),
+                parts: HashMap::new(),
             },
         );
         Ok(())
@@ -94,11 +97,15 @@ impl Ledger for MemoryLedger {
         job: &str,
         index: u64,
         outcome: Outcome,
+        part: Option<&str>,
     ) -> Result<Recorded, LedgerError> {
         self.with_job(job, |j| {
             let first = j.done.insert(index);
             let mut transitioned = false;
             if first {
+                if let Some(part) = part {
+                    j.parts.insert(index, part.to_owned());
+                }
                 let s = &mut j.status;
                 s.done += 1;
                 s.items_succeeded += outcome.succeeded;
@@ -112,6 +119,14 @@ impl Ledger for MemoryLedger {
                 status: j.status.clone(),
             }
         })
+    }
+
+    async fn parts(
+        &self,
+        job: &str,
+        indices: Range<u64>,
+    ) -> Result<Vec<Option<String>>, LedgerError> {
+        self.with_job(job, |j| indices.map(|i| j.parts.get(&i).cloned()).collect())
     }
 
     async fn transition(

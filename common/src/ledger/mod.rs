@@ -207,13 +207,23 @@ pub trait Ledger: Send + Sync {
     async fn create(&self, job: &str, limits: Limits) -> Result<(), LedgerError>;
     /// Seals the number of mini-batches; the job moves to Finalizing if all are done.
     async fn seal(&self, job: &str, total: u64) -> Result<Recorded, LedgerError>;
-    /// Records a mini-batch's outcome once, adds its failures and checks the limits.
+    /// Records a mini-batch's outcome once, adds its failures and checks the limits. `part`
+    /// names where the mini-batch's output part is (see [`Ledger::parts`]); only the first
+    /// recording's is kept, so the output holds the rows that were counted.
     async fn record(
         &self,
         job: &str,
         index: u64,
         outcome: Outcome,
+        part: Option<&str>,
     ) -> Result<Recorded, LedgerError>;
+    /// The part recorded for each mini-batch of `indices`, in order (`None`: not recorded,
+    /// or recorded without a part).
+    async fn parts(
+        &self,
+        job: &str,
+        indices: std::ops::Range<u64>,
+    ) -> Result<Vec<Option<String>>, LedgerError>;
     /// Moves the job to `to` if its state is one of `from`, keeping `reason`. Returns whether
     /// it moved, and the status after.
     async fn transition(

@@ -13,6 +13,8 @@
 //!   time, Unix seconds), and the bookkeeping fields described below.
 //! - `<prefix>:job:{<job>}:done`, a HASH from each recorded mini-batch index to the id of the
 //!   call that recorded it first.
+//! - `<prefix>:job:{<job>}:parts`, a HASH from each recorded mini-batch index to where its
+//!   output part is, as the first recording gave it (a few dozen bytes per mini-batch).
 //!
 //! # Why every step is a script
 //!
@@ -46,6 +48,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
+use std::ops::Range;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -62,6 +65,8 @@ use super::{JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Status};
 /// server still executes, and a busy server can take longer.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
+/// Mini-batches whose parts one `HMGET` asks for.
+const PARTS_PER_CALL: u64 = 1000;
 
 /// Retries of one call on a dropped connection or a lost reply: 50 ms doubling to 1 s.
 const RETRY: ExponentialBuilder = ExponentialBuilder::new()
@@ -117,14 +122,14 @@ local function settle(key, call)
 end
 "#;
 
-/// KEYS: state, done. ARGV: call id, error_threshold, allowed_failed_count (-1 = none),
+/// KEYS: state, done, parts. ARGV: call id, error_threshold, allowed_failed_count (-1 = none),
 /// allowed_failed_percent. Returns 1 if the job was entered (by this call), 0 if it exists.
 const CREATE_LUA: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then
   if redis.call('HGET', KEYS[1], 'created_by') == ARGV[1] then return 1 end
   return 0
 end
-redis.call('DEL', KEYS[2])
+redis.call('DEL', KEYS[2], KEYS[3])
 local now = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'state', RUNNING, 'done', 0, 'items_succeeded', 0,
   'items_failed', 0, 'batches_failed', 0, 'error_threshold', ARGV[2],
@@ -149,8 +154,9 @@ end
 return {first, moved, redis.call('HGETALL', KEYS[1])}
 "#;
 
-/// KEYS: state, done. ARGV: call id, index, items succeeded, items failed, batch failed
-/// (0/1). Returns nil for an unknown job, else `{first, moved, HGETALL state}`.
+/// KEYS: state, done, parts. ARGV: call id, index, items succeeded, items failed, batch
+/// failed (0/1), part ('' for none). Returns nil for an unknown job, else
+/// `{first, moved, HGETALL state}`.
 const RECORD_LUA: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local first, moved = 1, 0
@@ -159,6 +165,7 @@ if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[1]) == 1 then
   redis.call('HINCRBY', KEYS[1], 'items_succeeded', ARGV[3])
   redis.call('HINCRBY', KEYS[1], 'items_failed', ARGV[4])
   redis.call('HINCRBY', KEYS[1], 'batches_failed', ARGV[5])
+  if ARGV[6] ~= '' then redis.call('HSET', KEYS[3], ARGV[2], ARGV[6]) end
   moved = settle(KEYS[1], ARGV[1])
 elseif redis.call('HGET', KEYS[2], ARGV[2]) == ARGV[1] then
   moved = moved_by(KEYS[1], ARGV[1])
@@ -208,6 +215,7 @@ pub struct RedisLedger {
 struct JobKeys {
     state: String,
     done: String,
+    parts: String,
 }
 
 impl RedisLedger {
@@ -235,6 +243,7 @@ impl RedisLedger {
         JobKeys {
             state: format!("{base}:state"),
             done: format!("{base}:done"),
+            parts: format!("{base}:parts"),
         }
     }
 
@@ -287,6 +296,7 @@ impl Ledger for RedisLedger {
                     CREATE
                         .key(&keys.state)
                         .key(&keys.done)
+                        .key(&keys.parts)
                         .arg(call)
                         .arg(limits.error_threshold)
                         .arg(allowed_count)
@@ -327,6 +337,7 @@ impl Ledger for RedisLedger {
         job: &str,
         index: u64,
         outcome: Outcome,
+        part: Option<&str>,
     ) -> Result<Recorded, LedgerError> {
         // HINCRBY takes signed 64-bit numbers; refuse before the script half-applies one.
         let count = |n: u64| {
@@ -343,17 +354,49 @@ impl Ledger for RedisLedger {
                     RECORD
                         .key(&keys.state)
                         .key(&keys.done)
+                        .key(&keys.parts)
                         .arg(call)
                         .arg(index)
                         .arg(succeeded)
                         .arg(failed)
                         .arg(u8::from(outcome.batch_failed))
+                        .arg(part.unwrap_or(""))
                         .invoke_async(&mut conn)
                         .await
                 }
             })
             .await?;
         recorded("record", job, reply)
+    }
+
+    async fn parts(
+        &self,
+        job: &str,
+        indices: Range<u64>,
+    ) -> Result<Vec<Option<String>>, LedgerError> {
+        let keys = self.keys(job);
+        let mut parts = Vec::with_capacity(indices.end.saturating_sub(indices.start) as usize);
+        let mut start = indices.start;
+        while start < indices.end {
+            let end = indices.end.min(start.saturating_add(PARTS_PER_CALL));
+            let chunk: Vec<u64> = (start..end).collect();
+            let got: Vec<Option<String>> = self
+                .retrying("parts", job, || {
+                    let mut conn = self.conn.clone();
+                    let (key, chunk) = (&keys.parts, &chunk);
+                    async move {
+                        redis::cmd("HMGET")
+                            .arg(key)
+                            .arg(chunk)
+                            .query_async(&mut conn)
+                            .await
+                    }
+                })
+                .await?;
+            parts.extend(got);
+            start = end;
+        }
+        Ok(parts)
     }
 
     async fn transition(

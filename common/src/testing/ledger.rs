@@ -15,7 +15,8 @@ macro_rules! ledger_conformance {
             seal_after_last_record_completes, empty_job_completes_on_seal,
             error_threshold_fails_once_exceeded, minus_one_ignores_failures,
             failed_batch_count_and_percent, transition_only_from_allowed_states,
-            concurrent_records_count_once, unknown_job_is_an_error);
+            concurrent_records_count_once, unknown_job_is_an_error,
+            parts_are_the_first_recordings);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -61,9 +62,9 @@ where
     )
     .await
     .unwrap();
-    let r = l.record(&j, 0, failed(3)).await.unwrap();
+    let r = l.record(&j, 0, failed(3), None).await.unwrap();
     assert!(r.first);
-    let again = l.record(&j, 0, failed(3)).await.unwrap();
+    let again = l.record(&j, 0, failed(3), None).await.unwrap();
     assert!(!again.first);
     assert!(!again.transitioned);
     assert_eq!(
@@ -87,14 +88,14 @@ where
     let sealed = l.seal(&j, 2).await.unwrap();
     assert!(!sealed.transitioned);
     assert_eq!(sealed.status.total, Some(2));
-    let r = l.record(&j, 1, OK).await.unwrap();
+    let r = l.record(&j, 1, OK, None).await.unwrap();
     assert_eq!(r.status.state, JobState::Running);
-    let r = l.record(&j, 0, OK).await.unwrap();
+    let r = l.record(&j, 0, OK, None).await.unwrap();
     assert!(r.transitioned);
     assert_eq!(r.status.state, JobState::Finalizing);
     assert_eq!(r.status.items_succeeded, 20);
     // A late duplicate neither moves the state nor claims the transition again.
-    let dup = l.record(&j, 0, OK).await.unwrap();
+    let dup = l.record(&j, 0, OK, None).await.unwrap();
     assert!(!dup.transitioned);
     let (moved, s) = l
         .transition(&j, &[JobState::Finalizing], JobState::Completed, None)
@@ -112,7 +113,7 @@ where
     let l = make().await;
     let j = job();
     l.create(&j, Limits::NONE).await.unwrap();
-    l.record(&j, 0, OK).await.unwrap();
+    l.record(&j, 0, OK, None).await.unwrap();
     let r = l.seal(&j, 1).await.unwrap();
     assert!(r.transitioned);
     assert_eq!(r.status.state, JobState::Finalizing);
@@ -149,13 +150,13 @@ where
     )
     .await
     .unwrap();
-    let r = l.record(&j, 0, failed(5)).await.unwrap();
+    let r = l.record(&j, 0, failed(5), None).await.unwrap();
     assert_eq!(
         r.status.state,
         JobState::Running,
         "5 failures do not exceed a threshold of 5"
     );
-    let r = l.record(&j, 1, failed(1)).await.unwrap();
+    let r = l.record(&j, 1, failed(1), None).await.unwrap();
     assert!(r.transitioned);
     assert_eq!(r.status.state, JobState::Failed);
     let reason = r.status.reason.expect("a failed job says why");
@@ -164,7 +165,7 @@ where
         "{reason}"
     );
     // Once failed, more outcomes are still counted but the state stays.
-    let r = l.record(&j, 2, OK).await.unwrap();
+    let r = l.record(&j, 2, OK, None).await.unwrap();
     assert!(r.first && !r.transitioned);
     assert_eq!(r.status.state, JobState::Failed);
     let sealed = l.seal(&j, 3).await.unwrap();
@@ -180,8 +181,8 @@ where
     let j = job();
     l.create(&j, Limits::NONE).await.unwrap();
     l.seal(&j, 2).await.unwrap();
-    l.record(&j, 0, failed(1_000)).await.unwrap();
-    let r = l.record(&j, 1, failed(1_000)).await.unwrap();
+    l.record(&j, 0, failed(1_000), None).await.unwrap();
+    let r = l.record(&j, 1, failed(1_000), None).await.unwrap();
     assert_eq!(r.status.state, JobState::Finalizing);
     assert_eq!(r.status.items_failed, 2_000);
 }
@@ -203,10 +204,10 @@ where
     .await
     .unwrap();
     assert_eq!(
-        l.record(&j, 0, failed(1)).await.unwrap().status.state,
+        l.record(&j, 0, failed(1), None).await.unwrap().status.state,
         JobState::Running
     );
-    let r = l.record(&j, 1, failed(1)).await.unwrap();
+    let r = l.record(&j, 1, failed(1), None).await.unwrap();
     assert_eq!(r.status.state, JobState::Failed);
     assert!(r.status.reason.unwrap().contains("allowed_failed_count"));
 
@@ -222,7 +223,7 @@ where
     .await
     .unwrap();
     assert_eq!(
-        l.record(&j, 0, failed(1)).await.unwrap().status.state,
+        l.record(&j, 0, failed(1), None).await.unwrap().status.state,
         JobState::Running
     );
     let r = l.seal(&j, 4).await.unwrap();
@@ -289,6 +290,7 @@ where
                             failed: 1,
                             batch_failed: true,
                         },
+                        None,
                     )
                     .await
                     .unwrap();
@@ -318,10 +320,41 @@ where
     let l = make().await;
     let j = job();
     assert!(l.status(&j).await.unwrap().is_none());
-    assert!(l.record(&j, 0, OK).await.is_err());
+    assert!(l.record(&j, 0, OK, None).await.is_err());
     l.create(&j, Limits::NONE).await.unwrap();
     assert!(
         l.create(&j, Limits::NONE).await.is_err(),
         "a job id is entered once"
     );
+}
+
+pub async fn parts_are_the_first_recordings<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(&j, Limits::NONE).await.unwrap();
+    l.record(&j, 0, OK, Some("seg-a@0+12")).await.unwrap();
+    // A redelivered mini-batch's second part is not the one that was counted.
+    let again = l.record(&j, 0, OK, Some("seg-b@40+12")).await.unwrap();
+    assert!(!again.first);
+    l.record(&j, 1, failed(10), None).await.unwrap();
+    l.record(&j, 3, OK, Some("0000000003.n1")).await.unwrap();
+    assert_eq!(
+        l.parts(&j, 0..5).await.unwrap(),
+        [
+            Some("seg-a@0+12".to_owned()),
+            None,
+            None,
+            Some("0000000003.n1".to_owned()),
+            None
+        ]
+    );
+    assert_eq!(
+        l.parts(&j, 3..4).await.unwrap(),
+        [Some("0000000003.n1".to_owned())]
+    );
+    assert!(l.parts(&j, 2..2).await.unwrap().is_empty());
 }
