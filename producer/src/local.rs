@@ -160,7 +160,7 @@ pub async fn run_local(
             config: AgentConfig {
                 node_id: "0".into(),
                 processes,
-                prefetch: 2,
+                prefetch: agent::DEFAULT_PREFETCH,
                 runner_exe,
                 staging_dir: node_dir.clone(),
                 warm_job: Some(job_id.clone()),

@@ -445,8 +445,9 @@ fn cancel_stops_a_job_and_drops_its_mini_batches() {
 #[test]
 fn sigterm_drains_a_worker_without_losing_work() {
     let markers = tempfile::tempdir().unwrap();
+    let runs = markers.path().join("draining");
     let script = format!(
-        "import os, time\nMARKS = {:?}\ndef run(mini_batch):\n    open(os.path.join(MARKS, os.environ['FLEETRUN_NODE_ID']), 'a').close()\n    time.sleep(0.3)\n    return [open(p).read() for p in mini_batch]\n",
+        "import os, time\nMARKS = {:?}\ndef run(mini_batch):\n    with open(os.path.join(MARKS, os.environ['FLEETRUN_NODE_ID']), 'a') as f:\n        f.write('run\\n')\n    time.sleep(0.3)\n    return [open(p).read() for p in mini_batch]\n",
         markers.path().display().to_string()
     );
     let mut fleet = Fleet::new(&script);
@@ -454,10 +455,11 @@ fn sigterm_drains_a_worker_without_losing_work() {
     fleet.worker("draining", 1);
     let job = fleet.s3_job("mini_batch_size = 3");
     let mut submit = fleet.spawn_submit(&job);
+    let started = || std::fs::read_to_string(&runs).map_or(0, |s| s.lines().count());
     wait_for(
         "the worker to be running a mini-batch",
         Duration::from_secs(60),
-        || markers.path().join("draining").exists(),
+        || started() > 0,
     );
     let (_, draining) = &mut fleet.workers[0];
     // SAFETY: kill(2) with SIGTERM on our own child.
@@ -465,12 +467,57 @@ fn sigterm_drains_a_worker_without_losing_work() {
         unsafe { libc::kill(draining.id() as i32, libc::SIGTERM) },
         0
     );
+    let at_sigterm = started();
     let exit = draining.wait().unwrap();
     assert_eq!(exit.code(), Some(0), "a drained worker exits 0");
+    // It finishes what it holds (at most its prefetch, 3), and takes nothing more.
+    let after = started() - at_sigterm;
+    assert!(after <= 3, "{after} mini-batches started after SIGTERM");
+    assert!(started() < 20, "the draining worker ran the whole job");
     fleet.worker("w2", 1);
     assert_eq!(submit.wait().unwrap().code(), Some(0));
     assert_eq!(
         lines(&fleet.output("out/parallel_run_step.txt")),
         expected_lines(60, |_| false)
+    );
+}
+
+/// A worker told to drain while it runs a job's last mini-batch records it and, as the
+/// one that completed the job, finalizes it before it exits: no other
+/// worker is needed.
+#[test]
+fn a_draining_worker_finalizes_the_job_it_completes() {
+    let markers = tempfile::tempdir().unwrap();
+    let script = format!(
+        "import os, time\nMARKS = {:?}\ndef run(mini_batch):\n    if any(p.endswith('f0039.txt') for p in mini_batch):\n        open(os.path.join(MARKS, 'last'), 'a').close()\n        time.sleep(1)\n    return [open(p).read() for p in mini_batch]\n",
+        markers.path().display().to_string()
+    );
+    let mut fleet = Fleet::new(&script);
+    fleet.inputs(40);
+    fleet.worker("last", 1);
+    let job = fleet.s3_job("mini_batch_size = 1");
+    let mut submit = fleet.spawn_submit(&job);
+    wait_for(
+        "the last mini-batch to run",
+        Duration::from_secs(60),
+        || markers.path().join("last").exists(),
+    );
+    let (_, worker) = &mut fleet.workers[0];
+    // SAFETY: kill(2) with SIGTERM on our own child.
+    assert_eq!(unsafe { libc::kill(worker.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(worker.wait().unwrap().code(), Some(0));
+    let mut exit = None;
+    wait_for(
+        "submit --wait to see the job end",
+        Duration::from_secs(30),
+        || {
+            exit = submit.try_wait().unwrap();
+            exit.is_some()
+        },
+    );
+    assert_eq!(exit.unwrap().code(), Some(0));
+    assert_eq!(
+        lines(&fleet.output("out/parallel_run_step.txt")),
+        expected_lines(40, |_| false)
     );
 }

@@ -7,7 +7,7 @@
 //! steps leaves the message unacknowledged; its re-run rewrites the same part and its second
 //! recording changes nothing.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -16,10 +16,11 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use fleetrun_common::ledger::{JobState, Ledger, Outcome, Recorded, Status};
 use fleetrun_common::protocol::{InitParams, ScriptError};
-use fleetrun_common::queue::{Delivery, Disposition, Queue};
+use fleetrun_common::queue::{Consumer, Delivery, Disposition, Queue};
 use fleetrun_common::storage::Storage;
 use fleetrun_common::wire::MiniBatch;
 use fleetrun_config::{JobSpec, OutputAction};
+use futures::FutureExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -33,6 +34,10 @@ use crate::process::{InitOutcome, Launch, RunOutcome, RunnerProcess, returncode}
 const STATE_RECHECK: Duration = Duration::from_millis(500);
 /// How long a node that gave up on a job holds one of its mini-batches before handing it back.
 const GAVE_UP_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Deliveries a slot holds by default: one running, the next waiting in the runner's
+/// channel, and one being finished in the background.
+pub const DEFAULT_PREFETCH: u16 = 3;
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -142,6 +147,9 @@ pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToke
             shared: shared.clone(),
             index,
             runner: None,
+            ahead: None,
+            stagings: 0,
+            drain: drain.clone(),
             finishing: tokio::task::JoinSet::new(),
         };
         slots.spawn(slot.run(drain.clone(), abort.clone()));
@@ -173,8 +181,31 @@ struct Slot {
     shared: Arc<Shared>,
     index: usize,
     runner: Option<Active>,
+    /// The next delivery, taken while the runner worked on the one before.
+    ahead: Option<Ahead>,
+    /// Stagings so far: each mini-batch's inputs get a folder of their own.
+    stagings: u64,
+    /// Cancelled when the node drains: nothing more is taken, ahead or not.
+    drain: CancellationToken,
     /// Deliveries being finished in the background (at most the consumer's prefetch).
     finishing: tokio::task::JoinSet<()>,
+}
+
+/// A delivery taken while the runner ran another mini-batch, so that the runner finds its
+/// next one waiting in its channel instead of waiting for a round trip through the agent.
+struct Ahead {
+    delivery: Delivery,
+    /// Set when it is the runner's job's and its inputs are staged; otherwise it goes the
+    /// usual way when its turn comes.
+    ready: Option<Ready>,
+}
+
+struct Ready {
+    ctx: Arc<JobContext>,
+    batch: MiniBatch,
+    staged: Staged,
+    /// Its request is in the runner's channel (false again if that runner is lost first).
+    sent: bool,
 }
 
 /// What to do with a delivery, decided once.
@@ -208,6 +239,17 @@ impl Slot {
             }
         };
         loop {
+            if let Some(ahead) = self.ahead.take() {
+                tokio::select! {
+                    biased;
+                    _ = abort.cancelled() => {
+                        self.kill_runner().await;
+                        break;
+                    }
+                    _ = self.handle_ahead(ahead, &mut consumer) => {}
+                }
+                continue;
+            }
             let job_stop = self.runner.as_ref().map(|a| a.job_stop.clone());
             let job_stopped = async {
                 match &job_stop {
@@ -239,7 +281,7 @@ impl Slot {
                             self.kill_runner().await;
                             break;
                         }
-                        _ = self.handle(d) => {}
+                        _ = self.handle(d, &mut consumer) => {}
                     }
                 }
                 Err(e) => {
@@ -288,9 +330,45 @@ impl Slot {
         }
     }
 
-    async fn handle(&mut self, delivery: Delivery) {
+    async fn handle(&mut self, delivery: Delivery, consumer: &mut Box<dyn Consumer>) {
         while self.finishing.try_join_next().is_some() {}
-        let disposition = match self.decide(&delivery).await {
+        let verdict = self.decide(&delivery, consumer).await;
+        self.conclude(delivery, verdict).await;
+    }
+
+    /// Handles a delivery taken ahead: one ready is run (or is already running) on this
+    /// slot's runner; any other goes the usual way.
+    async fn handle_ahead(&mut self, ahead: Ahead, consumer: &mut Box<dyn Consumer>) {
+        let Some(ready) = ahead.ready else {
+            return self.handle(ahead.delivery, consumer).await;
+        };
+        while self.finishing.try_join_next().is_some() {}
+        let Ready {
+            ctx,
+            batch,
+            staged,
+            sent,
+        } = ready;
+        let verdict = if ctx.stop.is_cancelled() {
+            if sent {
+                // Its reply must never be taken for another mini-batch's.
+                self.kill_runner().await;
+            }
+            staged.clean().await;
+            Verdict::Drop
+        } else if !sent && !self.ensure_runner(&ctx).await {
+            staged.clean().await;
+            Verdict::Settle(Disposition::Requeue)
+        } else {
+            let attempt = ahead.delivery.attempt;
+            self.attempt(&ctx, &batch, attempt, Some((staged, sent)), consumer)
+                .await
+        };
+        self.conclude(ahead.delivery, verdict).await;
+    }
+
+    async fn conclude(&mut self, delivery: Delivery, verdict: Verdict) {
+        let disposition = match verdict {
             Verdict::Settle(d) => d,
             Verdict::Drop => Disposition::Ack,
             Verdict::Finish(work) => {
@@ -305,7 +383,7 @@ impl Slot {
         settle(self.index, delivery, disposition).await;
     }
 
-    async fn decide(&mut self, delivery: &Delivery) -> Verdict {
+    async fn decide(&mut self, delivery: &Delivery, consumer: &mut Box<dyn Consumer>) -> Verdict {
         let batch = match MiniBatch::decode(&delivery.body) {
             Ok(b) => b,
             Err(e) => {
@@ -347,7 +425,8 @@ impl Slot {
         if !self.ensure_runner(&ctx).await {
             return Verdict::Settle(Disposition::Requeue);
         }
-        self.attempt(&ctx, &batch, delivery.attempt).await
+        self.attempt(&ctx, &batch, delivery.attempt, None, consumer)
+            .await
     }
 
     /// Whether the job still takes work, from this node's knowledge and, now and then, the
@@ -366,24 +445,44 @@ impl Slot {
         true
     }
 
-    /// One `run()` attempt of a mini-batch, and what becomes of the delivery.
-    async fn attempt(&mut self, ctx: &Arc<JobContext>, batch: &MiniBatch, attempt: u32) -> Verdict {
+    /// One `run()` attempt of a mini-batch, and what becomes of the delivery. `prepared` is
+    /// a mini-batch taken ahead: its staged inputs, and whether the runner already has it.
+    async fn attempt(
+        &mut self,
+        ctx: &Arc<JobContext>,
+        batch: &MiniBatch,
+        attempt: u32,
+        prepared: Option<(Staged, bool)>,
+        consumer: &mut Box<dyn Consumer>,
+    ) -> Verdict {
         let node = self.config().node_id.clone();
-        let mut staged = match self.stage(ctx, batch).await {
-            Ok(s) => s,
-            Err(e) => {
-                warn!(job = %ctx.id, mini_batch = batch.index, error = %e, "Staging inputs failed.");
-                return self
-                    .failed_attempt(ctx, batch, attempt, &format!("staging inputs failed: {e}"))
-                    .await;
-            }
+        let (mut staged, sent) = match prepared {
+            Some(prepared) => prepared,
+            None => match self.stage(ctx, batch).await {
+                Ok(s) => (s, false),
+                Err(e) => {
+                    warn!(job = %ctx.id, mini_batch = batch.index, error = %e, "Staging inputs failed.");
+                    return self
+                        .failed_attempt(ctx, batch, attempt, &format!("staging inputs failed: {e}"))
+                        .await;
+                }
+            },
         };
-        let active = self.runner.as_mut().expect("ensure_runner made one");
-        let process = active.name.clone();
         let timeout = Duration::from_secs(ctx.spec.run_invocation_timeout);
         let start_wall = logs::now();
         let started = Instant::now();
-        let paths = std::mem::take(&mut staged.paths);
+        let active = self.runner.as_mut().expect("ensure_runner made one");
+        let process = active.name.clone();
+        let submitted = sent
+            || active
+                .process
+                .submit(batch.index, std::mem::take(&mut staged.paths))
+                .await
+                .is_ok();
+        if submitted {
+            self.look_ahead(ctx, consumer).await;
+        }
+        let active = self.runner.as_mut().expect("still this slot's runner");
         let outcome = tokio::select! {
             biased;
             _ = ctx.stop.cancelled() => {
@@ -391,7 +490,8 @@ impl Slot {
                 staged.clean().await;
                 return Verdict::Drop;
             }
-            o = active.process.run(batch.index, paths, timeout) => o,
+            // A failed submit means a dead runner: its outcome says so at once.
+            o = active.process.outcome(timeout.saturating_sub(started.elapsed())) => o,
         };
         let elapsed = started.elapsed().as_secs_f64();
         staged.clean().await;
@@ -478,8 +578,15 @@ impl Slot {
                     .await
             }
             lost @ (RunOutcome::TimedOut | RunOutcome::Died(_)) => {
-                // The runner is gone (killed at the timeout, or dead): the slot starts another.
+                // The runner is gone (killed at the timeout, or dead): the slot starts another,
+                // and sends it again what it had taken ahead.
                 self.runner = None;
+                if let Some(Ahead {
+                    ready: Some(ready), ..
+                }) = &mut self.ahead
+                {
+                    ready.sent = false;
+                }
                 let (result, main_line, cause) = match lost {
                     RunOutcome::Died(status) => {
                         let code = returncode(&status);
@@ -740,36 +847,91 @@ impl Slot {
         );
     }
 
+    /// Takes the next delivery if one is already in hand, and when it is for the job the
+    /// runner runs, stages its inputs and sends it: the runner starts it as soon as it has
+    /// returned the one it runs now.
+    async fn look_ahead(&mut self, ctx: &Arc<JobContext>, consumer: &mut Box<dyn Consumer>) {
+        if self.ahead.is_some() || self.drain.is_cancelled() {
+            return;
+        }
+        let Some(Ok(delivery)) = consumer.next().now_or_never() else {
+            return;
+        };
+        let ready = match MiniBatch::decode(&delivery.body) {
+            Ok(batch)
+                if batch.job == ctx.id
+                    && delivery.attempt <= ctx.spec.run_max_try
+                    && !ctx.stop.is_cancelled()
+                    && !ctx.gave_up.load(Ordering::Relaxed) =>
+            {
+                match self.stage(ctx, &batch).await {
+                    Ok(staged) => {
+                        let active = self.runner.as_mut().expect("running the job");
+                        let sent = active
+                            .process
+                            .submit(batch.index, staged.paths.clone())
+                            .await
+                            .is_ok();
+                        Some(Ready {
+                            ctx: ctx.clone(),
+                            batch,
+                            staged,
+                            sent,
+                        })
+                    }
+                    // Staged again, and the failure handled, when its turn comes.
+                    Err(_) => None,
+                }
+            }
+            _ => None,
+        };
+        self.ahead = Some(Ahead { delivery, ready });
+    }
+
     /// Local paths for the mini-batch's items: the files themselves when the input is a local
-    /// folder, else copies in this slot's staging folder.
-    async fn stage(&self, ctx: &JobContext, batch: &MiniBatch) -> Result<Staged, String> {
-        let mut paths = Vec::with_capacity(batch.items.len());
-        let mut folder = None;
+    /// folder, else copies in a staging folder of their own.
+    async fn stage(&mut self, ctx: &JobContext, batch: &MiniBatch) -> Result<Staged, String> {
+        self.stagings += 1;
+        let folder = self
+            .config()
+            .staging_dir
+            .join(format!("{}-slot{}-{}", ctx.id, self.index, self.stagings));
+        let mut staged = Staged {
+            paths: Vec::with_capacity(batch.items.len()),
+            folder: None,
+        };
         for key in &batch.items {
             if let Some(path) = ctx.input.local_path(key) {
-                paths.push(path.display().to_string());
+                staged.paths.push(path.display().to_string());
                 continue;
             }
-            let dir = folder.get_or_insert_with(|| {
-                self.config()
-                    .staging_dir
-                    .join(format!("{}-slot{}", ctx.id, self.index))
-            });
-            fleetrun_common::storage::check_key(key).map_err(|e| e.to_string())?;
-            let body = ctx.input.get(key).await.map_err(|e| e.to_string())?;
-            let path = dir.join(key);
-            if let Some(parent) = path.parent() {
-                tokio::fs::create_dir_all(parent)
-                    .await
-                    .map_err(|e| e.to_string())?;
+            staged.folder = Some(folder.clone());
+            match stage_one(&*ctx.input, key, &folder).await {
+                Ok(path) => staged.paths.push(path.display().to_string()),
+                Err(e) => {
+                    staged.clean().await;
+                    return Err(e);
+                }
             }
-            tokio::fs::write(&path, &body)
-                .await
-                .map_err(|e| e.to_string())?;
-            paths.push(path.display().to_string());
         }
-        Ok(Staged { paths, folder })
+        Ok(staged)
     }
+}
+
+/// Copies the object `key` into `folder`, at the same relative path.
+async fn stage_one(input: &dyn Storage, key: &str, folder: &Path) -> Result<PathBuf, String> {
+    fleetrun_common::storage::check_key(key).map_err(|e| e.to_string())?;
+    let body = input.get(key).await.map_err(|e| e.to_string())?;
+    let path = folder.join(key);
+    if let Some(parent) = path.parent() {
+        tokio::fs::create_dir_all(parent)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    tokio::fs::write(&path, &body)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(path)
 }
 
 async fn settle(slot: usize, delivery: Delivery, disposition: Disposition) {

@@ -400,7 +400,7 @@ pub async fn serve(
         jobs.clone(),
         drain.clone(),
     ));
-    let finisher = {
+    let mut finisher = {
         let (fleet, jobs, node) = (fleet.clone(), jobs.clone(), config.node_id.clone());
         tokio::spawn(async move {
             while let Some(event) = event_rx.recv().await {
@@ -410,7 +410,12 @@ pub async fn serve(
     };
     let _ = agent.await;
     recorder.abort();
-    finisher.abort();
+    // The agent is gone, and with it the events' sender: the finisher ends once it has
+    // finalized a job this node saw complete (nobody else would), unless told to stop now.
+    tokio::select! {
+        _ = &mut finisher => {}
+        _ = abort.cancelled() => finisher.abort(),
+    }
     for ctx in jobs.all() {
         ctx.logs.flush();
         upload_logs(&ctx, &config.node_id).await;

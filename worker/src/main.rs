@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use fleetrun_worker::agent;
 use fleetrun_worker::fleet::{self, Fleet, FleetArgs, WorkerConfig};
 use fleetrun_worker::process::find_runner_exe;
 use tokio::signal::unix::{SignalKind, signal};
@@ -27,9 +28,10 @@ struct Cli {
     /// This node's id in logs (default: the host name).
     #[arg(long, env = "FLEETRUN_NODE_ID")]
     node_id: Option<String>,
-    /// Unacknowledged mini-batches each runner slot may hold: one running, one being
-    /// finished (part written, recorded) while the runner already has the next.
-    #[arg(long, env = "FLEETRUN_PREFETCH", default_value_t = 2)]
+    /// Unacknowledged mini-batches each runner slot may hold: one running, the next one
+    /// already waiting in the runner's channel, and one being finished (part written,
+    /// recorded) meanwhile.
+    #[arg(long, env = "FLEETRUN_PREFETCH", default_value_t = agent::DEFAULT_PREFETCH)]
     prefetch: u16,
     /// Where code, staged inputs and logs are kept (default: a folder under the temp dir).
     #[arg(long, env = "FLEETRUN_CACHE_DIR")]

@@ -179,20 +179,17 @@ impl RunnerProcess {
         self.pid
     }
 
-    /// Runs one mini-batch. After `TimedOut` or `Died` the process is gone: drop this value.
-    pub async fn run(
-        &mut self,
-        mini_batch: u64,
-        items: Vec<String>,
-        timeout: Duration,
-    ) -> RunOutcome {
-        if self
-            .send(&Request::Run { mini_batch, items })
-            .await
-            .is_err()
-        {
-            return RunOutcome::Died(self.reap().await);
-        }
+    /// Sends a mini-batch. The runner reads requests in order: one sent while it runs
+    /// another waits in the channel and starts the moment the one before returns. Every
+    /// mini-batch sent must have its [`RunnerProcess::outcome`] taken, in order, or the
+    /// process be killed.
+    pub async fn submit(&mut self, mini_batch: u64, items: Vec<String>) -> std::io::Result<()> {
+        self.send(&Request::Run { mini_batch, items }).await
+    }
+
+    /// How the oldest mini-batch sent and not yet answered ended, waiting at most `timeout`.
+    /// After `TimedOut` or `Died` the process is gone: drop this value.
+    pub async fn outcome(&mut self, timeout: Duration) -> RunOutcome {
         match tokio::time::timeout(timeout, self.receive()).await {
             Err(_) => {
                 self.kill().await;
