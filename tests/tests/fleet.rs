@@ -207,6 +207,16 @@ impl Drop for Fleet {
     }
 }
 
+/// How `child` exited, failing the test if it runs longer than `limit`.
+fn exit_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let mut exit = None;
+    wait_for("a process to exit", limit, || {
+        exit = child.try_wait().unwrap();
+        exit.is_some()
+    });
+    exit.unwrap()
+}
+
 fn lines(bytes: &[u8]) -> Vec<String> {
     String::from_utf8_lossy(bytes)
         .lines()
@@ -506,18 +516,110 @@ fn a_draining_worker_finalizes_the_job_it_completes() {
     // SAFETY: kill(2) with SIGTERM on our own child.
     assert_eq!(unsafe { libc::kill(worker.id() as i32, libc::SIGTERM) }, 0);
     assert_eq!(worker.wait().unwrap().code(), Some(0));
-    let mut exit = None;
-    wait_for(
-        "submit --wait to see the job end",
-        Duration::from_secs(30),
-        || {
-            exit = submit.try_wait().unwrap();
-            exit.is_some()
-        },
+    assert_eq!(
+        exit_within(&mut submit, Duration::from_secs(30)).code(),
+        Some(0)
     );
-    assert_eq!(exit.unwrap().code(), Some(0));
     assert_eq!(
         lines(&fleet.output("out/parallel_run_step.txt")),
         expected_lines(40, |_| false)
+    );
+}
+
+/// The names of the RabbitMQ connections of this test's pool, as the management API lists
+/// them (every fleetrun connection is named `fleetrun <pool> pid <pid>`).
+fn pool_connections(fleet: &Fleet) -> Vec<(String, String)> {
+    let prefix = format!("fleetrun {} ", fleet.pool);
+    let url = format!("{}/api/connections", management_url());
+    let listed: serde_json::Value = fleet.runtime.block_on(async {
+        reqwest::get(&url)
+            .await
+            .unwrap()
+            .error_for_status()
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    });
+    listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| {
+            let client = c["client_properties"]["connection_name"].as_str()?;
+            client
+                .starts_with(&prefix)
+                .then(|| (c["name"].as_str().unwrap().to_owned(), client.to_owned()))
+        })
+        .collect()
+}
+
+/// Both workers' connections are closed by the broker in the middle of the job: they
+/// reconnect, the job completes, and every line is there exactly once.
+#[test]
+fn dropped_broker_connections_lose_and_duplicate_nothing() {
+    let markers = tempfile::tempdir().unwrap();
+    let runs = markers.path().join("runs");
+    let script = format!(
+        "import os, time\nRUNS = {:?}\ndef run(mini_batch):\n    with open(RUNS, 'a') as f:\n        f.write('run\\n')\n    time.sleep(0.2)\n    return [open(p).read() for p in mini_batch]\n",
+        runs.display().to_string()
+    );
+    let mut fleet = Fleet::new(&script);
+    fleet.inputs(200);
+    fleet.worker("w1", 1);
+    fleet.worker("w2", 1);
+    // The management API lists a connection a few seconds after it opens.
+    let mut workers = Vec::new();
+    wait_for(
+        "the workers' connections to be listed",
+        Duration::from_secs(30),
+        || {
+            workers = pool_connections(&fleet);
+            workers.len() >= 2
+        },
+    );
+    let job = fleet.s3_job("mini_batch_size = 5\nrun_max_try = 3");
+    let mut submit = fleet.spawn_submit(&job);
+    let started = || std::fs::read_to_string(&runs).map_or(0, |s| s.lines().count());
+    wait_for("a few mini-batches to run", Duration::from_secs(60), || {
+        started() >= 6
+    });
+    fleet.runtime.block_on(async {
+        for (name, _) in &workers {
+            let mut url = reqwest::Url::parse(&management_url()).unwrap();
+            url.path_segments_mut()
+                .unwrap()
+                .extend(["api", "connections", name]);
+            let (user, password) = (url.username().to_owned(), url.password().map(str::to_owned));
+            url.set_username("").unwrap();
+            url.set_password(None).unwrap();
+            let closed = reqwest::Client::new()
+                .delete(url)
+                .basic_auth(user, password)
+                .send()
+                .await
+                .unwrap();
+            assert!(closed.status().is_success(), "closing {name}: {closed:?}");
+        }
+    });
+    assert!(started() < 40, "the connections were closed mid-job");
+    assert_eq!(
+        exit_within(&mut submit, Duration::from_secs(60)).code(),
+        Some(0)
+    );
+    assert_eq!(
+        lines(&fleet.output("out/parallel_run_step.txt")),
+        expected_lines(200, |_| false)
+    );
+    // Both workers came back as new connections under their names.
+    wait_for(
+        "the workers to be listed again",
+        Duration::from_secs(30),
+        || {
+            let now = pool_connections(&fleet);
+            workers
+                .iter()
+                .all(|(old, client)| now.iter().any(|(name, c)| c == client && name != old))
+        },
     );
 }
