@@ -378,7 +378,12 @@ async fn finalize(
         .transition(job, &[JobState::Finalizing], JobState::Completed, None)
         .await
     {
-        Ok((_, status)) => status.state,
+        Ok((_, status)) => {
+            if let Err(e) = parts.clear().await {
+                master(&format!("Could not remove the parts: {e}"));
+            }
+            status.state
+        }
         Err(_) => JobState::Failed,
     }
 }

@@ -623,3 +623,81 @@ fn dropped_broker_connections_lose_and_duplicate_nothing() {
         },
     );
 }
+
+/// The worker finalizing a job is SIGKILLed while it joins the parts: another worker that
+/// served the job takes the finalization over once the dead one's claim runs out, and the
+/// output has every line once.
+#[test]
+fn a_finalizer_killed_mid_join_is_replaced() {
+    let mut fleet = Fleet::new(ECHO);
+    fleet.inputs(300);
+    fleet.worker("f1", 1);
+    fleet.worker("f2", 1);
+    // One part per input: joining them takes a while.
+    let job = fleet.s3_job("mini_batch_size = 1");
+    let mut cmd = Command::new(bin("fleetrun"));
+    fleet.env(&mut cmd);
+    let mut submit = cmd
+        .args(["submit", "--quiet", "--wait"])
+        .arg(&job)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kept open until submit exits: it prints again when the job ends.
+    let mut printed = std::io::BufReader::new(submit.stdout.take().unwrap());
+    let mut id = String::new();
+    std::io::BufRead::read_line(&mut printed, &mut id).unwrap();
+    let key = format!("fleetrun:job:{{{}}}:state", id.trim());
+    let mut redis = redis::Client::open(services::redis_url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut field = |name: &str| -> Option<String> {
+        redis::cmd("HGET")
+            .arg(&key)
+            .arg(name)
+            .query(&mut redis)
+            .unwrap()
+    };
+    let mut owner = None;
+    wait_for(
+        "a worker to claim the finalization",
+        Duration::from_secs(60),
+        || {
+            owner = field("finalizer");
+            owner.is_some()
+        },
+    );
+    let owner = owner.unwrap();
+    // A claim is "<pid>-<random>": kill the worker whose pid it is.
+    let pid: u32 = owner.split('-').next().unwrap().parse().unwrap();
+    let finalizer = fleet
+        .workers
+        .iter()
+        .position(|(_, child)| child.id() == pid)
+        .expect("the claim names a worker");
+    let (_, child) = &mut fleet.workers[finalizer];
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(
+        field("state").as_deref(),
+        Some("Finalizing"),
+        "killed before it finished"
+    );
+    assert_eq!(
+        exit_within(&mut submit, Duration::from_secs(60)).code(),
+        Some(0)
+    );
+    drop(printed);
+    let survivor = fleet.workers[1 - finalizer].1.id();
+    assert!(
+        field("finalizer")
+            .unwrap()
+            .starts_with(&format!("{survivor}-")),
+        "the other worker finalized"
+    );
+    assert_eq!(
+        lines(&fleet.output("out/parallel_run_step.txt")),
+        expected_lines(300, |_| false)
+    );
+}

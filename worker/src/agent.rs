@@ -68,6 +68,10 @@ pub struct JobContext {
     pub logs: Arc<JobLogs>,
     /// Cancelled once the job stops accepting work; running attempts are killed.
     pub stop: CancellationToken,
+    /// Who this node is when it claims the job's finalization (unique per node and job).
+    pub finalizer: String,
+    /// This node is finalizing the job.
+    pub finalizing: AtomicBool,
     init_failures: AtomicU32,
     gave_up: AtomicBool,
     last_check: std::sync::Mutex<Instant>,
@@ -90,6 +94,8 @@ impl JobContext {
             parts,
             logs,
             stop: CancellationToken::new(),
+            finalizer: format!("{}-{:016x}", std::process::id(), rand::random::<u64>()),
+            finalizing: AtomicBool::new(false),
             init_failures: AtomicU32::new(0),
             gave_up: AtomicBool::new(false),
             last_check: std::sync::Mutex::new(Instant::now()),

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -44,6 +45,9 @@ pub const POOL_DELIVERY_LIMIT: u32 = 101;
 pub const CODE_PREFIX: &str = "_fleetrun/code";
 /// How often a worker re-reads the state of each job it serves.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
+/// How long a finalization claim lasts unless renewed (every third of it): a worker that
+/// dies while finalizing is replaced, this long after, by another that served the job.
+const FINALIZE_LEASE: Duration = Duration::from_secs(10);
 
 /// Where the fleet's services are. Flags win over the environment, which wins over the
 /// config file (`$FLEETRUN_CONFIG`, else `~/.config/fleetrun/fleet.toml`).
@@ -452,11 +456,16 @@ async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, event: AgentE
     }
 }
 
-/// Concludes a job whose state a recording just moved (the caller saw `transitioned`):
-/// finalizes it if every mini-batch is done, then writes `logs/job_result.txt`.
+/// Concludes a job whose state a recording just moved (the caller saw `transitioned`), or
+/// one found Finalizing: finalizes it if every mini-batch is done and this node can claim
+/// the finalization, then writes `logs/job_result.txt`. Returns `Finalizing` when another
+/// node holds the claim (and writes nothing).
 pub async fn conclude(ledger: &dyn Ledger, ctx: &JobContext, status: Status) -> JobState {
     let state = if status.state == JobState::Finalizing {
-        finalize_job(ledger, ctx).await
+        match finalize_claimed(ledger, ctx).await {
+            Some(state) => state,
+            None => return JobState::Finalizing,
+        }
     } else {
         status.state
     };
@@ -471,8 +480,37 @@ pub async fn conclude(ledger: &dyn Ledger, ctx: &JobContext, status: Status) -> 
     state
 }
 
-/// Joins the parts and completes the job; owned by the one recording that finished it.
-pub async fn finalize_job(ledger: &dyn Ledger, ctx: &JobContext) -> JobState {
+/// Finalizes the job if this node can claim it, renewing the claim while it works; `None`
+/// if another node holds it (or this node is at it already).
+async fn finalize_claimed(ledger: &dyn Ledger, ctx: &JobContext) -> Option<JobState> {
+    if ctx.finalizing.swap(true, Ordering::Relaxed) {
+        return None;
+    }
+    let claim = || ledger.claim_finalization(&ctx.id, &ctx.finalizer, FINALIZE_LEASE);
+    let state = if claim().await.unwrap_or(false) {
+        let finalize = finalize_job(ledger, ctx);
+        tokio::pin!(finalize);
+        Some(loop {
+            tokio::select! {
+                state = &mut finalize => break state,
+                _ = tokio::time::sleep(FINALIZE_LEASE / 3) => {
+                    if let Err(e) = claim().await {
+                        warn!(job = %ctx.id, error = %e, "Cannot renew the finalization claim.");
+                    }
+                }
+            }
+        })
+    } else {
+        None
+    };
+    ctx.finalizing.store(false, Ordering::Relaxed);
+    state
+}
+
+/// Joins the parts and completes the job; for the holder of the finalization claim. The
+/// parts are removed only once the job is Completed, so a finalizer that took over from a
+/// stalled one never finds them gone.
+async fn finalize_job(ledger: &dyn Ledger, ctx: &JobContext) -> JobState {
     let total = ledger
         .status(&ctx.id)
         .await
@@ -491,6 +529,14 @@ pub async fn finalize_job(ledger: &dyn Ledger, ctx: &JobContext) -> JobState {
         )
         .await
     {
+        // Only the holder fails the job: a claim lost to another finalizer leaves it be.
+        let holds = ledger
+            .claim_finalization(&ctx.id, &ctx.finalizer, FINALIZE_LEASE)
+            .await
+            .unwrap_or(false);
+        if !holds {
+            return JobState::Finalizing;
+        }
         let reason = format!("writing the output file failed: {e}");
         return match ledger
             .transition(
@@ -509,7 +555,12 @@ pub async fn finalize_job(ledger: &dyn Ledger, ctx: &JobContext) -> JobState {
         .transition(&ctx.id, &[JobState::Finalizing], JobState::Completed, None)
         .await
     {
-        Ok((_, s)) => s.state,
+        Ok((moved, s)) => {
+            if moved && let Err(e) = ctx.parts.clear().await {
+                warn!(job = %ctx.id, error = %e, "Cannot remove the job's parts.");
+            }
+            s.state
+        }
         Err(_) => JobState::Failed,
     }
 }
@@ -716,6 +767,11 @@ async fn watch_job(
         }
         ctx.logs.flush();
         match ledger.status(&ctx.id).await {
+            Ok(Some(status)) if status.state == JobState::Finalizing => {
+                // Whoever finalizes it may have died: take over once its claim runs out.
+                ctx.stop.cancel();
+                conclude(&*ledger, &ctx, status).await;
+            }
             Ok(Some(status)) if !status.state.accepts_work() => {
                 ctx.stop.cancel();
                 if status.state.is_terminal() {

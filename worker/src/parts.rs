@@ -44,7 +44,8 @@ pub trait Parts: Send + Sync {
 }
 
 /// Writes the parts the ledger recorded for mini-batches `0..total`, in order, into
-/// `file_name` of `output`, then removes the job's parts. Returns the output's size.
+/// `file_name` of `output`. Returns the output's size. The parts stay until the caller
+/// clears them, once the job is Completed: another finalizer may still be reading them.
 pub async fn join_parts(
     parts: &dyn Parts,
     ledger: &dyn Ledger,
@@ -69,9 +70,7 @@ pub async fn join_parts(
         }
         start = end;
     }
-    let size = writer.finish().await.map_err(|e| e.to_string())?;
-    parts.clear().await?;
-    Ok(size)
+    writer.finish().await.map_err(|e| e.to_string())
 }
 
 /// The parts a job's writer on this node keeps: segments in the output's `_parts/<job>/`
@@ -319,6 +318,7 @@ mod tests {
         let size = join_parts(a, &ledger, "j", 4, &out, "out.txt")
             .await
             .unwrap();
+        a.clear().await.unwrap();
         let joined = std::fs::read_to_string(out_dir.path().join("out.txt")).unwrap();
         assert_eq!(size, joined.len() as u64);
         joined

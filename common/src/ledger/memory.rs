@@ -3,6 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
@@ -18,6 +19,8 @@ struct Job {
     status: Status,
     done: HashSet<u64>,
     parts: HashMap<u64, String>,
+    /// Who finalizes the job, and until when.
+    finalizer: Option<(String, Instant)>,
 }
 
 impl MemoryLedger {
@@ -72,6 +75,7 @@ impl Ledger for MemoryLedger {
                 status: Status::new(),
                 done: HashSet::new(),
                 parts: HashMap::new(),
+                finalizer: None,
             },
         );
         Ok(())
@@ -145,6 +149,28 @@ impl Ledger for MemoryLedger {
                 }
             }
             (moved, j.status.clone())
+        })
+    }
+
+    async fn claim_finalization(
+        &self,
+        job: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool, LedgerError> {
+        self.with_job(job, |j| {
+            if j.status.state != JobState::Finalizing {
+                return false;
+            }
+            let now = Instant::now();
+            if let Some((holder, until)) = &j.finalizer
+                && holder != owner
+                && *until > now
+            {
+                return false;
+            }
+            j.finalizer = Some((owner.to_owned(), now + lease));
+            true
         })
     }
 

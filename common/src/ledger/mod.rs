@@ -235,4 +235,13 @@ pub trait Ledger: Send + Sync {
     ) -> Result<(bool, Status), LedgerError>;
     /// The job's status, or `None` if the ledger does not know the job.
     async fn status(&self, job: &str) -> Result<Option<Status>, LedgerError>;
+    /// Claims, or renews, the finalization of a Finalizing job for `owner` until `lease`
+    /// from now. True if `owner` holds it. Another owner's claim stands until its lease runs
+    /// out: a finalizer that keeps renewing keeps it, and one that died is replaced.
+    async fn claim_finalization(
+        &self,
+        job: &str,
+        owner: &str,
+        lease: std::time::Duration,
+    ) -> Result<bool, LedgerError>;
 }

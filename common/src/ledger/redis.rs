@@ -10,7 +10,8 @@
 //!   until sealed), `done`, `items_succeeded`, `items_failed`, `batches_failed`, `reason`
 //!   (a reason given to [`Ledger::transition`]), the limits (`error_threshold`,
 //!   `allowed_failed_count` with -1 for none, `allowed_failed_percent`), `created_at` (server
-//!   time, Unix seconds), and the bookkeeping fields described below.
+//!   time, Unix seconds), `finalizer` and `finalizer_until` (who finalizes the job, and
+//!   until when, in server milliseconds), and the bookkeeping fields described below.
 //! - `<prefix>:job:{<job>}:done`, a HASH from each recorded mini-batch index to the id of the
 //!   call that recorded it first.
 //! - `<prefix>:job:{<job>}:parts`, a HASH from each recorded mini-batch index to where its
@@ -190,6 +191,20 @@ end
 return {moved_by(KEYS[1], ARGV[1]), redis.call('HGETALL', KEYS[1])}
 "#;
 
+/// KEYS: state. ARGV: owner, lease (ms). Returns nil for an unknown job, else 1 if `owner`
+/// now holds the finalization (claimed or renewed), 0 if the job is not Finalizing or
+/// another owner's lease has not run out. Times are the server's.
+const CLAIM_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+if redis.call('HGET', KEYS[1], 'state') ~= FINALIZING then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local f = redis.call('HMGET', KEYS[1], 'finalizer', 'finalizer_until')
+if f[1] and f[1] ~= ARGV[1] and tonumber(f[2]) > now then return 0 end
+redis.call('HSET', KEYS[1], 'finalizer', ARGV[1], 'finalizer_until', now + tonumber(ARGV[2]))
+return 1
+"#;
+
 fn script(body: &str) -> Script {
     Script::new(&format!("{}{SETTLE_LUA}{body}", prelude()))
 }
@@ -198,6 +213,7 @@ static CREATE: LazyLock<Script> = LazyLock::new(|| script(CREATE_LUA));
 static SEAL: LazyLock<Script> = LazyLock::new(|| script(SEAL_LUA));
 static RECORD: LazyLock<Script> = LazyLock::new(|| script(RECORD_LUA));
 static TRANSITION: LazyLock<Script> = LazyLock::new(|| script(TRANSITION_LUA));
+static CLAIM: LazyLock<Script> = LazyLock::new(|| script(CLAIM_LUA));
 
 /// What seal and record return: first (0/1), moved (0/1), the state hash.
 type StepReply = (i64, i64, HashMap<String, String>);
@@ -432,6 +448,35 @@ impl Ledger for RedisLedger {
             debug!(job = %job, state = %status.state, "Job moved.");
         }
         Ok((moved == 1, status))
+    }
+
+    async fn claim_finalization(
+        &self,
+        job: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool, LedgerError> {
+        let keys = self.keys(job);
+        let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        // Idempotent: a retry by the same owner renews its own claim.
+        let held: Option<i64> = self
+            .retrying("claim", job, || {
+                let mut conn = self.conn.clone();
+                let key = &keys.state;
+                async move {
+                    CLAIM
+                        .key(key)
+                        .arg(owner)
+                        .arg(lease_ms)
+                        .invoke_async(&mut conn)
+                        .await
+                }
+            })
+            .await?;
+        match held {
+            Some(held) => Ok(held == 1),
+            None => Err(LedgerError::UnknownJob(job.to_owned())),
+        }
     }
 
     async fn status(&self, job: &str) -> Result<Option<Status>, LedgerError> {

@@ -16,7 +16,7 @@ macro_rules! ledger_conformance {
             error_threshold_fails_once_exceeded, minus_one_ignores_failures,
             failed_batch_count_and_percent, transition_only_from_allowed_states,
             concurrent_records_count_once, unknown_job_is_an_error,
-            parts_are_the_first_recordings);
+            parts_are_the_first_recordings, finalization_is_claimed_by_one_until_its_lease_ends);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -357,4 +357,44 @@ where
         [Some("0000000003.n1".to_owned())]
     );
     assert!(l.parts(&j, 2..2).await.unwrap().is_empty());
+}
+
+pub async fn finalization_is_claimed_by_one_until_its_lease_ends<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    use std::time::Duration;
+    let l = make().await;
+    let j = job();
+    l.create(&j, Limits::NONE).await.unwrap();
+    let long = Duration::from_secs(60);
+    assert!(
+        !l.claim_finalization(&j, "a", long).await.unwrap(),
+        "only a Finalizing job is claimed"
+    );
+    l.seal(&j, 1).await.unwrap();
+    l.record(&j, 0, OK, None).await.unwrap();
+    assert!(l.claim_finalization(&j, "a", long).await.unwrap());
+    assert!(!l.claim_finalization(&j, "b", long).await.unwrap());
+    assert!(
+        l.claim_finalization(&j, "a", Duration::from_millis(1))
+            .await
+            .unwrap(),
+        "the holder renews"
+    );
+    // "a" stopped renewing; its lease runs out and "b" takes over.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !l.claim_finalization(&j, "b", long).await.unwrap() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lease never ran out"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!l.claim_finalization(&j, "a", long).await.unwrap());
+    l.transition(&j, &[JobState::Finalizing], JobState::Completed, None)
+        .await
+        .unwrap();
+    assert!(!l.claim_finalization(&j, "b", long).await.unwrap());
 }
