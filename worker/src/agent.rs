@@ -2,10 +2,10 @@
 //!
 //! Each slot is a loop: take a delivery, decide what becomes of it, settle it. The order of
 //! effects makes a mini-batch's output exactly-once even though delivery is at-least-once:
-//! write the output part (a deterministic key, overwritten by a re-run), then record the
-//! outcome in the ledger (idempotent), then acknowledge. A worker killed between any two
-//! steps leaves the message unacknowledged; its re-run rewrites the same part and its second
-//! recording changes nothing.
+//! store the output part, then record the outcome with the part's reference in the ledger
+//! (the first recording wins, reference included), then acknowledge. A worker killed between
+//! any two steps leaves the message unacknowledged; its re-run stores another part, which
+//! the ledger never names, and its second recording changes nothing.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -201,17 +201,15 @@ struct Slot {
 /// next one waiting in its channel instead of waiting for a round trip through the agent.
 struct Ahead {
     delivery: Delivery,
-    /// Set when it is the runner's job's and its inputs are staged; otherwise it goes the
-    /// usual way when its turn comes.
-    ready: Option<Ready>,
+    /// Set when it was sent to this slot's runner (its job's, inputs staged); otherwise, or
+    /// once that runner is lost, it goes the usual way when its turn comes.
+    sent: Option<Sent>,
 }
 
-struct Ready {
+struct Sent {
     ctx: Arc<JobContext>,
     batch: MiniBatch,
     staged: Staged,
-    /// Its request is in the runner's channel (false again if that runner is lost first).
-    sent: bool,
 }
 
 /// What to do with a delivery, decided once.
@@ -342,32 +340,21 @@ impl Slot {
         self.conclude(delivery, verdict).await;
     }
 
-    /// Handles a delivery taken ahead: one ready is run (or is already running) on this
-    /// slot's runner; any other goes the usual way.
+    /// Handles a delivery taken ahead: one sent to the runner is already running there; any
+    /// other goes the usual way.
     async fn handle_ahead(&mut self, ahead: Ahead, consumer: &mut Box<dyn Consumer>) {
-        let Some(ready) = ahead.ready else {
+        let Some(Sent { ctx, batch, staged }) = ahead.sent else {
             return self.handle(ahead.delivery, consumer).await;
         };
         while self.finishing.try_join_next().is_some() {}
-        let Ready {
-            ctx,
-            batch,
-            staged,
-            sent,
-        } = ready;
         let verdict = if ctx.stop.is_cancelled() {
-            if sent {
-                // Its reply must never be taken for another mini-batch's.
-                self.kill_runner().await;
-            }
+            // Its reply must never be taken for another mini-batch's.
+            self.kill_runner().await;
             staged.clean().await;
             Verdict::Drop
-        } else if !sent && !self.ensure_runner(&ctx).await {
-            staged.clean().await;
-            Verdict::Settle(Disposition::Requeue)
         } else {
             let attempt = ahead.delivery.attempt;
-            self.attempt(&ctx, &batch, attempt, Some((staged, sent)), consumer)
+            self.attempt(&ctx, &batch, attempt, Some(staged), consumer)
                 .await
         };
         self.conclude(ahead.delivery, verdict).await;
@@ -451,19 +438,19 @@ impl Slot {
         true
     }
 
-    /// One `run()` attempt of a mini-batch, and what becomes of the delivery. `prepared` is
-    /// a mini-batch taken ahead: its staged inputs, and whether the runner already has it.
+    /// One `run()` attempt of a mini-batch, and what becomes of the delivery. `sent` holds
+    /// the staged inputs of a mini-batch the runner already has (it was taken ahead).
     async fn attempt(
         &mut self,
         ctx: &Arc<JobContext>,
         batch: &MiniBatch,
         attempt: u32,
-        prepared: Option<(Staged, bool)>,
+        sent: Option<Staged>,
         consumer: &mut Box<dyn Consumer>,
     ) -> Verdict {
         let node = self.config().node_id.clone();
-        let (mut staged, sent) = match prepared {
-            Some(prepared) => prepared,
+        let (mut staged, sent) = match sent {
+            Some(staged) => (staged, true),
             None => match self.stage(ctx, batch).await {
                 Ok(s) => (s, false),
                 Err(e) => {
@@ -585,13 +572,10 @@ impl Slot {
             }
             lost @ (RunOutcome::TimedOut | RunOutcome::Died(_)) => {
                 // The runner is gone (killed at the timeout, or dead): the slot starts another,
-                // and sends it again what it had taken ahead.
+                // and what it had sent ahead goes the usual way again.
                 self.runner = None;
-                if let Some(Ahead {
-                    ready: Some(ready), ..
-                }) = &mut self.ahead
-                {
-                    ready.sent = false;
+                if let Some(sent) = self.ahead.as_mut().and_then(|a| a.sent.take()) {
+                    sent.staged.clean().await;
                 }
                 let (result, main_line, cause) = match lost {
                     RunOutcome::Died(status) => {
@@ -863,45 +847,40 @@ impl Slot {
         let Some(Ok(delivery)) = consumer.next().now_or_never() else {
             return;
         };
-        let ready = match MiniBatch::decode(&delivery.body) {
+        let sent = match MiniBatch::decode(&delivery.body) {
             Ok(batch)
                 if batch.job == ctx.id
                     && delivery.attempt <= ctx.spec.run_max_try
                     && !ctx.stop.is_cancelled()
                     && !ctx.gave_up.load(Ordering::Relaxed) =>
             {
+                // A staging failure is met again, and handled, when its turn comes.
                 match self.stage(ctx, &batch).await {
-                    Ok(staged) => {
+                    Ok(mut staged) => {
                         let active = self.runner.as_mut().expect("running the job");
-                        let sent = active
-                            .process
-                            .submit(batch.index, staged.paths.clone())
-                            .await
-                            .is_ok();
-                        Some(Ready {
-                            ctx: ctx.clone(),
-                            batch,
-                            staged,
-                            sent,
-                        })
+                        let paths = std::mem::take(&mut staged.paths);
+                        if active.process.submit(batch.index, paths).await.is_ok() {
+                            Some(Sent {
+                                ctx: ctx.clone(),
+                                batch,
+                                staged,
+                            })
+                        } else {
+                            staged.clean().await;
+                            None
+                        }
                     }
-                    // Staged again, and the failure handled, when its turn comes.
                     Err(_) => None,
                 }
             }
             _ => None,
         };
-        self.ahead = Some(Ahead { delivery, ready });
+        self.ahead = Some(Ahead { delivery, sent });
     }
 
     /// Local paths for the mini-batch's items: the files themselves when the input is a local
     /// folder, else copies in a staging folder of their own.
     async fn stage(&mut self, ctx: &JobContext, batch: &MiniBatch) -> Result<Staged, String> {
-        self.stagings += 1;
-        let folder = self
-            .config()
-            .staging_dir
-            .join(format!("{}-slot{}-{}", ctx.id, self.index, self.stagings));
         let mut staged = Staged {
             paths: Vec::with_capacity(batch.items.len()),
             folder: None,
@@ -911,8 +890,15 @@ impl Slot {
                 staged.paths.push(path.display().to_string());
                 continue;
             }
-            staged.folder = Some(folder.clone());
-            match stage_one(&*ctx.input, key, &folder).await {
+            let folder = match &staged.folder {
+                Some(folder) => folder,
+                None => {
+                    self.stagings += 1;
+                    let name = format!("{}-slot{}-{}", ctx.id, self.index, self.stagings);
+                    staged.folder.insert(self.config().staging_dir.join(name))
+                }
+            };
+            match stage_one(&*ctx.input, key, folder).await {
                 Ok(path) => staged.paths.push(path.display().to_string()),
                 Err(e) => {
                     staged.clean().await;
