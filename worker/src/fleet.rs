@@ -463,8 +463,9 @@ async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, event: AgentE
 pub async fn conclude(ledger: &dyn Ledger, ctx: &JobContext, status: Status) -> JobState {
     let state = if status.state == JobState::Finalizing {
         match finalize_claimed(ledger, ctx).await {
+            // Another node holds the claim, or took it over while this one worked.
+            None | Some(JobState::Finalizing) => return JobState::Finalizing,
             Some(state) => state,
-            None => return JobState::Finalizing,
         }
     } else {
         status.state
