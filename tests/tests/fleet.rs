@@ -30,10 +30,17 @@ struct Fleet {
     runtime: tokio::runtime::Runtime,
 }
 
+/// The pool both binaries use when none is named.
+const DEFAULT_POOL: &str = "default";
+
 impl Fleet {
     fn new(script: &str) -> Fleet {
+        Fleet::on_pool(script, format!("t{}", random_suffix()))
+    }
+
+    fn on_pool(script: &str, pool: String) -> Fleet {
         let fleet = Fleet {
-            pool: format!("t{}", random_suffix()),
+            pool,
             bucket: format!("fleet-{}", random_suffix()),
             dir: tempfile::tempdir().unwrap(),
             workers: Vec::new(),
@@ -111,13 +118,18 @@ impl Fleet {
         cmd.env("FLEETRUN_AMQP_URL", services::amqp_url())
             .env("FLEETRUN_AMQP_MANAGEMENT_URL", management_url())
             .env("FLEETRUN_REDIS_URL", services::redis_url())
-            .env("FLEETRUN_POOL", &self.pool)
             .env("AWS_ENDPOINT_URL", services::s3_endpoint())
             .env("AWS_ACCESS_KEY_ID", "test")
             .env("AWS_SECRET_ACCESS_KEY", "test")
             .env("AWS_REGION", "us-east-1")
             .env("FLEETRUN_CONFIG", "/nonexistent")
             .env_remove("VIRTUAL_ENV");
+        // The default pool is the one nobody names.
+        if self.pool == DEFAULT_POOL {
+            cmd.env_remove("FLEETRUN_POOL");
+        } else {
+            cmd.env("FLEETRUN_POOL", &self.pool);
+        }
     }
 
     fn worker(&mut self, node: &str, processes: usize) {
@@ -699,5 +711,51 @@ fn a_finalizer_killed_mid_join_is_replaced() {
     assert_eq!(
         lines(&fleet.output("out/parallel_run_step.txt")),
         expected_lines(300, |_| false)
+    );
+}
+
+/// With no pool named anywhere, the worker and the submitter meet on the same default pool;
+/// `status --watch` follows the job, printing as it goes, and exits once it has ended.
+#[test]
+fn unnamed_pools_meet_on_the_default_and_status_watch_follows_the_job() {
+    let script = "import time\ndef run(mini_batch):\n    time.sleep(0.3)\n    return [open(p).read() for p in mini_batch]\n";
+    let mut fleet = Fleet::on_pool(script, DEFAULT_POOL.to_owned());
+    fleet.inputs(40);
+    fleet.worker("w1", 1);
+    let job = fleet.s3_job("mini_batch_size = 2");
+    let submitted = fleet.submit(&job, &[]);
+    assert_eq!(code(&submitted), 0);
+    let id = String::from_utf8(submitted.stdout).unwrap();
+    let id = id.lines().next().unwrap().trim().to_owned();
+    let mut cmd = Command::new(bin("fleetrun"));
+    fleet.env(&mut cmd);
+    let mut watch = cmd
+        .args(["status", &id, "--watch"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut printed = watch.stdout.take().unwrap();
+    let shown = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut printed, &mut text).unwrap();
+        text
+    });
+    assert_eq!(
+        exit_within(&mut watch, Duration::from_secs(60)).code(),
+        Some(0)
+    );
+    let shown = shown.join().unwrap();
+    let states: Vec<&str> = shown
+        .lines()
+        .filter_map(|l| l.strip_prefix("state:"))
+        .map(str::trim)
+        .collect();
+    assert!(states.len() >= 2, "it printed as the job ran:\n{shown}");
+    assert_eq!(states.first(), Some(&"Running"), "{shown}");
+    assert_eq!(states.last(), Some(&"Completed"), "{shown}");
+    assert!(shown.contains("pool default:"), "{shown}");
+    assert_eq!(
+        lines(&fleet.output("out/parallel_run_step.txt")),
+        expected_lines(40, |_| false)
     );
 }
