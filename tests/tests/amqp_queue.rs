@@ -385,3 +385,88 @@ async fn consumer_survives_losing_its_subscription() {
     drop(c);
     delete_pool(&pool);
 }
+
+/// A full queue refuses a publish (here: an operator's length limit of one, with the
+/// queue's `reject-publish` overflow; a quorum queue without a leader refuses the same
+/// way): the publish is retried, and lands once the queue has room again.
+///
+/// A quorum queue refuses once it is over its limit, and takes publishes again once it is
+/// back under 80% of it: so two messages fill a limit of one, and both must go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_publish_is_retried_until_the_queue_takes_it() {
+    let pool = pool();
+    let q = queue(&pool, QueueOptions::default()).await;
+    let policy = format!("test-full-{pool}");
+    let pattern = format!("^{}$", q.queue_name().replace('.', r"\."));
+    rabbitmqctl(&[
+        "set_policy",
+        "--apply-to",
+        "queues",
+        &policy,
+        &pattern,
+        r#"{"max-length":1}"#,
+    ]);
+    wait_for_policy(q.queue_name(), &policy).await;
+
+    for body in [b"a", b"b"] {
+        q.publish(body.to_vec())
+            .await
+            .expect("not yet over the limit");
+    }
+    let publishing = tokio::spawn({
+        let q = q.clone();
+        async move { q.publish(b"c".to_vec()).await }
+    });
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while q.refused_publishes() == 0 {
+        if publishing.is_finished() {
+            panic!("ended unrefused: {:?}", publishing.await);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never refused");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let mut c = q.consume(1).await.unwrap();
+    for body in [b"a", b"b"] {
+        let d = next(&mut c).await;
+        assert_eq!(&d.body[..], body);
+        assert!(d.settle(Disposition::Ack).await.unwrap());
+    }
+    tokio::time::timeout(PATIENCE, publishing)
+        .await
+        .expect("published once the queue had room")
+        .unwrap()
+        .expect("the retried publish is confirmed");
+    let d = next(&mut c).await;
+    assert_eq!((&d.body[..], d.attempt), (&b"c"[..], 1));
+    assert!(d.settle(Disposition::Ack).await.unwrap());
+    nothing_more(&mut c).await;
+
+    rabbitmqctl(&["clear_policy", &policy]);
+    drop(c);
+    delete_pool(&pool);
+}
+
+/// Waits until the management API shows `policy` applied to `queue`.
+async fn wait_for_policy(queue: &str, policy: &str) {
+    let url = format!("{}/api/queues/%2F/{queue}", management_url());
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let shown: serde_json::Value = reqwest::get(&url)
+            .await
+            .unwrap()
+            .error_for_status()
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if shown["policy"] == policy {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "policy {policy} not applied: {shown}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -30,6 +30,9 @@
 //!   deliveries' settlements return `Ok(false)`. A channel the broker closes (a consumer
 //!   timeout) is not recovered by lapin: the consumer reports one error and reopens on the next
 //!   call.
+//! - A publish the queue nacks (no leader for a moment, or over an operator's length limit:
+//!   the queue's overflow is `reject-publish`) is published again with backoff; only a message
+//!   the broker returns (no such queue) is refused at once.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -136,6 +139,8 @@ struct Shared {
     management: Option<Management>,
     /// Numbers consumer tags.
     consumers: AtomicU64,
+    /// Publishes the broker refused (nacked), each published again.
+    refused: AtomicU64,
 }
 
 /// A long-lived channel, reopened when it dies.
@@ -199,6 +204,7 @@ impl AmqpQueue {
             admin: Slot::new(false),
             management,
             consumers: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
         };
         shared.declare().await?;
         shared
@@ -213,6 +219,11 @@ impl AmqpQueue {
     /// The connection name the broker shows (management UI, `rabbitmqctl list_connections`).
     pub fn connection_name(&self) -> &str {
         &self.shared.connection_name
+    }
+
+    /// How many publishes the broker has refused so far; each was published again.
+    pub fn refused_publishes(&self) -> u64 {
+        self.shared.refused.load(Ordering::Relaxed)
     }
 
     /// The mini-batch queue's name.
@@ -483,43 +494,60 @@ fn long_string(s: &str) -> AMQPValue {
 
 #[async_trait]
 impl Queue for AmqpQueue {
+    /// Publishes with a confirm. A nack without a returned message means the queue could not
+    /// take it just then (a quorum queue without a leader for a moment, or one over a length
+    /// limit an operator set): the publish is retried with backoff, as transient as a lost
+    /// connection. A nacked message may still have been enqueued; a second copy of a
+    /// mini-batch costs a run, never an output row, because the ledger counts the first.
     async fn publish(&self, body: Vec<u8>) -> Result<(), QueueError> {
         let shared = &self.shared;
         let body = &body;
-        let confirmation = shared
-            .retrying("publish", Some(&shared.publisher), |channel| async move {
-                let options = BasicPublishOptions {
-                    mandatory: true,
-                    ..Default::default()
-                };
-                let properties = BasicProperties::default().with_delivery_mode(PERSISTENT);
-                channel
-                    .basic_publish(
-                        "".into(),
-                        shared.batches.as_str().into(),
-                        options,
-                        body,
-                        properties,
-                    )
-                    .await?
-                    .await
-            })
-            .await?;
-        match confirmation {
-            Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
-                Err(QueueError::Refused(format!(
-                    "returned by the broker: {} {}",
-                    returned.reply_code, returned.reply_text
-                )))
+        let mut delays = retry_backoff();
+        loop {
+            let confirmation = shared
+                .retrying("publish", Some(&shared.publisher), |channel| async move {
+                    let options = BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    };
+                    let properties = BasicProperties::default().with_delivery_mode(PERSISTENT);
+                    channel
+                        .basic_publish(
+                            "".into(),
+                            shared.batches.as_str().into(),
+                            options,
+                            body,
+                            properties,
+                        )
+                        .await?
+                        .await
+                })
+                .await?;
+            match confirmation {
+                Confirmation::Ack(None) => return Ok(()),
+                Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                    return Err(QueueError::Refused(format!(
+                        "returned by the broker: {} {}",
+                        returned.reply_code, returned.reply_text
+                    )));
+                }
+                Confirmation::Nack(None) => {
+                    shared.refused.fetch_add(1, Ordering::Relaxed);
+                    let Some(delay) = delays.next() else {
+                        return Err(QueueError::Refused(format!(
+                            "{} kept refusing the message (full, or no quorum)",
+                            shared.batches
+                        )));
+                    };
+                    warn!(pool = %shared.pool, ?delay, "RabbitMQ refused a message; publishing it again.");
+                    tokio::time::sleep(delay).await;
+                }
+                Confirmation::NotRequested => {
+                    return Err(QueueError::Backend(
+                        "publisher confirms are off on the publishing channel".to_owned(),
+                    ));
+                }
             }
-            Confirmation::Nack(None) => Err(QueueError::Refused(format!(
-                "{} did not take the message (full, or no quorum)",
-                shared.batches
-            ))),
-            Confirmation::NotRequested => Err(QueueError::Backend(
-                "publisher confirms are off on the publishing channel".to_owned(),
-            )),
         }
     }
 
