@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use fleetrun_common::ledger::{Ledger, MemoryLedger};
+use fleetrun_common::ledger::{JobRegistry, Ledger, MemoryLedger, MemoryRegistry};
 use fleetrun_common::queue::{MemoryQueue, Queue};
 use fleetrun_common::storage::{LocalStorage, Storage};
 
@@ -17,6 +17,13 @@ mod memory_ledger {
     use super::*;
     fleetrun_common::ledger_conformance!(|| async {
         Arc::new(MemoryLedger::new()) as Arc<dyn Ledger>
+    });
+}
+
+mod memory_registry {
+    use super::*;
+    fleetrun_common::registry_conformance!(|| async {
+        Arc::new(MemoryRegistry::new()) as Arc<dyn JobRegistry>
     });
 }
 

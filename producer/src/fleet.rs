@@ -37,12 +37,6 @@ pub async fn submit(
     let input = fleet::open_storage(input_location, &fleet.s3)
         .await
         .map_err(|e| e.to_string())?;
-    let record = JobRecord::new(spec.clone(), &fleet.pool);
-    fleet
-        .registry
-        .register(&job, &record.encode())
-        .await
-        .map_err(|e| e.to_string())?;
     let limits = Limits {
         error_threshold: spec.error_threshold,
         allowed_failed_count: spec.allowed_failed_count,
@@ -51,6 +45,14 @@ pub async fn submit(
     fleet
         .ledger
         .create(&job, limits)
+        .await
+        .map_err(|e| e.to_string())?;
+    // Registered once in the ledger: a registered job that the ledger does not know has
+    // ended (workers take it off the pool's unfinished jobs).
+    let record = JobRecord::new(spec.clone(), &fleet.pool);
+    fleet
+        .registry
+        .register(&job, &fleet.pool, &record.encode())
         .await
         .map_err(|e| e.to_string())?;
     on_id(&job);

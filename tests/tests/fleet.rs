@@ -636,6 +636,110 @@ fn dropped_broker_connections_lose_and_duplicate_nothing() {
     );
 }
 
+/// A job submitted with `--wait` whose finalizer was SIGKILLed while it joined the parts.
+struct FinalizerKilled {
+    submit: Child,
+    /// Kept open until `submit` exits: it prints again when the job ends.
+    _printed: std::io::BufReader<std::process::ChildStdout>,
+    redis: redis::Connection,
+    /// The job's state hash in the ledger.
+    key: String,
+    /// The killed worker's index in `Fleet::workers`.
+    killed: usize,
+}
+
+impl FinalizerKilled {
+    /// Submits 300 inputs one per mini-batch (so joining them takes a while), waits for a
+    /// worker to claim the finalization and kills the worker the claim names.
+    fn new(fleet: &mut Fleet) -> FinalizerKilled {
+        let job = fleet.s3_job("mini_batch_size = 1");
+        let mut cmd = Command::new(bin("fleetrun"));
+        fleet.env(&mut cmd);
+        let mut submit = cmd
+            .args(["submit", "--quiet", "--wait"])
+            .arg(&job)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut printed = std::io::BufReader::new(submit.stdout.take().unwrap());
+        let mut id = String::new();
+        std::io::BufRead::read_line(&mut printed, &mut id).unwrap();
+        let redis = redis::Client::open(services::redis_url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let mut killed = FinalizerKilled {
+            submit,
+            _printed: printed,
+            redis,
+            key: format!("fleetrun:job:{{{}}}:state", id.trim()),
+            killed: usize::MAX,
+        };
+        let mut owner = None;
+        wait_for(
+            "a worker to claim the finalization",
+            Duration::from_secs(60),
+            || {
+                owner = killed.field("finalizer");
+                owner.is_some()
+            },
+        );
+        // A claim is "<pid>-<random>": kill the worker whose pid it is.
+        let pid: u32 = owner.unwrap().split('-').next().unwrap().parse().unwrap();
+        killed.killed = fleet
+            .workers
+            .iter()
+            .position(|(_, child)| child.id() == pid)
+            .expect("the claim names a worker");
+        let (_, child) = &mut fleet.workers[killed.killed];
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(
+            killed.field("state").as_deref(),
+            Some("Finalizing"),
+            "killed before it finished"
+        );
+        killed
+    }
+
+    fn field(&mut self, name: &str) -> Option<String> {
+        redis::cmd("HGET")
+            .arg(&self.key)
+            .arg(name)
+            .query(&mut self.redis)
+            .unwrap()
+    }
+
+    /// Waits for the submitter to report the job completed, and checks that the worker
+    /// `fleet.workers[finalizer]` finalized it, with every line once.
+    fn completed_by(mut self, fleet: &Fleet, finalizer: usize) {
+        assert_eq!(
+            exit_within(&mut self.submit, Duration::from_secs(60)).code(),
+            Some(0)
+        );
+        let pid = fleet.workers[finalizer].1.id();
+        assert!(
+            self.field("finalizer")
+                .unwrap()
+                .starts_with(&format!("{pid}-")),
+            "{} finalized",
+            fleet.workers[finalizer].0
+        );
+        assert_eq!(
+            lines(&fleet.output("out/parallel_run_step.txt")),
+            expected_lines(300, |_| false)
+        );
+    }
+}
+
+impl Drop for FinalizerKilled {
+    fn drop(&mut self) {
+        // A failed test leaves no submitter waiting.
+        let _ = self.submit.kill();
+        let _ = self.submit.wait();
+    }
+}
+
 /// The worker finalizing a job is SIGKILLed while it joins the parts: another worker that
 /// served the job takes the finalization over once the dead one's claim runs out, and the
 /// output has every line once.
@@ -645,73 +749,21 @@ fn a_finalizer_killed_mid_join_is_replaced() {
     fleet.inputs(300);
     fleet.worker("f1", 1);
     fleet.worker("f2", 1);
-    // One part per input: joining them takes a while.
-    let job = fleet.s3_job("mini_batch_size = 1");
-    let mut cmd = Command::new(bin("fleetrun"));
-    fleet.env(&mut cmd);
-    let mut submit = cmd
-        .args(["submit", "--quiet", "--wait"])
-        .arg(&job)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Kept open until submit exits: it prints again when the job ends.
-    let mut printed = std::io::BufReader::new(submit.stdout.take().unwrap());
-    let mut id = String::new();
-    std::io::BufRead::read_line(&mut printed, &mut id).unwrap();
-    let key = format!("fleetrun:job:{{{}}}:state", id.trim());
-    let mut redis = redis::Client::open(services::redis_url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let mut field = |name: &str| -> Option<String> {
-        redis::cmd("HGET")
-            .arg(&key)
-            .arg(name)
-            .query(&mut redis)
-            .unwrap()
-    };
-    let mut owner = None;
-    wait_for(
-        "a worker to claim the finalization",
-        Duration::from_secs(60),
-        || {
-            owner = field("finalizer");
-            owner.is_some()
-        },
-    );
-    let owner = owner.unwrap();
-    // A claim is "<pid>-<random>": kill the worker whose pid it is.
-    let pid: u32 = owner.split('-').next().unwrap().parse().unwrap();
-    let finalizer = fleet
-        .workers
-        .iter()
-        .position(|(_, child)| child.id() == pid)
-        .expect("the claim names a worker");
-    let (_, child) = &mut fleet.workers[finalizer];
-    child.kill().unwrap();
-    child.wait().unwrap();
-    assert_eq!(
-        field("state").as_deref(),
-        Some("Finalizing"),
-        "killed before it finished"
-    );
-    assert_eq!(
-        exit_within(&mut submit, Duration::from_secs(60)).code(),
-        Some(0)
-    );
-    drop(printed);
-    let survivor = fleet.workers[1 - finalizer].1.id();
-    assert!(
-        field("finalizer")
-            .unwrap()
-            .starts_with(&format!("{survivor}-")),
-        "the other worker finalized"
-    );
-    assert_eq!(
-        lines(&fleet.output("out/parallel_run_step.txt")),
-        expected_lines(300, |_| false)
-    );
+    let killed = FinalizerKilled::new(&mut fleet);
+    let survivor = 1 - killed.killed;
+    killed.completed_by(&fleet, survivor);
+}
+
+/// The only worker of the pool dies while it finalizes a job: a worker started afterwards,
+/// which never saw the job, finds it among the pool's unfinished jobs and finishes it.
+#[test]
+fn a_job_whose_only_worker_died_finalizing_is_finished_by_a_new_one() {
+    let mut fleet = Fleet::new(ECHO);
+    fleet.inputs(300);
+    fleet.worker("only", 2);
+    let killed = FinalizerKilled::new(&mut fleet);
+    fleet.worker("newcomer", 1);
+    killed.completed_by(&fleet, 1);
 }
 
 /// With no pool named anywhere, the worker and the submitter meet on the same default pool;

@@ -1,6 +1,7 @@
 #![cfg(feature = "services")]
-//! `RedisLedger` against a real Redis: the ledger conformance suite, and what only a server
-//! brings: dropped connections, lost replies, keys shared by many jobs.
+//! `RedisLedger` and `RedisRegistry` against a real Redis: the ledger and registry
+//! conformance suites, and what only a server brings: dropped connections, lost replies, keys
+//! shared by many jobs.
 //!
 //! Each test keeps its keys under a random prefix. Two tests disturb every client of the
 //! server for a moment (`CLIENT KILL`, `CLIENT PAUSE`); the ledger's retries carry the other
@@ -22,6 +23,19 @@ fleetrun_common::ledger_conformance!(|| async {
             .unwrap(),
     ) as Arc<dyn Ledger>
 });
+
+mod registry {
+    use super::*;
+    use fleetrun_common::ledger::{JobRegistry, RedisRegistry};
+
+    fleetrun_common::registry_conformance!(|| async {
+        Arc::new(
+            RedisRegistry::connect(&redis_url(), &format!("test-{}", random_suffix()))
+                .await
+                .unwrap(),
+        ) as Arc<dyn JobRegistry>
+    });
+}
 
 const OK: Outcome = Outcome {
     succeeded: 10,

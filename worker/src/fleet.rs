@@ -48,6 +48,8 @@ const WATCH_EVERY: Duration = Duration::from_secs(1);
 /// How long a finalization claim lasts unless renewed (every third of it): a worker that
 /// dies while finalizing is replaced, this long after, by another that served the job.
 const FINALIZE_LEASE: Duration = Duration::from_secs(10);
+/// How often a worker looks over its pool's unfinished jobs for one nobody looks after.
+const ADOPT_EVERY: Duration = FINALIZE_LEASE;
 
 /// Where the fleet's services are. Flags win over the environment, which wins over the
 /// config file (`$FLEETRUN_CONFIG`, else `~/.config/fleetrun/fleet.toml`).
@@ -404,6 +406,7 @@ pub async fn serve(
         jobs.clone(),
         drain.clone(),
     ));
+    let adopter = tokio::spawn(adopt_orphans(fleet.clone(), jobs.clone(), drain.clone()));
     let mut finisher = {
         let (fleet, jobs, node) = (fleet.clone(), jobs.clone(), config.node_id.clone());
         tokio::spawn(async move {
@@ -414,6 +417,7 @@ pub async fn serve(
     };
     let _ = agent.await;
     recorder.abort();
+    adopter.abort();
     // The agent is gone, and with it the events' sender: the finisher ends once it has
     // finalized a job this node saw complete (nobody else would), unless told to stop now.
     tokio::select! {
@@ -656,6 +660,53 @@ async fn record_dead_letters(fleet: Fleet, jobs: Arc<FleetJobs>, drain: Cancella
         };
         let _ = delivery.settle(disposition).await;
     }
+}
+
+/// Looks over the pool's unfinished jobs now and then: takes ended jobs off the list, and
+/// follows a Finalizing job this node does not know yet, so that its watcher takes the
+/// finalization over if whoever held it died (even when no worker that served the job is
+/// left). Stops when the worker drains.
+async fn adopt_orphans(fleet: Fleet, jobs: Arc<FleetJobs>, drain: CancellationToken) {
+    loop {
+        if let Err(e) = adopt_once(&fleet, &jobs).await {
+            warn!(error = %e, "Cannot look over the pool's unfinished jobs.");
+        }
+        tokio::select! {
+            _ = drain.cancelled() => return,
+            _ = tokio::time::sleep(ADOPT_EVERY) => {}
+        }
+    }
+}
+
+async fn adopt_once(fleet: &Fleet, jobs: &FleetJobs) -> Result<(), String> {
+    let pool = &fleet.pool;
+    for job in fleet
+        .registry
+        .unfinished(pool)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        let status = fleet.ledger.status(&job).await.map_err(|e| e.to_string())?;
+        match status.map(|s| s.state) {
+            // Registered only once in the ledger: gone from it means ended long ago.
+            None => {}
+            Some(state) if state.is_terminal() => {}
+            Some(JobState::Finalizing) if jobs.cached(&job).is_none() => {
+                info!(job = %job, "Following a Finalizing job in case its finalizer is gone.");
+                if let Err(e) = jobs.get(&job).await {
+                    warn!(job = %job, error = %e, "Cannot load the job.");
+                }
+                continue;
+            }
+            Some(_) => continue,
+        }
+        fleet
+            .registry
+            .finished(&job, pool)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 struct FleetJobs {

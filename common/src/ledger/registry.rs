@@ -1,5 +1,5 @@
 //! The job registry: what a worker needs to serve a job it has never seen (its record: the
-//! spec, where its code is), the pool's list of jobs, and per-job init-failure counts.
+//! spec, where its code is), the list of jobs, and each pool's unfinished jobs.
 //!
 //! Kept beside the ledger and in the same store, but apart from its counting steps: records
 //! are written once at submission and only read afterwards.
@@ -14,65 +14,104 @@ use super::LedgerError;
 
 #[async_trait]
 pub trait JobRegistry: Send + Sync {
-    /// Stores a job's record (opaque bytes; the producer's JSON). Fails if the job exists.
-    async fn register(&self, job: &str, record: &[u8]) -> Result<(), LedgerError>;
+    /// Stores a job's record (opaque bytes; the producer's JSON) and lists the job among its
+    /// pool's unfinished jobs. Fails if the job exists.
+    async fn register(&self, job: &str, pool: &str, record: &[u8]) -> Result<(), LedgerError>;
     /// The job's record, or `None` for a job this registry does not know.
     async fn record(&self, job: &str) -> Result<Option<Vec<u8>>, LedgerError>;
     /// Every registered job, oldest first.
     async fn jobs(&self) -> Result<Vec<String>, LedgerError>;
-    /// Counts one more runner init failure of the job; returns the count so far.
-    async fn add_init_failure(&self, job: &str) -> Result<u64, LedgerError>;
+    /// The pool's jobs not yet marked finished, oldest first: what its workers look after
+    /// (a job whose finalizer died, say) even if they never served it.
+    async fn unfinished(&self, pool: &str) -> Result<Vec<String>, LedgerError>;
+    /// Takes the job off its pool's unfinished jobs (a job that has ended); idempotent.
+    async fn finished(&self, job: &str, pool: &str) -> Result<(), LedgerError>;
 }
 
 /// The in-process registry.
 #[derive(Default)]
 pub struct MemoryRegistry {
-    jobs: Mutex<BTreeMap<u64, String>>,
-    records: Mutex<BTreeMap<String, (Vec<u8>, u64)>>,
+    /// Jobs in registration order.
+    jobs: Mutex<Vec<String>>,
+    records: Mutex<BTreeMap<String, Registered>>,
+}
+
+struct Registered {
+    record: Vec<u8>,
+    pool: String,
+    finished: bool,
 }
 
 impl MemoryRegistry {
     pub fn new() -> Self {
         Self::default()
     }
+
+    fn records(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Registered>> {
+        self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn jobs_in_order(&self) -> Vec<String> {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 #[async_trait]
 impl JobRegistry for MemoryRegistry {
-    async fn register(&self, job: &str, record: &[u8]) -> Result<(), LedgerError> {
-        let mut records = self.records.lock().unwrap_or_else(|p| p.into_inner());
+    async fn register(&self, job: &str, pool: &str, record: &[u8]) -> Result<(), LedgerError> {
+        let mut records = self.records();
         if records.contains_key(job) {
             return Err(LedgerError::JobExists(job.to_owned()));
         }
-        records.insert(job.to_owned(), (record.to_vec(), 0));
-        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        let next = jobs.keys().next_back().map_or(0, |k| k + 1);
-        jobs.insert(next, job.to_owned());
+        records.insert(
+            job.to_owned(),
+            Registered {
+                record: record.to_vec(),
+                pool: pool.to_owned(),
+                finished: false,
+            },
+        );
+        self.jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(job.to_owned());
         Ok(())
     }
 
     async fn record(&self, job: &str) -> Result<Option<Vec<u8>>, LedgerError> {
-        let records = self.records.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(records.get(job).map(|(r, _)| r.clone()))
+        Ok(self.records().get(job).map(|r| r.record.clone()))
     }
 
     async fn jobs(&self) -> Result<Vec<String>, LedgerError> {
-        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(jobs.values().cloned().collect())
+        Ok(self.jobs_in_order())
     }
 
-    async fn add_init_failure(&self, job: &str) -> Result<u64, LedgerError> {
-        let mut records = self.records.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = records
-            .get_mut(job)
-            .ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
-        entry.1 += 1;
-        Ok(entry.1)
+    async fn unfinished(&self, pool: &str) -> Result<Vec<String>, LedgerError> {
+        let jobs = self.jobs_in_order();
+        let records = self.records();
+        Ok(jobs
+            .into_iter()
+            .filter(|job| {
+                records
+                    .get(job)
+                    .is_some_and(|r| r.pool == pool && !r.finished)
+            })
+            .collect())
+    }
+
+    async fn finished(&self, job: &str, pool: &str) -> Result<(), LedgerError> {
+        if let Some(r) = self.records().get_mut(job)
+            && r.pool == pool
+        {
+            r.finished = true;
+        }
+        Ok(())
     }
 }
 
-/// The registry on Redis: `<prefix>:jobs` (a sorted set scored by registration time) and
-/// `<prefix>:job:{<job>}:record` / `:init_failures` beside the ledger's keys of the job.
+/// The registry on Redis: `<prefix>:jobs` (a sorted set scored by registration time),
+/// `<prefix>:pool:<pool>:unfinished` (likewise, per pool) and `<prefix>:job:{<job>}:record`
+/// beside the ledger's keys of the job.
 #[derive(Clone)]
 pub struct RedisRegistry {
     conn: redis::aio::ConnectionManager,
@@ -106,11 +145,15 @@ impl RedisRegistry {
     fn jobs_key(&self) -> String {
         format!("{}:jobs", self.prefix)
     }
+
+    fn unfinished_key(&self, pool: &str) -> String {
+        format!("{}:pool:{pool}:unfinished", self.prefix)
+    }
 }
 
 #[async_trait]
 impl JobRegistry for RedisRegistry {
-    async fn register(&self, job: &str, record: &[u8]) -> Result<(), LedgerError> {
+    async fn register(&self, job: &str, pool: &str, record: &[u8]) -> Result<(), LedgerError> {
         let mut conn = self.conn.clone();
         let created: bool = redis::cmd("SET")
             .arg(self.key(job, "record"))
@@ -127,8 +170,12 @@ impl JobRegistry for RedisRegistry {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
             .as_secs_f64();
-        let _: () = conn
+        let _: () = redis::pipe()
             .zadd(self.jobs_key(), job, now)
+            .ignore()
+            .zadd(self.unfinished_key(pool), job, now)
+            .ignore()
+            .query_async(&mut conn)
             .await
             .map_err(backend)?;
         Ok(())
@@ -144,9 +191,16 @@ impl JobRegistry for RedisRegistry {
         conn.zrange(self.jobs_key(), 0, -1).await.map_err(backend)
     }
 
-    async fn add_init_failure(&self, job: &str) -> Result<u64, LedgerError> {
+    async fn unfinished(&self, pool: &str) -> Result<Vec<String>, LedgerError> {
         let mut conn = self.conn.clone();
-        conn.incr(self.key(job, "init_failures"), 1u64)
+        conn.zrange(self.unfinished_key(pool), 0, -1)
+            .await
+            .map_err(backend)
+    }
+
+    async fn finished(&self, job: &str, pool: &str) -> Result<(), LedgerError> {
+        let mut conn = self.conn.clone();
+        conn.zrem(self.unfinished_key(pool), job)
             .await
             .map_err(backend)
     }

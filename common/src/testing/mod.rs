@@ -14,6 +14,7 @@
 
 pub mod ledger;
 pub mod queue;
+pub mod registry;
 pub mod storage;
 
 /// A short random string for test-scoped names (queues, key prefixes, jobs).

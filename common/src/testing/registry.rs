@@ -1,0 +1,77 @@
+//! The job registry conformance suite.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::ledger::{JobRegistry, LedgerError};
+
+/// Generates one `#[tokio::test]` per case for the registry built by `$make`, an async
+/// closure returning an empty `Arc<dyn JobRegistry>`.
+#[macro_export]
+macro_rules! registry_conformance {
+    ($make:expr) => {
+        $crate::registry_conformance!(@cases $make;
+            a_record_is_written_once, jobs_are_listed_oldest_first,
+            unfinished_jobs_are_the_pools_until_finished);
+    };
+    (@cases $make:expr; $($case:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                $crate::testing::registry::$case($make).await;
+            }
+        )*
+    };
+}
+
+pub async fn a_record_is_written_once<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn JobRegistry>>,
+{
+    let r = make().await;
+    r.register("j", "p", b"first").await.unwrap();
+    assert!(matches!(
+        r.register("j", "p", b"second").await,
+        Err(LedgerError::JobExists(job)) if job == "j"
+    ));
+    assert_eq!(r.record("j").await.unwrap().as_deref(), Some(&b"first"[..]));
+    assert_eq!(r.record("unknown").await.unwrap(), None);
+}
+
+pub async fn jobs_are_listed_oldest_first<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn JobRegistry>>,
+{
+    let r = make().await;
+    assert!(r.jobs().await.unwrap().is_empty());
+    for (job, pool) in [("c", "p"), ("a", "q"), ("b", "p")] {
+        r.register(job, pool, b"{}").await.unwrap();
+    }
+    assert_eq!(r.jobs().await.unwrap(), ["c", "a", "b"]);
+}
+
+pub async fn unfinished_jobs_are_the_pools_until_finished<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn JobRegistry>>,
+{
+    let r = make().await;
+    for (job, pool) in [("c", "p"), ("a", "q"), ("b", "p")] {
+        r.register(job, pool, b"{}").await.unwrap();
+    }
+    assert_eq!(r.unfinished("p").await.unwrap(), ["c", "b"]);
+    assert_eq!(r.unfinished("q").await.unwrap(), ["a"]);
+    assert!(r.unfinished("other").await.unwrap().is_empty());
+
+    r.finished("c", "p").await.unwrap();
+    r.finished("c", "p").await.unwrap();
+    // Another pool's job is not this pool's to finish.
+    r.finished("a", "p").await.unwrap();
+    assert_eq!(r.unfinished("p").await.unwrap(), ["b"]);
+    assert_eq!(r.unfinished("q").await.unwrap(), ["a"]);
+    // A finished job keeps its record and its place among all jobs.
+    assert_eq!(r.jobs().await.unwrap(), ["c", "a", "b"]);
+    assert!(r.record("c").await.unwrap().is_some());
+}
