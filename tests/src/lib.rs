@@ -130,3 +130,115 @@ pub mod services {
         var("FLEETRUN_TEST_S3_ENDPOINT", "http://127.0.0.1:5055")
     }
 }
+
+/// A RabbitMQ node of one test's own, for faults that would disturb every other test on the
+/// shared one (stopping the broker). Lives in a temporary folder, listens on free loopback
+/// ports, runs no plugins; stopped on drop.
+pub struct PrivateRabbitMq {
+    dir: tempfile::TempDir,
+    node: String,
+    port: u16,
+    dist_port: u16,
+}
+
+impl PrivateRabbitMq {
+    pub fn start() -> PrivateRabbitMq {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir_all(dir.path().join("mnesia")).unwrap();
+        std::fs::create_dir_all(dir.path().join("log")).unwrap();
+        let [port, dist_port] = free_ports();
+        let broker = PrivateRabbitMq {
+            // Unique while its port is taken.
+            node: format!("fleetrun-test-{port}@localhost"),
+            port,
+            dist_port,
+            dir,
+        };
+        std::fs::write(
+            broker.path("rabbitmq.conf"),
+            format!(
+                "listeners.tcp.default = 127.0.0.1:{}\nconsumer_timeout = 3600000\n",
+                broker.port
+            ),
+        )
+        .unwrap();
+        std::fs::write(broker.path("enabled_plugins"), "[].\n").unwrap();
+        // Debian's scripts run the server as the `rabbitmq` user.
+        let chown = Command::new("chown")
+            .args(["-R", "rabbitmq:rabbitmq"])
+            .arg(broker.dir.path())
+            .status();
+        assert!(
+            chown.is_ok_and(|s| s.success()),
+            "chown the broker's folder"
+        );
+        broker.run();
+        broker
+    }
+
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// Starts the stopped node again on the same data: durable queues and their messages
+    /// survive.
+    pub fn start_again(&self) {
+        self.run();
+    }
+
+    fn run(&self) {
+        let status = Command::new("rabbitmq-server")
+            .arg("-detached")
+            .env("RABBITMQ_NODENAME", &self.node)
+            .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_NODE_PORT", self.port.to_string())
+            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+            .env("RABBITMQ_CONFIG_FILE", self.path("rabbitmq.conf"))
+            .env(
+                "RABBITMQ_ENABLED_PLUGINS_FILE",
+                self.path("enabled_plugins"),
+            )
+            .env("RABBITMQ_MNESIA_BASE", self.path("mnesia"))
+            .env("RABBITMQ_LOG_BASE", self.path("log"))
+            .status()
+            .expect("rabbitmq-server runs");
+        assert!(status.success(), "rabbitmq-server -detached: {status}");
+        // `-detached` returns before the node registers; `await_startup` needs it registered.
+        wait_for(
+            "the private RabbitMQ to start",
+            Duration::from_secs(120),
+            || self.ctl(&["await_startup", "--timeout", "120"]),
+        );
+    }
+
+    /// Stops the node; its clients' connections are closed.
+    pub fn stop(&self) {
+        assert!(self.ctl(&["stop"]), "rabbitmqctl stop {}", self.node);
+    }
+
+    fn ctl(&self, args: &[&str]) -> bool {
+        Command::new("rabbitmqctl")
+            .args(["-n", &self.node, "--quiet"])
+            .args(args)
+            .output()
+            .is_ok_and(|out| out.status.success())
+    }
+}
+
+impl Drop for PrivateRabbitMq {
+    fn drop(&mut self) {
+        self.ctl(&["stop"]);
+    }
+}
+
+/// Ports nothing listens on now (held together, so they differ).
+fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: Vec<_> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port"))
+        .collect();
+    std::array::from_fn(|i| listeners[i].local_addr().unwrap().port())
+}

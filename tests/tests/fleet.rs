@@ -13,7 +13,7 @@ use fleetrun_common::queue::{Queue, QueueOptions};
 use fleetrun_common::storage::Storage;
 use fleetrun_common::storage::s3::{S3Settings, S3Storage};
 use fleetrun_common::testing::random_suffix;
-use fleetrun_tests::{bin, code, expected_lines, services, wait_for};
+use fleetrun_tests::{PrivateRabbitMq, bin, code, expected_lines, services, wait_for};
 use futures::TryStreamExt;
 
 fn management_url() -> String {
@@ -24,6 +24,9 @@ fn management_url() -> String {
 /// One test's fleet: its own pool, bucket and folder; its workers are killed on drop.
 struct Fleet {
     pool: String,
+    amqp_url: String,
+    /// `None` on a broker without the management plugin.
+    management_url: Option<String>,
     bucket: String,
     dir: tempfile::TempDir,
     workers: Vec<(String, Child)>,
@@ -38,9 +41,19 @@ impl Fleet {
         Fleet::on_pool(script, format!("t{}", random_suffix()))
     }
 
+    /// A fleet on a broker of the test's own (no management API).
+    fn on_broker(script: &str, amqp_url: String) -> Fleet {
+        let mut fleet = Fleet::new(script);
+        fleet.amqp_url = amqp_url;
+        fleet.management_url = None;
+        fleet
+    }
+
     fn on_pool(script: &str, pool: String) -> Fleet {
         let fleet = Fleet {
             pool,
+            amqp_url: services::amqp_url(),
+            management_url: Some(management_url()),
             bucket: format!("fleet-{}", random_suffix()),
             dir: tempfile::tempdir().unwrap(),
             workers: Vec::new(),
@@ -115,8 +128,7 @@ impl Fleet {
     }
 
     fn env(&self, cmd: &mut Command) {
-        cmd.env("FLEETRUN_AMQP_URL", services::amqp_url())
-            .env("FLEETRUN_AMQP_MANAGEMENT_URL", management_url())
+        cmd.env("FLEETRUN_AMQP_URL", &self.amqp_url)
             .env("FLEETRUN_REDIS_URL", services::redis_url())
             .env("AWS_ENDPOINT_URL", services::s3_endpoint())
             .env("AWS_ACCESS_KEY_ID", "test")
@@ -124,6 +136,10 @@ impl Fleet {
             .env("AWS_REGION", "us-east-1")
             .env("FLEETRUN_CONFIG", "/nonexistent")
             .env_remove("VIRTUAL_ENV");
+        match &self.management_url {
+            Some(url) => cmd.env("FLEETRUN_AMQP_MANAGEMENT_URL", url),
+            None => cmd.env_remove("FLEETRUN_AMQP_MANAGEMENT_URL"),
+        };
         // The default pool is the one nobody names.
         if self.pool == DEFAULT_POOL {
             cmd.env_remove("FLEETRUN_POOL");
@@ -171,13 +187,17 @@ impl Fleet {
     }
 
     fn queue(&self) -> Arc<dyn Queue> {
-        let (url, pool, mgmt) = (services::amqp_url(), self.pool.clone(), management_url());
+        let (url, pool, mgmt) = (
+            self.amqp_url.clone(),
+            self.pool.clone(),
+            self.management_url.clone(),
+        );
         self.runtime.block_on(async {
             let options = QueueOptions {
                 delivery_limit: Some(fleetrun_worker_delivery_limit()),
             };
             Arc::new(
-                AmqpQueue::connect(&url, &pool, options, Some(&mgmt))
+                AmqpQueue::connect(&url, &pool, options, mgmt.as_deref())
                     .await
                     .unwrap(),
             ) as Arc<dyn Queue>
@@ -202,7 +222,7 @@ impl Drop for Fleet {
         }
         // Each test has a pool of its own: remove its queues (every quorum queue costs the
         // broker upkeep).
-        let (url, pool) = (services::amqp_url(), self.pool.clone());
+        let (url, pool) = (self.amqp_url.clone(), self.pool.clone());
         let _ = self.runtime.block_on(async {
             AmqpQueue::connect(
                 &url,
@@ -564,6 +584,41 @@ fn pool_connections(fleet: &Fleet) -> Vec<(String, String)> {
                 .then(|| (c["name"].as_str().unwrap().to_owned(), client.to_owned()))
         })
         .collect()
+}
+
+/// RabbitMQ stops in the middle of a job and starts again seconds later (a node of the
+/// test's own; the other tests share theirs): the workers reconnect without being restarted,
+/// the mini-batches they held come back, and every line is there exactly once.
+#[test]
+fn a_broker_restart_mid_job_loses_and_duplicates_nothing() {
+    let broker = PrivateRabbitMq::start();
+    let markers = tempfile::tempdir().unwrap();
+    let runs = markers.path().join("runs");
+    let script = format!(
+        "import os, time\nRUNS = {:?}\ndef run(mini_batch):\n    with open(RUNS, 'a') as f:\n        f.write('run\\n')\n    time.sleep(0.2)\n    return [open(p).read() for p in mini_batch]\n",
+        runs.display().to_string()
+    );
+    let mut fleet = Fleet::on_broker(&script, broker.url());
+    fleet.inputs(200);
+    fleet.worker("w1", 1);
+    fleet.worker("w2", 1);
+    let job = fleet.s3_job("mini_batch_size = 5\nrun_max_try = 3");
+    let mut submit = fleet.spawn_submit(&job);
+    let started = || std::fs::read_to_string(&runs).map_or(0, |s| s.lines().count());
+    wait_for("a few mini-batches to run", Duration::from_secs(60), || {
+        started() >= 6
+    });
+    broker.stop();
+    assert!(started() < 40, "the broker stopped mid-job");
+    broker.start_again();
+    assert_eq!(
+        exit_within(&mut submit, Duration::from_secs(120)).code(),
+        Some(0)
+    );
+    assert_eq!(
+        lines(&fleet.output("out/parallel_run_step.txt")),
+        expected_lines(200, |_| false)
+    );
 }
 
 /// Both workers' connections are closed by the broker in the middle of the job: they
