@@ -203,6 +203,7 @@ pub async fn run_local(
     let stall_after = Duration::from_secs(spec.progress_update_timeout);
     let first_task_deadline = Duration::from_secs(spec.first_task_creation_timeout);
     let mut producing = true;
+    let mut init_failures = 0;
     let final_state = loop {
         tokio::select! {
             event = event_rx.recv() => match event.expect("the driver holds a sender") {
@@ -213,6 +214,12 @@ pub async fn run_local(
                 AgentEvent::GaveUp { reason, .. } => {
                     let reason = format!("no runner process could start: {reason}");
                     break fail(&*ledger, &job_id, &reason).await;
+                }
+                AgentEvent::InitFailed { processes, failure, .. } => {
+                    init_failures += 1;
+                    if let Some(reason) = agent::init_failures_fail_job(spec.node_count, processes, init_failures, started.elapsed()) {
+                        break fail(&*ledger, &job_id, &format!("{reason}; the last: {failure}")).await;
+                    }
                 }
             },
             result = produce_rx.recv(), if producing => {

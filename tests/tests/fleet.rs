@@ -586,6 +586,38 @@ fn pool_connections(fleet: &Fleet) -> Vec<(String, String)> {
         .collect()
 }
 
+/// A job for two nodes whose `init()` always fails, served by two workers: each gives up on
+/// it after 3 failed starts, and the job fails once it has run two minutes with
+/// 2 × node_count × processes init failures over the fleet (CONTRACT §5 rule 2), rather
+/// than wait forever for a node that can start it.
+#[test]
+fn init_failures_over_the_fleet_fail_the_job_after_two_minutes() {
+    let script =
+        "def init():\n    raise ImportError('no model file')\n\ndef run(mb):\n    return mb\n";
+    let mut fleet = Fleet::new(script);
+    fleet.inputs(10);
+    fleet.worker("n1", 1);
+    fleet.worker("n2", 1);
+    let job = fleet.s3_job("node_count = 2\nprocess_count_per_node = 1");
+    let submitted = std::time::Instant::now();
+    let mut submit = fleet.spawn_submit(&job);
+    assert_eq!(
+        exit_within(&mut submit, Duration::from_secs(240)).code(),
+        Some(42)
+    );
+    assert!(
+        submitted.elapsed() > Duration::from_secs(120),
+        "failed only once the job had run two minutes"
+    );
+    let result = String::from_utf8_lossy(&fleet.output("out/logs/job_result.txt")).into_owned();
+    assert!(result.contains("Result: Failed"), "{result}");
+    assert!(
+        result.contains("runner processes failed to start over the job (the limit is 4"),
+        "{result}"
+    );
+    assert!(result.contains("ImportError: no model file"), "{result}");
+}
+
 /// RabbitMQ stops in the middle of a job and starts again seconds later (a node of the
 /// test's own; the other tests share theirs): the workers reconnect without being restarted,
 /// the mini-batches they held come back, and every line is there exactly once.

@@ -34,6 +34,25 @@ use crate::process::{InitOutcome, Launch, RunOutcome, RunnerProcess, returncode}
 const STATE_RECHECK: Duration = Duration::from_millis(500);
 /// How long a node that gave up on a job holds one of its mini-batches before handing it back.
 const GAVE_UP_BACKOFF: Duration = Duration::from_secs(1);
+/// How long a job runs before init failures across all its nodes can fail it.
+pub const INIT_FAILURE_GRACE: Duration = Duration::from_secs(120);
+
+/// CONTRACT.md §5 rule 2: a job that has run longer than [`INIT_FAILURE_GRACE`] fails once
+/// `2 × node_count × processes` runners have failed to start over the whole job. Returns
+/// the reason to fail it with.
+pub fn init_failures_fail_job(
+    node_count: u32,
+    processes: u32,
+    failures: u64,
+    age: Duration,
+) -> Option<String> {
+    let limit = 2 * u64::from(node_count.max(1)) * u64::from(processes.max(1));
+    (age > INIT_FAILURE_GRACE && failures >= limit).then(|| {
+        format!(
+            "{failures} runner processes failed to start over the job (the limit is {limit}: 2 × node_count {node_count} × {processes} processes per node)"
+        )
+    })
+}
 
 /// Deliveries a slot holds by default: one running, the next waiting in the runner's
 /// channel, and one being finished in the background.
@@ -126,6 +145,13 @@ pub enum AgentEvent {
     /// A recording moved the job's state (to Finalizing or Failed): the receiver owns what
     /// follows.
     Transitioned { job: String, status: Status },
+    /// A runner of the job failed to start on this node (`processes`: the job's runner
+    /// processes per node, as this node counts them).
+    InitFailed {
+        job: String,
+        processes: u32,
+        failure: String,
+    },
     /// This node stopped trying to start runners for the job (init kept failing).
     GaveUp { job: String, reason: String },
 }
@@ -328,6 +354,24 @@ impl Slot {
         }
     }
 
+    /// Gives back a mini-batch this slot did not run, at no cost in attempts: publishes a
+    /// copy carrying the `spent` attempts, then acknowledges the delivery (a requeue would
+    /// count one more). A crash between the two leaves two copies; the ledger counts
+    /// whichever finishes first.
+    async fn hand_back(&self, batch: &MiniBatch, spent: u32) -> Verdict {
+        let copy = MiniBatch {
+            attempts_spent: spent,
+            ..batch.clone()
+        };
+        match self.shared.agent.queue.publish(copy.encode()).await {
+            Ok(()) => Verdict::Settle(Disposition::Ack),
+            Err(e) => {
+                warn!(job = %batch.job, mini_batch = batch.index, error = %e, "Cannot hand the mini-batch back; requeueing it.");
+                Verdict::Settle(Disposition::Requeue)
+            }
+        }
+    }
+
     async fn kill_runner(&mut self) {
         if let Some(mut active) = self.runner.take() {
             active.process.kill().await;
@@ -353,7 +397,7 @@ impl Slot {
             staged.clean().await;
             Verdict::Drop
         } else {
-            let attempt = ahead.delivery.attempt;
+            let attempt = batch.attempt(ahead.delivery.attempt);
             self.attempt(&ctx, &batch, attempt, Some(staged), consumer)
                 .await
         };
@@ -398,6 +442,7 @@ impl Slot {
         if !self.accepts_work(&ctx).await {
             return Verdict::Drop;
         }
+        let attempt = batch.attempt(delivery.attempt);
         if ctx.gave_up.load(Ordering::Relaxed) {
             // This node cannot start the job's script; leave the work to other nodes, without
             // spinning on it meanwhile.
@@ -405,21 +450,20 @@ impl Slot {
                 _ = ctx.stop.cancelled() => return Verdict::Drop,
                 _ = tokio::time::sleep(GAVE_UP_BACKOFF) => {}
             }
-            return Verdict::Settle(Disposition::Requeue);
+            return self.hand_back(&batch, attempt - 1).await;
         }
         let max = ctx.spec.run_max_try;
-        if delivery.attempt > max {
+        if attempt > max {
             let cause =
                 format!("all {max} attempts were lost with the process or worker that held them");
-            self.record_failure(&ctx, &batch, delivery.attempt - 1, &cause)
-                .await;
+            self.record_failure(&ctx, &batch, attempt - 1, &cause).await;
             return Verdict::Settle(Disposition::Ack);
         }
         if !self.ensure_runner(&ctx).await {
-            return Verdict::Settle(Disposition::Requeue);
+            // No runner started: run() was not tried, so this was no attempt.
+            return self.hand_back(&batch, attempt - 1).await;
         }
-        self.attempt(&ctx, &batch, delivery.attempt, None, consumer)
-            .await
+        self.attempt(&ctx, &batch, attempt, None, consumer).await
     }
 
     /// Whether the job still takes work, from this node's knowledge and, now and then, the
@@ -749,6 +793,11 @@ impl Slot {
             .unwrap_or(self.config().processes as u32)
             .max(1);
         warn!(job = %ctx.id, process = %name, failures, "Runner failed to start: {failure}");
+        let _ = self.shared.agent.events.send(AgentEvent::InitFailed {
+            job: ctx.id.clone(),
+            processes,
+            failure: failure.clone(),
+        });
         if failures >= 3 * processes && !ctx.gave_up.swap(true, Ordering::Relaxed) {
             let reason = format!(
                 "{failures} runner processes failed to start on node {node}; the last: {failure}"
@@ -850,7 +899,7 @@ impl Slot {
         let sent = match MiniBatch::decode(&delivery.body) {
             Ok(batch)
                 if batch.job == ctx.id
-                    && delivery.attempt <= ctx.spec.run_max_try
+                    && batch.attempt(delivery.attempt) <= ctx.spec.run_max_try
                     && !ctx.stop.is_cancelled()
                     && !ctx.gave_up.load(Ordering::Relaxed) =>
             {
@@ -1053,4 +1102,24 @@ fn runner_env(ctx: &JobContext, node: &str, process: &str) -> Vec<(String, Strin
 /// States in which the job's remaining mini-batches are no longer worked on.
 pub fn is_stopped(state: JobState) -> bool {
     !state.accepts_work()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_failures_fail_a_job_at_twice_its_runners_once_it_has_run_two_minutes() {
+        let late = INIT_FAILURE_GRACE + Duration::from_secs(1);
+        // 2 nodes × 3 processes: the limit is 12.
+        assert_eq!(init_failures_fail_job(2, 3, 11, late), None);
+        let reason = init_failures_fail_job(2, 3, 12, late).expect("at the limit");
+        assert!(
+            reason.starts_with("12 runner processes failed to start"),
+            "{reason}"
+        );
+        assert!(reason.contains("the limit is 12"), "{reason}");
+        // Not before the job has run two minutes, however many.
+        assert_eq!(init_failures_fail_job(2, 3, 100, INIT_FAILURE_GRACE), None);
+    }
 }

@@ -455,8 +455,83 @@ async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, event: AgentE
                 }
             } else {
                 warn!(job = %job, node, "This node gave up on the job; other nodes keep serving it.");
+                // Init failures fail the job only once it has run a while (CONTRACT §5):
+                // look again then, in case no node is left to fail again by that time.
+                let processes = ctx
+                    .spec
+                    .process_count_per_node
+                    .unwrap_or(jobs.config.processes as u32);
+                let fleet = fleet.clone();
+                tokio::spawn(async move {
+                    let Some(age) = job_age(&fleet, &job).await else {
+                        return;
+                    };
+                    let wait = agent::INIT_FAILURE_GRACE.saturating_sub(age);
+                    tokio::time::sleep(wait + Duration::from_secs(1)).await;
+                    if let Ok(failures) = fleet.registry.init_failures(&job).await {
+                        check_init_failures(&fleet, &ctx, processes, failures, &reason).await;
+                    }
+                });
             }
         }
+        AgentEvent::InitFailed {
+            job,
+            processes,
+            failure,
+        } => {
+            let failures = match fleet.registry.add_init_failure(&job).await {
+                Ok(n) => n,
+                Err(e) => {
+                    warn!(job = %job, error = %e, "Cannot count an init failure.");
+                    return;
+                }
+            };
+            if let Some(ctx) = jobs.cached(&job) {
+                let last = format!("the last: {failure}");
+                check_init_failures(fleet, &ctx, processes, failures, &last).await;
+            }
+        }
+    }
+}
+
+/// How long ago the job was submitted, from its record.
+async fn job_age(fleet: &Fleet, job: &str) -> Option<Duration> {
+    let bytes = fleet.registry.record(job).await.ok()??;
+    let record = JobRecord::decode(&bytes).ok()?;
+    Some(Duration::from_secs_f64(
+        (unix_now() - record.submitted_at).max(0.0),
+    ))
+}
+
+/// Fails the job if its init failures over all nodes break CONTRACT §5 rule 2; `detail`
+/// ends the reason.
+async fn check_init_failures(
+    fleet: &Fleet,
+    ctx: &JobContext,
+    processes: u32,
+    failures: u64,
+    detail: &str,
+) {
+    let Some(age) = job_age(fleet, &ctx.id).await else {
+        return;
+    };
+    let Some(reason) = agent::init_failures_fail_job(ctx.spec.node_count, processes, failures, age)
+    else {
+        return;
+    };
+    let reason = format!("{reason}; {detail}");
+    if let Ok((true, status)) = fleet
+        .ledger
+        .transition(
+            &ctx.id,
+            &[JobState::Running],
+            JobState::Failed,
+            Some(&reason),
+        )
+        .await
+    {
+        info!(job = %ctx.id, "Job ended: {reason}.");
+        write_job_result(ctx, &status).await;
     }
 }
 

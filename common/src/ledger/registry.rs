@@ -1,5 +1,6 @@
 //! The job registry: what a worker needs to serve a job it has never seen (its record: the
-//! spec, where its code is), the list of jobs, and each pool's unfinished jobs.
+//! spec, where its code is), the list of jobs, each pool's unfinished jobs, and each job's
+//! runner init failures over all its nodes.
 //!
 //! Kept beside the ledger and in the same store, but apart from its counting steps: records
 //! are written once at submission and only read afterwards.
@@ -26,6 +27,10 @@ pub trait JobRegistry: Send + Sync {
     async fn unfinished(&self, pool: &str) -> Result<Vec<String>, LedgerError>;
     /// Takes the job off its pool's unfinished jobs (a job that has ended); idempotent.
     async fn finished(&self, job: &str, pool: &str) -> Result<(), LedgerError>;
+    /// Counts one more runner init failure of the job, on any node; returns the count so far.
+    async fn add_init_failure(&self, job: &str) -> Result<u64, LedgerError>;
+    /// The job's runner init failures so far (0 for a job that has none, or is unknown).
+    async fn init_failures(&self, job: &str) -> Result<u64, LedgerError>;
 }
 
 /// The in-process registry.
@@ -40,6 +45,7 @@ struct Registered {
     record: Vec<u8>,
     pool: String,
     finished: bool,
+    init_failures: u64,
 }
 
 impl MemoryRegistry {
@@ -69,6 +75,7 @@ impl JobRegistry for MemoryRegistry {
                 record: record.to_vec(),
                 pool: pool.to_owned(),
                 finished: false,
+                init_failures: 0,
             },
         );
         self.jobs
@@ -107,11 +114,24 @@ impl JobRegistry for MemoryRegistry {
         }
         Ok(())
     }
+
+    async fn add_init_failure(&self, job: &str) -> Result<u64, LedgerError> {
+        let mut records = self.records();
+        let r = records
+            .get_mut(job)
+            .ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+        r.init_failures += 1;
+        Ok(r.init_failures)
+    }
+
+    async fn init_failures(&self, job: &str) -> Result<u64, LedgerError> {
+        Ok(self.records().get(job).map_or(0, |r| r.init_failures))
+    }
 }
 
 /// The registry on Redis: `<prefix>:jobs` (a sorted set scored by registration time),
-/// `<prefix>:pool:<pool>:unfinished` (likewise, per pool) and `<prefix>:job:{<job>}:record`
-/// beside the ledger's keys of the job.
+/// `<prefix>:pool:<pool>:unfinished` (likewise, per pool) and `<prefix>:job:{<job>}:record` /
+/// `:init_failures` beside the ledger's keys of the job.
 #[derive(Clone)]
 pub struct RedisRegistry {
     conn: redis::aio::ConnectionManager,
@@ -203,5 +223,21 @@ impl JobRegistry for RedisRegistry {
         conn.zrem(self.unfinished_key(pool), job)
             .await
             .map_err(backend)
+    }
+
+    async fn add_init_failure(&self, job: &str) -> Result<u64, LedgerError> {
+        let mut conn = self.conn.clone();
+        conn.incr(self.key(job, "init_failures"), 1u64)
+            .await
+            .map_err(backend)
+    }
+
+    async fn init_failures(&self, job: &str) -> Result<u64, LedgerError> {
+        let mut conn = self.conn.clone();
+        let count: Option<u64> = conn
+            .get(self.key(job, "init_failures"))
+            .await
+            .map_err(backend)?;
+        Ok(count.unwrap_or(0))
     }
 }

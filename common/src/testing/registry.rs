@@ -12,7 +12,7 @@ macro_rules! registry_conformance {
     ($make:expr) => {
         $crate::registry_conformance!(@cases $make;
             a_record_is_written_once, jobs_are_listed_oldest_first,
-            unfinished_jobs_are_the_pools_until_finished);
+            unfinished_jobs_are_the_pools_until_finished, init_failures_are_counted_per_job);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -74,4 +74,20 @@ where
     // A finished job keeps its record and its place among all jobs.
     assert_eq!(r.jobs().await.unwrap(), ["c", "a", "b"]);
     assert!(r.record("c").await.unwrap().is_some());
+}
+
+pub async fn init_failures_are_counted_per_job<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn JobRegistry>>,
+{
+    let r = make().await;
+    r.register("j", "p", b"{}").await.unwrap();
+    r.register("k", "p", b"{}").await.unwrap();
+    assert_eq!(r.init_failures("j").await.unwrap(), 0);
+    assert_eq!(r.add_init_failure("j").await.unwrap(), 1);
+    assert_eq!(r.add_init_failure("j").await.unwrap(), 2);
+    assert_eq!(r.add_init_failure("k").await.unwrap(), 1);
+    assert_eq!(r.init_failures("j").await.unwrap(), 2);
+    assert_eq!(r.init_failures("unknown").await.unwrap(), 0);
 }
