@@ -789,6 +789,33 @@ impl FinalizerKilled {
         killed
     }
 
+    /// Waits until a worker has retired the ended job: off the pool's unfinished jobs, its
+    /// ledger and record expiring, a week from now.
+    fn retired(&mut self, fleet: &Fleet) {
+        let job = self.key["fleetrun:job:{".len()..self.key.len() - "}:state".len()].to_owned();
+        let unfinished = format!("fleetrun:pool:{}:unfinished", fleet.pool);
+        let record = format!("fleetrun:job:{{{job}}}:record");
+        let redis = &mut self.redis;
+        let mut ttl = |key: &str| -> i64 { redis::cmd("TTL").arg(key).query(redis).unwrap() };
+        wait_for("the job to be retired", Duration::from_secs(30), || {
+            ttl(&record) > 0
+        });
+        let week = 7 * 24 * 3600;
+        for key in [self.key.clone(), record] {
+            let left = ttl(&key);
+            assert!(
+                week - 60 < left && left <= week,
+                "{key} expires in {left} s"
+            );
+        }
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(&unfinished)
+            .arg(&job)
+            .query(&mut self.redis)
+            .unwrap();
+        assert_eq!(score, None, "still among the pool's unfinished jobs");
+    }
+
     fn field(&mut self, name: &str) -> Option<String> {
         redis::cmd("HGET")
             .arg(&self.key)
@@ -799,7 +826,7 @@ impl FinalizerKilled {
 
     /// Waits for the submitter to report the job completed, and checks that the worker
     /// `fleet.workers[finalizer]` finalized it, with every line once.
-    fn completed_by(mut self, fleet: &Fleet, finalizer: usize) {
+    fn completed_by(&mut self, fleet: &Fleet, finalizer: usize) {
         assert_eq!(
             exit_within(&mut self.submit, Duration::from_secs(60)).code(),
             Some(0)
@@ -836,7 +863,7 @@ fn a_finalizer_killed_mid_join_is_replaced() {
     fleet.inputs(300);
     fleet.worker("f1", 1);
     fleet.worker("f2", 1);
-    let killed = FinalizerKilled::new(&mut fleet);
+    let mut killed = FinalizerKilled::new(&mut fleet);
     let survivor = 1 - killed.killed;
     killed.completed_by(&fleet, survivor);
 }
@@ -848,9 +875,11 @@ fn a_job_whose_only_worker_died_finalizing_is_finished_by_a_new_one() {
     let mut fleet = Fleet::new(ECHO);
     fleet.inputs(300);
     fleet.worker("only", 2);
-    let killed = FinalizerKilled::new(&mut fleet);
+    let mut killed = FinalizerKilled::new(&mut fleet);
     fleet.worker("newcomer", 1);
     killed.completed_by(&fleet, 1);
+    // Ended: retired by the pool's workers, to be forgotten in a week.
+    killed.retired(&fleet);
 }
 
 /// With no pool named anywhere, the worker and the submitter meet on the same default pool;

@@ -50,6 +50,8 @@ const WATCH_EVERY: Duration = Duration::from_secs(1);
 const FINALIZE_LEASE: Duration = Duration::from_secs(10);
 /// How often a worker looks over its pool's unfinished jobs for one nobody looks after.
 const ADOPT_EVERY: Duration = FINALIZE_LEASE;
+/// How long Redis keeps an ended job (its counts for `fleetrun status`, its record).
+pub const KEEP_ENDED_JOBS: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Where the fleet's services are. Flags win over the environment, which wins over the
 /// config file (`$FLEETRUN_CONFIG`, else `~/.config/fleetrun/fleet.toml`).
@@ -737,10 +739,10 @@ async fn record_dead_letters(fleet: Fleet, jobs: Arc<FleetJobs>, drain: Cancella
     }
 }
 
-/// Looks over the pool's unfinished jobs now and then: takes ended jobs off the list, and
-/// follows a Finalizing job this node does not know yet, so that its watcher takes the
-/// finalization over if whoever held it died (even when no worker that served the job is
-/// left). Stops when the worker drains.
+/// Looks over the pool's unfinished jobs now and then: retires ended jobs (Redis forgets
+/// them [`KEEP_ENDED_JOBS`] later), and follows a Finalizing job this node does not know
+/// yet, so that its watcher takes the finalization over if whoever held it died (even when
+/// no worker that served the job is left). Stops when the worker drains.
 async fn adopt_orphans(fleet: Fleet, jobs: Arc<FleetJobs>, drain: CancellationToken) {
     loop {
         if let Err(e) = adopt_once(&fleet, &jobs).await {
@@ -765,7 +767,13 @@ async fn adopt_once(fleet: &Fleet, jobs: &FleetJobs) -> Result<(), String> {
         match status.map(|s| s.state) {
             // Registered only once in the ledger: gone from it means ended long ago.
             None => {}
-            Some(state) if state.is_terminal() => {}
+            Some(state) if state.is_terminal() => {
+                fleet
+                    .ledger
+                    .retire(&job, KEEP_ENDED_JOBS)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
             Some(JobState::Finalizing) if jobs.cached(&job).is_none() => {
                 info!(job = %job, "Following a Finalizing job in case its finalizer is gone.");
                 if let Err(e) = jobs.get(&job).await {
@@ -777,7 +785,7 @@ async fn adopt_once(fleet: &Fleet, jobs: &FleetJobs) -> Result<(), String> {
         }
         fleet
             .registry
-            .finished(&job, pool)
+            .retire(&job, pool, KEEP_ENDED_JOBS)
             .await
             .map_err(|e| e.to_string())?;
     }

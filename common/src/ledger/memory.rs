@@ -21,6 +21,8 @@ struct Job {
     parts: HashMap<u64, String>,
     /// Who finalizes the job, and until when.
     finalizer: Option<(String, Instant)>,
+    /// When the ledger forgets the job (set once it has ended and is retired).
+    forget_at: Option<Instant>,
 }
 
 impl MemoryLedger {
@@ -28,8 +30,16 @@ impl MemoryLedger {
         Self::default()
     }
 
-    fn with_job<T>(&self, job: &str, f: impl FnOnce(&mut Job) -> T) -> Result<T, LedgerError> {
+    /// The jobs, with those whose time has come forgotten.
+    fn jobs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Job>> {
         let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        jobs.retain(|_, j| j.forget_at.is_none_or(|at| at > now));
+        jobs
+    }
+
+    fn with_job<T>(&self, job: &str, f: impl FnOnce(&mut Job) -> T) -> Result<T, LedgerError> {
+        let mut jobs = self.jobs();
         let entry = jobs
             .get_mut(job)
             .ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
@@ -64,7 +74,7 @@ impl Job {
 #[async_trait]
 impl Ledger for MemoryLedger {
     async fn create(&self, job: &str, limits: Limits) -> Result<(), LedgerError> {
-        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut jobs = self.jobs();
         if jobs.contains_key(job) {
             return Err(LedgerError::JobExists(job.to_owned()));
         }
@@ -76,6 +86,7 @@ impl Ledger for MemoryLedger {
                 done: HashSet::new(),
                 parts: HashMap::new(),
                 finalizer: None,
+                forget_at: None,
             },
         );
         Ok(())
@@ -175,7 +186,16 @@ impl Ledger for MemoryLedger {
     }
 
     async fn status(&self, job: &str) -> Result<Option<Status>, LedgerError> {
-        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(jobs.get(job).map(|j| j.status.clone()))
+        Ok(self.jobs().get(job).map(|j| j.status.clone()))
+    }
+
+    async fn retire(&self, job: &str, keep: Duration) -> Result<bool, LedgerError> {
+        self.with_job(job, |j| {
+            let ended = j.status.state.is_terminal();
+            if ended {
+                j.forget_at = Some(Instant::now() + keep);
+            }
+            ended
+        })
     }
 }

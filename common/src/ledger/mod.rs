@@ -244,4 +244,8 @@ pub trait Ledger: Send + Sync {
         owner: &str,
         lease: std::time::Duration,
     ) -> Result<bool, LedgerError>;
+    /// Keeps an ended job (Completed, Failed, Canceled) `keep` longer, then forgets it: from
+    /// then on the ledger does not know the job. True if the job has ended; a Running or
+    /// Finalizing job is left as it is.
+    async fn retire(&self, job: &str, keep: std::time::Duration) -> Result<bool, LedgerError>;
 }

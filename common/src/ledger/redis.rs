@@ -17,6 +17,9 @@
 //! - `<prefix>:job:{<job>}:parts`, a HASH from each recorded mini-batch index to where its
 //!   output part is, as the first recording gave it (a few dozen bytes per mini-batch).
 //!
+//! [`Ledger::retire`] sets all three to expire together once the job has ended, so Redis
+//! forgets a job whole: never its `done` entries before its state.
+//!
 //! # Why every step is a script
 //!
 //! Each step reads the count, decides and writes: record a mini-batch once, add its failures,
@@ -191,6 +194,16 @@ end
 return {moved_by(KEYS[1], ARGV[1]), redis.call('HGETALL', KEYS[1])}
 "#;
 
+/// KEYS: state, done, parts. ARGV: keep (ms). Returns nil for an unknown job, else 1 if it
+/// has ended (its keys now expire), 0 if it still runs or finalizes.
+const RETIRE_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == RUNNING or state == FINALIZING then return 0 end
+for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ARGV[1]) end
+return 1
+"#;
+
 /// KEYS: state. ARGV: owner, lease (ms). Returns nil for an unknown job, else 1 if `owner`
 /// now holds the finalization (claimed or renewed), 0 if the job is not Finalizing or
 /// another owner's lease has not run out. Times are the server's.
@@ -214,6 +227,7 @@ static SEAL: LazyLock<Script> = LazyLock::new(|| script(SEAL_LUA));
 static RECORD: LazyLock<Script> = LazyLock::new(|| script(RECORD_LUA));
 static TRANSITION: LazyLock<Script> = LazyLock::new(|| script(TRANSITION_LUA));
 static CLAIM: LazyLock<Script> = LazyLock::new(|| script(CLAIM_LUA));
+static RETIRE: LazyLock<Script> = LazyLock::new(|| script(RETIRE_LUA));
 
 /// What seal and record return: first (0/1), moved (0/1), the state hash.
 type StepReply = (i64, i64, HashMap<String, String>);
@@ -475,6 +489,31 @@ impl Ledger for RedisLedger {
             .await?;
         match held {
             Some(held) => Ok(held == 1),
+            None => Err(LedgerError::UnknownJob(job.to_owned())),
+        }
+    }
+
+    async fn retire(&self, job: &str, keep: Duration) -> Result<bool, LedgerError> {
+        let keys = self.keys(job);
+        let keep_ms = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX).max(1);
+        // Idempotent: a retry sets the same expiry again.
+        let ended: Option<i64> = self
+            .retrying("retire", job, || {
+                let mut conn = self.conn.clone();
+                let keys = &keys;
+                async move {
+                    RETIRE
+                        .key(&keys.state)
+                        .key(&keys.done)
+                        .key(&keys.parts)
+                        .arg(keep_ms)
+                        .invoke_async(&mut conn)
+                        .await
+                }
+            })
+            .await?;
+        match ended {
+            Some(ended) => Ok(ended == 1),
             None => Err(LedgerError::UnknownJob(job.to_owned())),
         }
     }

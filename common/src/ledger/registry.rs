@@ -6,7 +6,8 @@
 //! are written once at submission and only read afterwards.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use redis::AsyncCommands;
@@ -25,8 +26,9 @@ pub trait JobRegistry: Send + Sync {
     /// The pool's jobs not yet marked finished, oldest first: what its workers look after
     /// (a job whose finalizer died, say) even if they never served it.
     async fn unfinished(&self, pool: &str) -> Result<Vec<String>, LedgerError>;
-    /// Takes the job off its pool's unfinished jobs (a job that has ended); idempotent.
-    async fn finished(&self, job: &str, pool: &str) -> Result<(), LedgerError>;
+    /// Takes an ended job off its pool's unfinished jobs, and forgets it `keep` from now
+    /// (its record, its init failures, its place among all jobs). Idempotent.
+    async fn retire(&self, job: &str, pool: &str, keep: Duration) -> Result<(), LedgerError>;
     /// Counts one more runner init failure of the job, on any node; returns the count so far.
     async fn add_init_failure(&self, job: &str) -> Result<u64, LedgerError>;
     /// The job's runner init failures so far (0 for a job that has none, or is unknown).
@@ -46,6 +48,7 @@ struct Registered {
     pool: String,
     finished: bool,
     init_failures: u64,
+    forget_at: Option<Instant>,
 }
 
 impl MemoryRegistry {
@@ -53,11 +56,23 @@ impl MemoryRegistry {
         Self::default()
     }
 
+    /// The records, with those whose time has come forgotten (and their jobs).
     fn records(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Registered>> {
-        self.records.lock().unwrap_or_else(|p| p.into_inner())
+        let mut records = self.records.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let before = records.len();
+        records.retain(|_, r| r.forget_at.is_none_or(|at| at > now));
+        if records.len() < before {
+            self.jobs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|job| records.contains_key(job));
+        }
+        records
     }
 
     fn jobs_in_order(&self) -> Vec<String> {
+        let _forgotten = self.records();
         self.jobs.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
@@ -76,6 +91,7 @@ impl JobRegistry for MemoryRegistry {
                 pool: pool.to_owned(),
                 finished: false,
                 init_failures: 0,
+                forget_at: None,
             },
         );
         self.jobs
@@ -106,11 +122,12 @@ impl JobRegistry for MemoryRegistry {
             .collect())
     }
 
-    async fn finished(&self, job: &str, pool: &str) -> Result<(), LedgerError> {
+    async fn retire(&self, job: &str, pool: &str, keep: Duration) -> Result<(), LedgerError> {
         if let Some(r) = self.records().get_mut(job)
             && r.pool == pool
         {
             r.finished = true;
+            r.forget_at = Some(Instant::now() + keep);
         }
         Ok(())
     }
@@ -130,12 +147,20 @@ impl JobRegistry for MemoryRegistry {
 }
 
 /// The registry on Redis: `<prefix>:jobs` (a sorted set scored by registration time),
-/// `<prefix>:pool:<pool>:unfinished` (likewise, per pool) and `<prefix>:job:{<job>}:record` /
-/// `:init_failures` beside the ledger's keys of the job.
+/// `<prefix>:pool:<pool>:unfinished` (likewise, per pool), `<prefix>:retired` (scored by when
+/// each retired job is forgotten) and `<prefix>:job:{<job>}:record` / `:init_failures`
+/// beside the ledger's keys of the job (they expire when it is forgotten).
 #[derive(Clone)]
 pub struct RedisRegistry {
     conn: redis::aio::ConnectionManager,
     prefix: String,
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
 }
 
 fn backend(e: redis::RedisError) -> LedgerError {
@@ -169,7 +194,26 @@ impl RedisRegistry {
     fn unfinished_key(&self, pool: &str) -> String {
         format!("{}:pool:{pool}:unfinished", self.prefix)
     }
+
+    fn retired_key(&self) -> String {
+        format!("{}:retired", self.prefix)
+    }
 }
+
+/// KEYS: jobs, retired. ARGV: now (s). Takes the jobs forgotten by now off the list of all
+/// jobs.
+static FORGET: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1])
+for _, job in ipairs(gone) do
+  redis.call('ZREM', KEYS[1], job)
+  redis.call('ZREM', KEYS[2], job)
+end
+return #gone
+"#,
+    )
+});
 
 #[async_trait]
 impl JobRegistry for RedisRegistry {
@@ -186,10 +230,7 @@ impl JobRegistry for RedisRegistry {
         if !created {
             return Err(LedgerError::JobExists(job.to_owned()));
         }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs_f64();
+        let now = unix_now();
         let _: () = redis::pipe()
             .zadd(self.jobs_key(), job, now)
             .ignore()
@@ -208,6 +249,13 @@ impl JobRegistry for RedisRegistry {
 
     async fn jobs(&self) -> Result<Vec<String>, LedgerError> {
         let mut conn = self.conn.clone();
+        let _: i64 = FORGET
+            .key(self.jobs_key())
+            .key(self.retired_key())
+            .arg(unix_now())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(backend)?;
         conn.zrange(self.jobs_key(), 0, -1).await.map_err(backend)
     }
 
@@ -218,11 +266,22 @@ impl JobRegistry for RedisRegistry {
             .map_err(backend)
     }
 
-    async fn finished(&self, job: &str, pool: &str) -> Result<(), LedgerError> {
+    async fn retire(&self, job: &str, pool: &str, keep: Duration) -> Result<(), LedgerError> {
         let mut conn = self.conn.clone();
-        conn.zrem(self.unfinished_key(pool), job)
+        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX).max(1);
+        let _: () = redis::pipe()
+            .zrem(self.unfinished_key(pool), job)
+            .ignore()
+            .pexpire(self.key(job, "record"), keep_ms)
+            .ignore()
+            .pexpire(self.key(job, "init_failures"), keep_ms)
+            .ignore()
+            .zadd(self.retired_key(), job, unix_now() + keep.as_secs_f64())
+            .ignore()
+            .query_async(&mut conn)
             .await
-            .map_err(backend)
+            .map_err(backend)?;
+        Ok(())
     }
 
     async fn add_init_failure(&self, job: &str) -> Result<u64, LedgerError> {

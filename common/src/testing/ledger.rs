@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::ledger::{JobState, Ledger, Limits, Outcome};
+use crate::ledger::{JobState, Ledger, LedgerError, Limits, Outcome};
 
 /// Generates one `#[tokio::test]` per case for the ledger built by `$make`, an async closure
 /// returning `Arc<dyn Ledger>`.
@@ -16,7 +16,8 @@ macro_rules! ledger_conformance {
             error_threshold_fails_once_exceeded, minus_one_ignores_failures,
             failed_batch_count_and_percent, transition_only_from_allowed_states,
             concurrent_records_count_once, unknown_job_is_an_error,
-            parts_are_the_first_recordings, finalization_is_claimed_by_one_until_its_lease_ends);
+            parts_are_the_first_recordings, finalization_is_claimed_by_one_until_its_lease_ends,
+            an_ended_job_is_forgotten_in_its_time_once_retired);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -397,4 +398,36 @@ where
         .await
         .unwrap();
     assert!(!l.claim_finalization(&j, "b", long).await.unwrap());
+}
+
+pub async fn an_ended_job_is_forgotten_in_its_time_once_retired<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(&j, Limits::NONE).await.unwrap();
+    l.seal(&j, 2).await.unwrap();
+    l.record(&j, 0, OK, Some("part-0")).await.unwrap();
+    let keep = std::time::Duration::from_secs(1);
+    assert!(!l.retire(&j, keep).await.unwrap(), "a running job stays");
+    l.transition(&j, &[JobState::Running], JobState::Canceled, None)
+        .await
+        .unwrap();
+    assert!(l.retire(&j, keep).await.unwrap());
+    assert!(l.status(&j).await.unwrap().is_some(), "kept for its time");
+    super::eventually("the retired job to be forgotten", || async {
+        l.status(&j).await.unwrap().is_none()
+    })
+    .await;
+    // Forgotten whole: a late recording finds no job.
+    assert!(matches!(
+        l.record(&j, 1, OK, None).await,
+        Err(LedgerError::UnknownJob(_))
+    ));
+    assert!(matches!(
+        l.retire("never-entered", keep).await,
+        Err(LedgerError::UnknownJob(_))
+    ));
 }

@@ -29,3 +29,20 @@ pub fn random_suffix() -> String {
     );
     format!("{:012x}", h.finish() & 0xffff_ffff_ffff)
 }
+
+/// Waits, polling, until `done` holds; panics after 10 s. For what a backend does on its
+/// own time (keys expiring).
+pub async fn eventually<F, Fut>(what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

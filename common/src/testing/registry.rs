@@ -3,7 +3,11 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use crate::ledger::{JobRegistry, LedgerError};
+
+const HOUR: Duration = Duration::from_secs(3600);
 
 /// Generates one `#[tokio::test]` per case for the registry built by `$make`, an async
 /// closure returning an empty `Arc<dyn JobRegistry>`.
@@ -12,7 +16,8 @@ macro_rules! registry_conformance {
     ($make:expr) => {
         $crate::registry_conformance!(@cases $make;
             a_record_is_written_once, jobs_are_listed_oldest_first,
-            unfinished_jobs_are_the_pools_until_finished, init_failures_are_counted_per_job);
+            unfinished_jobs_are_the_pools_until_retired, init_failures_are_counted_per_job,
+            a_retired_job_is_forgotten_in_its_time);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -52,7 +57,7 @@ where
     assert_eq!(r.jobs().await.unwrap(), ["c", "a", "b"]);
 }
 
-pub async fn unfinished_jobs_are_the_pools_until_finished<F, Fut>(make: F)
+pub async fn unfinished_jobs_are_the_pools_until_retired<F, Fut>(make: F)
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Arc<dyn JobRegistry>>,
@@ -65,13 +70,13 @@ where
     assert_eq!(r.unfinished("q").await.unwrap(), ["a"]);
     assert!(r.unfinished("other").await.unwrap().is_empty());
 
-    r.finished("c", "p").await.unwrap();
-    r.finished("c", "p").await.unwrap();
-    // Another pool's job is not this pool's to finish.
-    r.finished("a", "p").await.unwrap();
+    r.retire("c", "p", HOUR).await.unwrap();
+    r.retire("c", "p", HOUR).await.unwrap();
+    // Another pool's job is not this pool's to retire.
+    r.retire("a", "p", HOUR).await.unwrap();
     assert_eq!(r.unfinished("p").await.unwrap(), ["b"]);
     assert_eq!(r.unfinished("q").await.unwrap(), ["a"]);
-    // A finished job keeps its record and its place among all jobs.
+    // A retired job keeps its record and its place among all jobs until its time.
     assert_eq!(r.jobs().await.unwrap(), ["c", "a", "b"]);
     assert!(r.record("c").await.unwrap().is_some());
 }
@@ -90,4 +95,25 @@ where
     assert_eq!(r.add_init_failure("k").await.unwrap(), 1);
     assert_eq!(r.init_failures("j").await.unwrap(), 2);
     assert_eq!(r.init_failures("unknown").await.unwrap(), 0);
+}
+
+pub async fn a_retired_job_is_forgotten_in_its_time<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn JobRegistry>>,
+{
+    let r = make().await;
+    r.register("j", "p", b"{}").await.unwrap();
+    r.register("k", "p", b"{}").await.unwrap();
+    r.add_init_failure("j").await.unwrap();
+    r.retire("j", "p", Duration::from_secs(1)).await.unwrap();
+    assert_eq!(r.unfinished("p").await.unwrap(), ["k"]);
+    assert!(r.record("j").await.unwrap().is_some(), "kept for its time");
+    super::eventually("the retired job to be forgotten", || async {
+        r.record("j").await.unwrap().is_none()
+    })
+    .await;
+    assert_eq!(r.jobs().await.unwrap(), ["k"]);
+    assert_eq!(r.init_failures("j").await.unwrap(), 0);
+    assert!(r.record("k").await.unwrap().is_some());
 }
