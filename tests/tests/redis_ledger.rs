@@ -106,6 +106,26 @@ async fn survives_a_dropped_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_registry_survives_a_dropped_connection() {
+    use fleetrun_common::ledger::{JobRegistry, RedisRegistry};
+    let r = RedisRegistry::connect(&redis_url(), &format!("test-{}", random_suffix()))
+        .await
+        .unwrap();
+    r.register("j", "p", b"record").await.unwrap();
+
+    let killed = redis_cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+    let killed: u64 = killed.trim().parse().expect("CLIENT KILL answers a count");
+    assert!(killed >= 1, "the registry's connection was killed");
+
+    assert_eq!(
+        r.record("j").await.expect("the read is retried").as_deref(),
+        Some(&b"record"[..])
+    );
+    r.register("k", "p", b"other").await.unwrap();
+    assert_eq!(r.unfinished("p").await.unwrap(), ["j", "k"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_keep_to_their_own_hash_tagged_keys() {
     let prefix = format!("test-{}", random_suffix());
     let l = ledger(&prefix).await;

@@ -282,31 +282,30 @@ impl RedisLedger {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         format!("{}-{n}", self.instance)
     }
+}
 
-    /// Runs `attempt` until it succeeds, retrying errors a new try may cure (a dropped
-    /// connection, a timeout, a server still loading). Only for idempotent attempts.
-    async fn retrying<T, F, Fut>(
-        &self,
-        step: &'static str,
-        job: &str,
-        attempt: F,
-    ) -> Result<T, LedgerError>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = RedisResult<T>>,
-    {
-        attempt
-            .retry(RETRY)
-            .when(is_transient)
-            .notify(|e: &RedisError, wait: Duration| {
-                warn!(
-                    job = %job, step, error = %e, retry_in = ?wait,
-                    "Redis ledger call failed; retrying."
-                );
-            })
-            .await
-            .map_err(|e| backend(step, &e))
-    }
+/// Runs `attempt` until it succeeds, retrying errors a new try may cure (a dropped
+/// connection, a timeout, a server still loading). Only for idempotent attempts.
+pub(super) async fn retrying<T, F, Fut>(
+    step: &'static str,
+    job: &str,
+    attempt: F,
+) -> Result<T, LedgerError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = RedisResult<T>>,
+{
+    attempt
+        .retry(RETRY)
+        .when(is_transient)
+        .notify(|e: &RedisError, wait: Duration| {
+            warn!(
+                job = %job, step, error = %e, retry_in = ?wait,
+                "Redis call failed; retrying."
+            );
+        })
+        .await
+        .map_err(|e| backend(step, &e))
 }
 
 #[async_trait]
@@ -318,24 +317,23 @@ impl Ledger for RedisLedger {
             .allowed_failed_count
             .map_or_else(|| "-1".to_owned(), |n| n.to_string());
         let percent = limits.allowed_failed_percent.to_string();
-        let entered: i64 = self
-            .retrying("create", job, || {
-                let mut conn = self.conn.clone();
-                let (keys, call, allowed_count, percent) = (&keys, &call, &allowed_count, &percent);
-                async move {
-                    CREATE
-                        .key(&keys.state)
-                        .key(&keys.done)
-                        .key(&keys.parts)
-                        .arg(call)
-                        .arg(limits.error_threshold)
-                        .arg(allowed_count)
-                        .arg(percent)
-                        .invoke_async(&mut conn)
-                        .await
-                }
-            })
-            .await?;
+        let entered: i64 = retrying("create", job, || {
+            let mut conn = self.conn.clone();
+            let (keys, call, allowed_count, percent) = (&keys, &call, &allowed_count, &percent);
+            async move {
+                CREATE
+                    .key(&keys.state)
+                    .key(&keys.done)
+                    .key(&keys.parts)
+                    .arg(call)
+                    .arg(limits.error_threshold)
+                    .arg(allowed_count)
+                    .arg(percent)
+                    .invoke_async(&mut conn)
+                    .await
+            }
+        })
+        .await?;
         if entered == 1 {
             Ok(())
         } else {
@@ -346,19 +344,18 @@ impl Ledger for RedisLedger {
     async fn seal(&self, job: &str, total: u64) -> Result<Recorded, LedgerError> {
         let keys = self.keys(job);
         let call = self.call_id();
-        let reply = self
-            .retrying("seal", job, || {
-                let mut conn = self.conn.clone();
-                let (keys, call) = (&keys, &call);
-                async move {
-                    SEAL.key(&keys.state)
-                        .arg(call)
-                        .arg(total)
-                        .invoke_async(&mut conn)
-                        .await
-                }
-            })
-            .await?;
+        let reply = retrying("seal", job, || {
+            let mut conn = self.conn.clone();
+            let (keys, call) = (&keys, &call);
+            async move {
+                SEAL.key(&keys.state)
+                    .arg(call)
+                    .arg(total)
+                    .invoke_async(&mut conn)
+                    .await
+            }
+        })
+        .await?;
         recorded("seal", job, reply)
     }
 
@@ -376,26 +373,25 @@ impl Ledger for RedisLedger {
         let (succeeded, failed) = (count(outcome.succeeded)?, count(outcome.failed)?);
         let keys = self.keys(job);
         let call = self.call_id();
-        let reply = self
-            .retrying("record", job, || {
-                let mut conn = self.conn.clone();
-                let (keys, call) = (&keys, &call);
-                async move {
-                    RECORD
-                        .key(&keys.state)
-                        .key(&keys.done)
-                        .key(&keys.parts)
-                        .arg(call)
-                        .arg(index)
-                        .arg(succeeded)
-                        .arg(failed)
-                        .arg(u8::from(outcome.batch_failed))
-                        .arg(part.unwrap_or(""))
-                        .invoke_async(&mut conn)
-                        .await
-                }
-            })
-            .await?;
+        let reply = retrying("record", job, || {
+            let mut conn = self.conn.clone();
+            let (keys, call) = (&keys, &call);
+            async move {
+                RECORD
+                    .key(&keys.state)
+                    .key(&keys.done)
+                    .key(&keys.parts)
+                    .arg(call)
+                    .arg(index)
+                    .arg(succeeded)
+                    .arg(failed)
+                    .arg(u8::from(outcome.batch_failed))
+                    .arg(part.unwrap_or(""))
+                    .invoke_async(&mut conn)
+                    .await
+            }
+        })
+        .await?;
         recorded("record", job, reply)
     }
 
@@ -410,19 +406,18 @@ impl Ledger for RedisLedger {
         while start < indices.end {
             let end = indices.end.min(start.saturating_add(PARTS_PER_CALL));
             let chunk: Vec<u64> = (start..end).collect();
-            let got: Vec<Option<String>> = self
-                .retrying("parts", job, || {
-                    let mut conn = self.conn.clone();
-                    let (key, chunk) = (&keys.parts, &chunk);
-                    async move {
-                        redis::cmd("HMGET")
-                            .arg(key)
-                            .arg(chunk)
-                            .query_async(&mut conn)
-                            .await
-                    }
-                })
-                .await?;
+            let got: Vec<Option<String>> = retrying("parts", job, || {
+                let mut conn = self.conn.clone();
+                let (key, chunk) = (&keys.parts, &chunk);
+                async move {
+                    redis::cmd("HMGET")
+                        .arg(key)
+                        .arg(chunk)
+                        .query_async(&mut conn)
+                        .await
+                }
+            })
+            .await?;
             parts.extend(got);
             start = end;
         }
@@ -439,23 +434,22 @@ impl Ledger for RedisLedger {
         let keys = self.keys(job);
         let call = self.call_id();
         let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
-        let reply: Option<(i64, HashMap<String, String>)> = self
-            .retrying("transition", job, || {
-                let mut conn = self.conn.clone();
-                let (keys, call, from) = (&keys, &call, &from);
-                async move {
-                    TRANSITION
-                        .key(&keys.state)
-                        .arg(call)
-                        .arg(to.as_str())
-                        .arg(u8::from(reason.is_some()))
-                        .arg(reason.unwrap_or(""))
-                        .arg(from)
-                        .invoke_async(&mut conn)
-                        .await
-                }
-            })
-            .await?;
+        let reply: Option<(i64, HashMap<String, String>)> = retrying("transition", job, || {
+            let mut conn = self.conn.clone();
+            let (keys, call, from) = (&keys, &call, &from);
+            async move {
+                TRANSITION
+                    .key(&keys.state)
+                    .arg(call)
+                    .arg(to.as_str())
+                    .arg(u8::from(reason.is_some()))
+                    .arg(reason.unwrap_or(""))
+                    .arg(from)
+                    .invoke_async(&mut conn)
+                    .await
+            }
+        })
+        .await?;
         let (moved, fields) = reply.ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
         let status = parse_status(job, &fields)?;
         if moved == 1 {
@@ -473,20 +467,19 @@ impl Ledger for RedisLedger {
         let keys = self.keys(job);
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
         // Idempotent: a retry by the same owner renews its own claim.
-        let held: Option<i64> = self
-            .retrying("claim", job, || {
-                let mut conn = self.conn.clone();
-                let key = &keys.state;
-                async move {
-                    CLAIM
-                        .key(key)
-                        .arg(owner)
-                        .arg(lease_ms)
-                        .invoke_async(&mut conn)
-                        .await
-                }
-            })
-            .await?;
+        let held: Option<i64> = retrying("claim", job, || {
+            let mut conn = self.conn.clone();
+            let key = &keys.state;
+            async move {
+                CLAIM
+                    .key(key)
+                    .arg(owner)
+                    .arg(lease_ms)
+                    .invoke_async(&mut conn)
+                    .await
+            }
+        })
+        .await?;
         match held {
             Some(held) => Ok(held == 1),
             None => Err(LedgerError::UnknownJob(job.to_owned())),
@@ -497,21 +490,20 @@ impl Ledger for RedisLedger {
         let keys = self.keys(job);
         let keep_ms = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX).max(1);
         // Idempotent: a retry sets the same expiry again.
-        let ended: Option<i64> = self
-            .retrying("retire", job, || {
-                let mut conn = self.conn.clone();
-                let keys = &keys;
-                async move {
-                    RETIRE
-                        .key(&keys.state)
-                        .key(&keys.done)
-                        .key(&keys.parts)
-                        .arg(keep_ms)
-                        .invoke_async(&mut conn)
-                        .await
-                }
-            })
-            .await?;
+        let ended: Option<i64> = retrying("retire", job, || {
+            let mut conn = self.conn.clone();
+            let keys = &keys;
+            async move {
+                RETIRE
+                    .key(&keys.state)
+                    .key(&keys.done)
+                    .key(&keys.parts)
+                    .arg(keep_ms)
+                    .invoke_async(&mut conn)
+                    .await
+            }
+        })
+        .await?;
         match ended {
             Some(ended) => Ok(ended == 1),
             None => Err(LedgerError::UnknownJob(job.to_owned())),
@@ -520,13 +512,12 @@ impl Ledger for RedisLedger {
 
     async fn status(&self, job: &str) -> Result<Option<Status>, LedgerError> {
         let keys = self.keys(job);
-        let fields: HashMap<String, String> = self
-            .retrying("status", job, || {
-                let mut conn = self.conn.clone();
-                let key = &keys.state;
-                async move { redis::cmd("HGETALL").arg(key).query_async(&mut conn).await }
-            })
-            .await?;
+        let fields: HashMap<String, String> = retrying("status", job, || {
+            let mut conn = self.conn.clone();
+            let key = &keys.state;
+            async move { redis::cmd("HGETALL").arg(key).query_async(&mut conn).await }
+        })
+        .await?;
         if fields.is_empty() {
             return Ok(None);
         }

@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use redis::AsyncCommands;
 
 use super::LedgerError;
+use super::redis::retrying;
 
 #[async_trait]
 pub trait JobRegistry: Send + Sync {
@@ -215,88 +216,123 @@ return #gone
     )
 });
 
+/// Every call is retried on a dropped connection or a lost reply, like the ledger's
+/// ([`super::redis`]): each is idempotent but `add_init_failure`, whose retry after a lost
+/// reply may count one failure twice.
 #[async_trait]
 impl JobRegistry for RedisRegistry {
     async fn register(&self, job: &str, pool: &str, record: &[u8]) -> Result<(), LedgerError> {
-        let mut conn = self.conn.clone();
-        let created: bool = redis::cmd("SET")
-            .arg(self.key(job, "record"))
-            .arg(record)
-            .arg("NX")
-            .query_async::<Option<String>>(&mut conn)
-            .await
-            .map_err(backend)?
-            .is_some();
-        if !created {
+        let key = self.key(job, "record");
+        let created = retrying("register", job, || {
+            let mut conn = self.conn.clone();
+            let key = &key;
+            async move {
+                redis::cmd("SET")
+                    .arg(key)
+                    .arg(record)
+                    .arg("NX")
+                    .query_async::<Option<String>>(&mut conn)
+                    .await
+            }
+        })
+        .await?
+        .is_some();
+        // A retry whose first try stored the record finds it there: still this call's.
+        if !created && self.record(job).await?.as_deref() != Some(record) {
             return Err(LedgerError::JobExists(job.to_owned()));
         }
         let now = unix_now();
-        let _: () = redis::pipe()
-            .zadd(self.jobs_key(), job, now)
-            .ignore()
-            .zadd(self.unfinished_key(pool), job, now)
-            .ignore()
-            .query_async(&mut conn)
-            .await
-            .map_err(backend)?;
-        Ok(())
+        retrying("register", job, || {
+            let mut conn = self.conn.clone();
+            let (jobs, unfinished) = (self.jobs_key(), self.unfinished_key(pool));
+            async move {
+                redis::pipe()
+                    .zadd(jobs, job, now)
+                    .ignore()
+                    .zadd(unfinished, job, now)
+                    .ignore()
+                    .query_async::<()>(&mut conn)
+                    .await
+            }
+        })
+        .await
     }
 
     async fn record(&self, job: &str) -> Result<Option<Vec<u8>>, LedgerError> {
-        let mut conn = self.conn.clone();
-        conn.get(self.key(job, "record")).await.map_err(backend)
+        let key = self.key(job, "record");
+        retrying("read the record", job, || {
+            let mut conn = self.conn.clone();
+            let key = &key;
+            async move { conn.get(key).await }
+        })
+        .await
     }
 
     async fn jobs(&self) -> Result<Vec<String>, LedgerError> {
-        let mut conn = self.conn.clone();
-        let _: i64 = FORGET
-            .key(self.jobs_key())
-            .key(self.retired_key())
-            .arg(unix_now())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(backend)?;
-        conn.zrange(self.jobs_key(), 0, -1).await.map_err(backend)
+        let (jobs, retired) = (self.jobs_key(), self.retired_key());
+        retrying("list the jobs", "", || {
+            let mut conn = self.conn.clone();
+            let (jobs, retired) = (&jobs, &retired);
+            async move {
+                let _: i64 = FORGET
+                    .key(jobs)
+                    .key(retired)
+                    .arg(unix_now())
+                    .invoke_async(&mut conn)
+                    .await?;
+                conn.zrange(jobs, 0, -1).await
+            }
+        })
+        .await
     }
 
     async fn unfinished(&self, pool: &str) -> Result<Vec<String>, LedgerError> {
-        let mut conn = self.conn.clone();
-        conn.zrange(self.unfinished_key(pool), 0, -1)
-            .await
-            .map_err(backend)
+        let key = self.unfinished_key(pool);
+        retrying("list the unfinished jobs", "", || {
+            let mut conn = self.conn.clone();
+            let key = &key;
+            async move { conn.zrange(key, 0, -1).await }
+        })
+        .await
     }
 
     async fn retire(&self, job: &str, pool: &str, keep: Duration) -> Result<(), LedgerError> {
-        let mut conn = self.conn.clone();
         let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX).max(1);
-        let _: () = redis::pipe()
-            .zrem(self.unfinished_key(pool), job)
-            .ignore()
-            .pexpire(self.key(job, "record"), keep_ms)
-            .ignore()
-            .pexpire(self.key(job, "init_failures"), keep_ms)
-            .ignore()
-            .zadd(self.retired_key(), job, unix_now() + keep.as_secs_f64())
-            .ignore()
-            .query_async(&mut conn)
-            .await
-            .map_err(backend)?;
-        Ok(())
+        let forget_at = unix_now() + keep.as_secs_f64();
+        retrying("retire", job, || {
+            let mut conn = self.conn.clone();
+            let mut pipe = redis::pipe();
+            pipe.zrem(self.unfinished_key(pool), job)
+                .ignore()
+                .pexpire(self.key(job, "record"), keep_ms)
+                .ignore()
+                .pexpire(self.key(job, "init_failures"), keep_ms)
+                .ignore()
+                .zadd(self.retired_key(), job, forget_at)
+                .ignore();
+            async move { pipe.query_async::<()>(&mut conn).await }
+        })
+        .await
     }
 
     async fn add_init_failure(&self, job: &str) -> Result<u64, LedgerError> {
-        let mut conn = self.conn.clone();
-        conn.incr(self.key(job, "init_failures"), 1u64)
-            .await
-            .map_err(backend)
+        let key = self.key(job, "init_failures");
+        retrying("count an init failure", job, || {
+            let mut conn = self.conn.clone();
+            let key = &key;
+            async move { conn.incr(key, 1u64).await }
+        })
+        .await
     }
 
     async fn init_failures(&self, job: &str) -> Result<u64, LedgerError> {
-        let mut conn = self.conn.clone();
-        let count: Option<u64> = conn
-            .get(self.key(job, "init_failures"))
-            .await
-            .map_err(backend)?;
+        let key = self.key(job, "init_failures");
+        let count: Option<u64> = retrying("read the init failures", job, || {
+            let mut conn = self.conn.clone();
+            let key = &key;
+            async move { conn.get(key).await }
+        })
+        .await?;
         Ok(count.unwrap_or(0))
     }
 }
