@@ -356,43 +356,21 @@ async fn finalize(
     parts: &dyn Parts,
     master: &impl Fn(&str),
 ) -> JobState {
-    let total = ledger
-        .status(job)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|s| s.total)
-        .unwrap_or(0);
     if spec.output_action == OutputAction::AppendRow {
+        let total = ledger
+            .status(job)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|s| s.total);
         master(&format!(
-            "Finalizing: joining {total} parts into {}.",
+            "Finalizing: joining {} parts into {}.",
+            total.unwrap_or(0),
             spec.append_row_file_name
         ));
-        if let Err(e) = parts::join_parts(
-            parts,
-            ledger,
-            job,
-            total,
-            output,
-            &spec.append_row_file_name,
-        )
-        .await
-        {
-            return fail(ledger, job, &format!("writing the output file failed: {e}")).await;
-        }
     }
-    match ledger
-        .transition(job, &[JobState::Finalizing], JobState::Completed, None)
-        .await
-    {
-        Ok((_, status)) => {
-            if let Err(e) = parts.clear().await {
-                master(&format!("Could not remove the parts: {e}"));
-            }
-            status.state
-        }
-        Err(_) => JobState::Failed,
-    }
+    // The only finalizer: nobody else could fail the job.
+    parts::finish_job(ledger, job, spec, output, parts, || async { true }).await
 }
 
 fn write_overview(logs: &JobLogs, status: &Status, created: u64, result: Option<&str>) {

@@ -21,7 +21,7 @@ use fleetrun_common::queue::{Disposition, Queue, QueueOptions};
 use fleetrun_common::storage::s3::{S3Settings, S3Storage};
 use fleetrun_common::storage::{LocalStorage, Storage, StorageError, check_key, join_key};
 use fleetrun_common::wire::MiniBatch;
-use fleetrun_config::{JobSpec, Location, OutputAction};
+use fleetrun_config::{JobSpec, Location};
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -589,62 +589,26 @@ async fn finalize_claimed(ledger: &dyn Ledger, ctx: &JobContext) -> Option<JobSt
     state
 }
 
-/// Joins the parts and completes the job; for the holder of the finalization claim. The
-/// parts are removed only once the job is Completed, so a finalizer that took over from a
-/// stalled one never finds them gone.
+/// Joins the parts and completes the job; for the holder of the finalization claim, who
+/// alone may fail the job over an output it could not write. The parts are removed only
+/// once the job is Completed, so a finalizer that took over from a stalled one never finds
+/// them gone.
 async fn finalize_job(ledger: &dyn Ledger, ctx: &JobContext) -> JobState {
-    let total = ledger
-        .status(&ctx.id)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|s| s.total)
-        .unwrap_or(0);
-    if ctx.spec.output_action == OutputAction::AppendRow
-        && let Err(e) = parts::join_parts(
-            &*ctx.parts,
-            ledger,
-            &ctx.id,
-            total,
-            &*ctx.output,
-            &ctx.spec.append_row_file_name,
-        )
-        .await
-    {
-        // Only the holder fails the job: a claim lost to another finalizer leaves it be.
-        let holds = ledger
+    let still_held = || async {
+        ledger
             .claim_finalization(&ctx.id, &ctx.finalizer, FINALIZE_LEASE)
             .await
-            .unwrap_or(false);
-        if !holds {
-            return JobState::Finalizing;
-        }
-        let reason = format!("writing the output file failed: {e}");
-        return match ledger
-            .transition(
-                &ctx.id,
-                &[JobState::Finalizing],
-                JobState::Failed,
-                Some(&reason),
-            )
-            .await
-        {
-            Ok((_, s)) => s.state,
-            Err(_) => JobState::Failed,
-        };
-    }
-    match ledger
-        .transition(&ctx.id, &[JobState::Finalizing], JobState::Completed, None)
-        .await
-    {
-        Ok((moved, s)) => {
-            if moved && let Err(e) = ctx.parts.clear().await {
-                warn!(job = %ctx.id, error = %e, "Cannot remove the job's parts.");
-            }
-            s.state
-        }
-        Err(_) => JobState::Failed,
-    }
+            .unwrap_or(false)
+    };
+    parts::finish_job(
+        ledger,
+        &ctx.id,
+        &ctx.spec,
+        &*ctx.output,
+        &*ctx.parts,
+        still_held,
+    )
+    .await
 }
 
 /// Writes `logs/job_result.txt` into the job's output.
