@@ -586,10 +586,12 @@ fn pool_connections(fleet: &Fleet) -> Vec<(String, String)> {
         .collect()
 }
 
-/// A job for two nodes whose `init()` always fails, served by two workers: each gives up on
-/// it after 3 failed starts, and the job fails once it has run two minutes with
-/// 2 × node_count × processes init failures over the fleet (CONTRACT §5 rule 2), rather
-/// than wait forever for a node that can start it.
+/// Two jobs whose `init()` always fails, served by two workers that each give up on a job
+/// after 3 failed starts. The one for two nodes fails once it has run two minutes with
+/// 2 × node_count × processes init failures over the fleet (CONTRACT §5 rule 2). The one
+/// for five nodes never reaches that count with two workers: it fails once no mini-batch
+/// has ended anywhere for as long as a node that could start it would have needed (rule 3:
+/// init, then its one 1-second attempt). Neither waits forever for a node that can start it.
 #[test]
 fn init_failures_over_the_fleet_fail_the_job_after_two_minutes() {
     let script =
@@ -598,11 +600,31 @@ fn init_failures_over_the_fleet_fail_the_job_after_two_minutes() {
     fleet.inputs(10);
     fleet.worker("n1", 1);
     fleet.worker("n2", 1);
-    let job = fleet.s3_job("node_count = 2\nprocess_count_per_node = 1");
+    let bucket = fleet.bucket.clone();
+    let rule_2 = fleet.s3_job("node_count = 2\nprocess_count_per_node = 1");
+    let stalled = fleet.job(
+        "node_count = 5\nprocess_count_per_node = 1\nrun_invocation_timeout = 1\nrun_max_try = 1",
+        &format!("s3://{bucket}/in"),
+        &format!("s3://{bucket}/stalled"),
+    );
     let submitted = std::time::Instant::now();
-    let mut submit = fleet.spawn_submit(&job);
+    let mut rule_2 = fleet.spawn_submit(&rule_2);
+    let mut stalled = fleet.spawn_submit(&stalled);
+
     assert_eq!(
-        exit_within(&mut submit, Duration::from_secs(240)).code(),
+        exit_within(&mut stalled, Duration::from_secs(240)).code(),
+        Some(42)
+    );
+    let result = String::from_utf8_lossy(&fleet.output("stalled/logs/job_result.txt")).into_owned();
+    assert!(result.contains("Result: Failed"), "{result}");
+    assert!(
+        result.contains("no mini-batch has ended on any node"),
+        "{result}"
+    );
+    assert!(result.contains("ImportError: no model file"), "{result}");
+
+    assert_eq!(
+        exit_within(&mut rule_2, Duration::from_secs(240)).code(),
         Some(42)
     );
     assert!(
@@ -620,14 +642,15 @@ fn init_failures_over_the_fleet_fail_the_job_after_two_minutes() {
 
 /// RabbitMQ stops in the middle of a job and starts again seconds later (a node of the
 /// test's own; the other tests share theirs): the workers reconnect without being restarted,
-/// the mini-batches they held come back, and every line is there exactly once.
+/// the mini-batches they held come back, and every line is there exactly once. The job
+/// takes 10 s of running, so the broker stops well before its end.
 #[test]
 fn a_broker_restart_mid_job_loses_and_duplicates_nothing() {
     let broker = PrivateRabbitMq::start();
     let markers = tempfile::tempdir().unwrap();
     let runs = markers.path().join("runs");
     let script = format!(
-        "import os, time\nRUNS = {:?}\ndef run(mini_batch):\n    with open(RUNS, 'a') as f:\n        f.write('run\\n')\n    time.sleep(0.2)\n    return [open(p).read() for p in mini_batch]\n",
+        "import os, time\nRUNS = {:?}\ndef run(mini_batch):\n    with open(RUNS, 'a') as f:\n        f.write('run\\n')\n    time.sleep(0.5)\n    return [open(p).read() for p in mini_batch]\n",
         runs.display().to_string()
     );
     let mut fleet = Fleet::on_broker(&script, broker.url());

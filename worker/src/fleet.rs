@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use bytes::Bytes;
 use fleetrun_common::ledger::redis::RedisLedger;
-use fleetrun_common::ledger::{JobRegistry, JobState, Ledger, RedisRegistry, Status};
+use fleetrun_common::ledger::{JobRegistry, JobState, Ledger, LedgerError, RedisRegistry, Status};
 use fleetrun_common::queue::amqp::AmqpQueue;
 use fleetrun_common::queue::{Disposition, Queue, QueueOptions};
 use fleetrun_common::storage::s3::{S3Settings, S3Storage};
@@ -447,33 +447,19 @@ async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, event: AgentE
                 return;
             };
             if ctx.spec.node_count <= 1 {
-                let reason = format!("no runner process could start: {reason}");
-                if let Ok((true, status)) = fleet
-                    .ledger
-                    .transition(&job, &[JobState::Running], JobState::Failed, Some(&reason))
-                    .await
-                {
-                    write_job_result(&ctx, &status).await;
-                }
+                fail_job(
+                    fleet,
+                    &ctx,
+                    &format!("no runner process could start: {reason}"),
+                )
+                .await;
             } else {
                 warn!(job = %job, node, "This node gave up on the job; other nodes keep serving it.");
-                // Init failures fail the job only once it has run a while (CONTRACT §5):
-                // look again then, in case no node is left to fail again by that time.
                 let processes = ctx
                     .spec
                     .process_count_per_node
                     .unwrap_or(jobs.config.processes as u32);
-                let fleet = fleet.clone();
-                tokio::spawn(async move {
-                    let Some(age) = job_age(&fleet, &job).await else {
-                        return;
-                    };
-                    let wait = agent::INIT_FAILURE_GRACE.saturating_sub(age);
-                    tokio::time::sleep(wait + Duration::from_secs(1)).await;
-                    if let Ok(failures) = fleet.registry.init_failures(&job).await {
-                        check_init_failures(&fleet, &ctx, processes, failures, &reason).await;
-                    }
-                });
+                tokio::spawn(recheck_given_up(fleet.clone(), ctx, processes, reason));
             }
         }
         AgentEvent::InitFailed {
@@ -496,6 +482,64 @@ async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, event: AgentE
     }
 }
 
+/// Looks again at a job this node gave up on, in case no node is left to fail it by then:
+/// once it has run two minutes (init failures over the fleet, CONTRACT §5 rule 2), and once
+/// a node that could start the script would have ended a mini-batch (rule 3: init, then
+/// every attempt of one mini-batch, run out their time), when the job fails if no
+/// mini-batch has ended anywhere.
+async fn recheck_given_up(fleet: Fleet, ctx: Arc<JobContext>, processes: u32, reason: String) {
+    let gave_up = tokio::time::Instant::now();
+    let Some(age) = job_age(&fleet, &ctx.id).await else {
+        return;
+    };
+    let spec = &ctx.spec;
+    let rule_2 = gave_up + agent::INIT_FAILURE_GRACE.saturating_sub(age) + Duration::from_secs(1);
+    let timeout = spec.run_invocation_timeout;
+    let stalled =
+        gave_up + Duration::from_secs(3 * timeout + 30 + u64::from(spec.run_max_try) * timeout + 5);
+    let mut checks = [rule_2, stalled];
+    checks.sort();
+    for at in checks {
+        tokio::time::sleep_until(at).await;
+        let Ok(Some(status)) = fleet.ledger.status(&ctx.id).await else {
+            continue;
+        };
+        if status.state != JobState::Running {
+            return;
+        }
+        if let Ok(failures) = fleet.registry.init_failures(&ctx.id).await
+            && check_init_failures(&fleet, &ctx, processes, failures, &reason).await
+        {
+            return;
+        }
+        if at == stalled && status.done == 0 {
+            let waited = gave_up.elapsed().as_secs();
+            let why = format!(
+                "no mini-batch has ended on any node {waited}s after this one gave up on the job: {reason}"
+            );
+            fail_job(&fleet, &ctx, &why).await;
+            return;
+        }
+    }
+}
+
+/// Fails a Running job and writes its result, if this call moved it.
+async fn fail_job(fleet: &Fleet, ctx: &JobContext, reason: &str) {
+    if let Ok((true, status)) = fleet
+        .ledger
+        .transition(
+            &ctx.id,
+            &[JobState::Running],
+            JobState::Failed,
+            Some(reason),
+        )
+        .await
+    {
+        info!(job = %ctx.id, "Job ended: {reason}.");
+        write_job_result(ctx, &status).await;
+    }
+}
+
 /// How long ago the job was submitted, from its record.
 async fn job_age(fleet: &Fleet, job: &str) -> Option<Duration> {
     let bytes = fleet.registry.record(job).await.ok()??;
@@ -506,35 +550,23 @@ async fn job_age(fleet: &Fleet, job: &str) -> Option<Duration> {
 }
 
 /// Fails the job if its init failures over all nodes break CONTRACT §5 rule 2; `detail`
-/// ends the reason.
+/// ends the reason. True if the rule fails the job.
 async fn check_init_failures(
     fleet: &Fleet,
     ctx: &JobContext,
     processes: u32,
     failures: u64,
     detail: &str,
-) {
+) -> bool {
     let Some(age) = job_age(fleet, &ctx.id).await else {
-        return;
+        return false;
     };
     let Some(reason) = agent::init_failures_fail_job(ctx.spec.node_count, processes, failures, age)
     else {
-        return;
+        return false;
     };
-    let reason = format!("{reason}; {detail}");
-    if let Ok((true, status)) = fleet
-        .ledger
-        .transition(
-            &ctx.id,
-            &[JobState::Running],
-            JobState::Failed,
-            Some(&reason),
-        )
-        .await
-    {
-        info!(job = %ctx.id, "Job ended: {reason}.");
-        write_job_result(ctx, &status).await;
-    }
+    fail_job(fleet, ctx, &format!("{reason}; {detail}")).await;
+    true
 }
 
 /// Concludes a job whose state a recording just moved (the caller saw `transitioned`), or
@@ -679,7 +711,7 @@ async fn record_dead_letters(fleet: Fleet, jobs: Arc<FleetJobs>, drain: Cancella
                     &*fleet.ledger,
                     &ctx,
                     &batch,
-                    delivery.attempt,
+                    batch.attempt(delivery.attempt),
                     &cause,
                 )
                 .await
@@ -727,33 +759,34 @@ async fn adopt_once(fleet: &Fleet, jobs: &FleetJobs) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?
     {
-        let status = fleet.ledger.status(&job).await.map_err(|e| e.to_string())?;
-        match status.map(|s| s.state) {
-            // Registered only once in the ledger: gone from it means ended long ago.
-            None => {}
-            Some(state) if state.is_terminal() => {
-                fleet
-                    .ledger
-                    .retire(&job, KEEP_ENDED_JOBS)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
-            Some(JobState::Finalizing) if jobs.cached(&job).is_none() => {
-                info!(job = %job, "Following a Finalizing job in case its finalizer is gone.");
-                if let Err(e) = jobs.get(&job).await {
-                    warn!(job = %job, error = %e, "Cannot load the job.");
-                }
-                continue;
-            }
-            Some(_) => continue,
+        // One job the ledger cannot answer for holds up none of the others.
+        if let Err(e) = look_after(fleet, jobs, &job).await {
+            warn!(job = %job, error = %e, "Cannot look after the job.");
         }
-        fleet
-            .registry
-            .retire(&job, pool, KEEP_ENDED_JOBS)
-            .await
-            .map_err(|e| e.to_string())?;
     }
     Ok(())
+}
+
+async fn look_after(fleet: &Fleet, jobs: &FleetJobs, job: &str) -> Result<(), LedgerError> {
+    match fleet.ledger.status(job).await?.map(|s| s.state) {
+        // Registered only once in the ledger: gone from it means ended long ago.
+        None => {}
+        Some(state) if state.is_terminal() => {
+            fleet.ledger.retire(job, KEEP_ENDED_JOBS).await?;
+        }
+        Some(JobState::Finalizing) if jobs.cached(job).is_none() => {
+            info!(job = %job, "Following a Finalizing job in case its finalizer is gone.");
+            if let Err(e) = jobs.get(job).await {
+                warn!(job = %job, error = %e, "Cannot load the job.");
+            }
+            return Ok(());
+        }
+        Some(_) => return Ok(()),
+    }
+    fleet
+        .registry
+        .retire(job, &fleet.pool, KEEP_ENDED_JOBS)
+        .await
 }
 
 struct FleetJobs {
