@@ -170,6 +170,12 @@ if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[1]) == 1 then
   redis.call('HINCRBY', KEYS[1], 'items_failed', ARGV[4])
   redis.call('HINCRBY', KEYS[1], 'batches_failed', ARGV[5])
   if ARGV[6] ~= '' then redis.call('HSET', KEYS[3], ARGV[2], ARGV[6]) end
+  -- A late recording of a retired job: what it just created goes with the job.
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl > 0 then
+    redis.call('PEXPIRE', KEYS[2], ttl)
+    redis.call('PEXPIRE', KEYS[3], ttl)
+  end
   moved = settle(KEYS[1], ARGV[1])
 elseif redis.call('HGET', KEYS[2], ARGV[2]) == ARGV[1] then
   moved = moved_by(KEYS[1], ARGV[1])

@@ -28,7 +28,8 @@ pub trait JobRegistry: Send + Sync {
     /// (a job whose finalizer died, say) even if they never served it.
     async fn unfinished(&self, pool: &str) -> Result<Vec<String>, LedgerError>;
     /// Takes an ended job off its pool's unfinished jobs, and forgets it `keep` from now
-    /// (its record, its init failures, its place among all jobs). Idempotent.
+    /// (its record, its init failures, its place among all jobs). Only the first call for
+    /// the job, from its own pool, does anything.
     async fn retire(&self, job: &str, pool: &str, keep: Duration) -> Result<(), LedgerError>;
     /// Counts one more runner init failure of the job, on any node; returns the count so far.
     async fn add_init_failure(&self, job: &str) -> Result<u64, LedgerError>;
@@ -126,6 +127,7 @@ impl JobRegistry for MemoryRegistry {
     async fn retire(&self, job: &str, pool: &str, keep: Duration) -> Result<(), LedgerError> {
         if let Some(r) = self.records().get_mut(job)
             && r.pool == pool
+            && !r.finished
         {
             r.finished = true;
             r.forget_at = Some(Instant::now() + keep);
@@ -200,6 +202,33 @@ impl RedisRegistry {
         format!("{}:retired", self.prefix)
     }
 }
+
+/// KEYS: the pool's unfinished, record, init_failures, retired. ARGV: job, keep (ms), forget
+/// at (s). Only a job still among the pool's unfinished ones is retired.
+static RETIRE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+redis.call('PEXPIRE', KEYS[3], ARGV[2])
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
+return 1
+"#,
+    )
+});
+
+/// KEYS: init_failures, record. Counts one more; the count of a retired job expires with
+/// its record.
+static ADD_INIT_FAILURE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local n = redis.call('INCR', KEYS[1])
+local ttl = redis.call('PTTL', KEYS[2])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
+return n
+"#,
+    )
+});
 
 /// KEYS: jobs, retired. ARGV: now (s). Takes the jobs forgotten by now off the list of all
 /// jobs.
@@ -299,28 +328,41 @@ impl JobRegistry for RedisRegistry {
     async fn retire(&self, job: &str, pool: &str, keep: Duration) -> Result<(), LedgerError> {
         let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX).max(1);
         let forget_at = unix_now() + keep.as_secs_f64();
+        let keys = [
+            self.unfinished_key(pool),
+            self.key(job, "record"),
+            self.key(job, "init_failures"),
+            self.retired_key(),
+        ];
         retrying("retire", job, || {
             let mut conn = self.conn.clone();
-            let mut pipe = redis::pipe();
-            pipe.zrem(self.unfinished_key(pool), job)
-                .ignore()
-                .pexpire(self.key(job, "record"), keep_ms)
-                .ignore()
-                .pexpire(self.key(job, "init_failures"), keep_ms)
-                .ignore()
-                .zadd(self.retired_key(), job, forget_at)
-                .ignore();
-            async move { pipe.query_async::<()>(&mut conn).await }
+            let keys = &keys;
+            async move {
+                RETIRE
+                    .key(keys.as_slice())
+                    .arg(job)
+                    .arg(keep_ms)
+                    .arg(forget_at)
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+            }
         })
-        .await
+        .await?;
+        Ok(())
     }
 
     async fn add_init_failure(&self, job: &str) -> Result<u64, LedgerError> {
-        let key = self.key(job, "init_failures");
+        let (count, record) = (self.key(job, "init_failures"), self.key(job, "record"));
         retrying("count an init failure", job, || {
             let mut conn = self.conn.clone();
-            let key = &key;
-            async move { conn.incr(key, 1u64).await }
+            let (count, record) = (&count, &record);
+            async move {
+                ADD_INIT_FAILURE
+                    .key(count)
+                    .key(record)
+                    .invoke_async(&mut conn)
+                    .await
+            }
         })
         .await
     }

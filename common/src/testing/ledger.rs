@@ -408,8 +408,8 @@ where
     let l = make().await;
     let j = job();
     l.create(&j, Limits::NONE).await.unwrap();
-    l.seal(&j, 2).await.unwrap();
-    l.record(&j, 0, OK, Some("part-0")).await.unwrap();
+    l.seal(&j, 3).await.unwrap();
+    l.record(&j, 0, OK, None).await.unwrap();
     let keep = std::time::Duration::from_secs(1);
     assert!(!l.retire(&j, keep).await.unwrap(), "a running job stays");
     l.transition(&j, &[JobState::Running], JobState::Canceled, None)
@@ -417,13 +417,22 @@ where
         .unwrap();
     assert!(l.retire(&j, keep).await.unwrap());
     assert!(l.status(&j).await.unwrap().is_some(), "kept for its time");
+    // A late recording (a run that ended after the job did) goes with the job.
+    l.record(&j, 1, OK, Some("late-part")).await.unwrap();
     super::eventually("the retired job to be forgotten", || async {
         l.status(&j).await.unwrap().is_none()
     })
     .await;
-    // Forgotten whole: a late recording finds no job.
+    // Forgotten whole: no part is left, and a later recording finds no job.
+    let parts = l.parts(&j, 0..3).await;
+    assert!(
+        parts
+            .as_ref()
+            .map_or(true, |p| p.iter().all(Option::is_none)),
+        "{parts:?}"
+    );
     assert!(matches!(
-        l.record(&j, 1, OK, None).await,
+        l.record(&j, 2, OK, None).await,
         Err(LedgerError::UnknownJob(_))
     ));
     assert!(matches!(

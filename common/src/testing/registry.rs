@@ -105,15 +105,23 @@ where
     let r = make().await;
     r.register("j", "p", b"{}").await.unwrap();
     r.register("k", "p", b"{}").await.unwrap();
+    r.register("x", "q", b"{}").await.unwrap();
     r.add_init_failure("j").await.unwrap();
-    r.retire("j", "p", Duration::from_secs(1)).await.unwrap();
+    let keep = Duration::from_secs(1);
+    r.retire("j", "p", keep).await.unwrap();
+    // Another pool's job is not this pool's to retire.
+    r.retire("x", "p", keep).await.unwrap();
     assert_eq!(r.unfinished("p").await.unwrap(), ["k"]);
+    // A late init failure goes with the job.
+    r.add_init_failure("j").await.unwrap();
     assert!(r.record("j").await.unwrap().is_some(), "kept for its time");
     super::eventually("the retired job to be forgotten", || async {
         r.record("j").await.unwrap().is_none()
     })
     .await;
-    assert_eq!(r.jobs().await.unwrap(), ["k"]);
+    assert_eq!(r.jobs().await.unwrap(), ["k", "x"]);
     assert_eq!(r.init_failures("j").await.unwrap(), 0);
     assert!(r.record("k").await.unwrap().is_some());
+    assert!(r.record("x").await.unwrap().is_some());
+    assert_eq!(r.unfinished("q").await.unwrap(), ["x"]);
 }
