@@ -18,15 +18,6 @@ pub struct MiniBatch {
     pub index: u64,
     /// Object keys of the input files, relative to the job's input location.
     pub items: Vec<String>,
-    /// Attempts spent on the mini-batch before this message was published: a node that
-    /// hands a mini-batch back without running it publishes a copy carrying them, so that
-    /// handing back costs no attempt while the broker counts the copy's deliveries afresh.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub attempts_spent: u32,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -44,18 +35,11 @@ impl MiniBatch {
             job: job.into(),
             index,
             items,
-            attempts_spent: 0,
         }
     }
 
     pub fn encode(&self) -> Vec<u8> {
         rmp_serde::to_vec_named(self).expect("a MiniBatch always encodes")
-    }
-
-    /// The attempt a delivery of this message is, given the broker's count (1 on the
-    /// first delivery).
-    pub fn attempt(&self, delivered: u32) -> u32 {
-        self.attempts_spent.saturating_add(delivered)
     }
 
     pub fn decode(body: &[u8]) -> Result<Self, WireError> {
@@ -75,24 +59,6 @@ mod tests {
     fn round_trips() {
         let m = MiniBatch::new("j", 3, vec!["a/b.png".into()]);
         assert_eq!(MiniBatch::decode(&m.encode()).unwrap(), m);
-    }
-
-    #[test]
-    fn a_handed_back_copy_carries_its_spent_attempts() {
-        let first = MiniBatch::new("j", 3, vec!["a".into()]);
-        assert_eq!(first.attempt(1), 1);
-        let copy = MiniBatch {
-            attempts_spent: 2,
-            ..first.clone()
-        };
-        let decoded = MiniBatch::decode(&copy.encode()).unwrap();
-        assert_eq!(decoded.attempt(1), 3);
-        // A message without the field (none spent) is a little shorter and reads as 0.
-        assert!(first.encode().len() < copy.encode().len());
-        assert_eq!(
-            MiniBatch::decode(&first.encode()).unwrap().attempts_spent,
-            0
-        );
     }
 
     #[test]

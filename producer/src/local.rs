@@ -166,9 +166,7 @@ pub async fn run_local(
                 warm_job: Some(job_id.clone()),
                 gpus,
             },
-            // The agent publishes a mini-batch again to give it back: never waiting for
-            // room the producer keeps taking.
-            queue: Arc::new(queue.never_waiting()),
+            queue: queue.clone(),
             ledger: ledger.clone(),
             jobs: Arc::new(OneJob(ctx.clone())),
             events: events.clone(),

@@ -354,24 +354,6 @@ impl Slot {
         }
     }
 
-    /// Gives back a mini-batch this slot did not run, at no cost in attempts: publishes a
-    /// copy carrying the `spent` attempts, then acknowledges the delivery (a requeue would
-    /// count one more). A crash between the two leaves two copies; the ledger counts
-    /// whichever finishes first.
-    async fn hand_back(&self, batch: &MiniBatch, spent: u32) -> Verdict {
-        let copy = MiniBatch {
-            attempts_spent: spent,
-            ..batch.clone()
-        };
-        match self.shared.agent.queue.publish(copy.encode()).await {
-            Ok(()) => Verdict::Settle(Disposition::Ack),
-            Err(e) => {
-                warn!(job = %batch.job, mini_batch = batch.index, error = %e, "Cannot hand the mini-batch back; requeueing it.");
-                Verdict::Settle(Disposition::Requeue)
-            }
-        }
-    }
-
     async fn kill_runner(&mut self) {
         if let Some(mut active) = self.runner.take() {
             active.process.kill().await;
@@ -397,7 +379,7 @@ impl Slot {
             staged.clean().await;
             Verdict::Drop
         } else {
-            let attempt = batch.attempt(ahead.delivery.attempt);
+            let attempt = ahead.delivery.attempt;
             self.attempt(&ctx, &batch, attempt, Some(staged), consumer)
                 .await
         };
@@ -442,7 +424,7 @@ impl Slot {
         if !self.accepts_work(&ctx).await {
             return Verdict::Drop;
         }
-        let attempt = batch.attempt(delivery.attempt);
+        let attempt = delivery.attempt;
         if ctx.gave_up.load(Ordering::Relaxed) {
             // This node cannot start the job's script; leave the work to other nodes, without
             // spinning on it meanwhile.
@@ -450,7 +432,7 @@ impl Slot {
                 _ = ctx.stop.cancelled() => return Verdict::Drop,
                 _ = tokio::time::sleep(GAVE_UP_BACKOFF) => {}
             }
-            return self.hand_back(&batch, attempt - 1).await;
+            return Verdict::Settle(Disposition::Return);
         }
         let max = ctx.spec.run_max_try;
         if attempt > max {
@@ -461,7 +443,7 @@ impl Slot {
         }
         if !self.ensure_runner(&ctx).await {
             // No runner started: run() was not tried, so this was no attempt.
-            return self.hand_back(&batch, attempt - 1).await;
+            return Verdict::Settle(Disposition::Return);
         }
         self.attempt(&ctx, &batch, attempt, None, consumer).await
     }
@@ -899,7 +881,7 @@ impl Slot {
         let sent = match MiniBatch::decode(&delivery.body) {
             Ok(batch)
                 if batch.job == ctx.id
-                    && batch.attempt(delivery.attempt) <= ctx.spec.run_max_try
+                    && delivery.attempt <= ctx.spec.run_max_try
                     && !ctx.stop.is_cancelled()
                     && !ctx.gave_up.load(Ordering::Relaxed) =>
             {

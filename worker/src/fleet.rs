@@ -711,7 +711,7 @@ async fn record_dead_letters(fleet: Fleet, jobs: Arc<FleetJobs>, drain: Cancella
                     &*fleet.ledger,
                     &ctx,
                     &batch,
-                    batch.attempt(delivery.attempt),
+                    delivery.attempt,
                     &cause,
                 )
                 .await

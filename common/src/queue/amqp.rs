@@ -30,6 +30,9 @@
 //!   deliveries' settlements return `Ok(false)`. A channel the broker closes (a consumer
 //!   timeout) is not recovered by lapin: the consumer reports one error and reopens on the next
 //!   call.
+//! - [`Disposition::Return`] publishes a copy carrying the attempts spent
+//!   (`x-fleetrun-attempts-spent`, added to the attempt) and acknowledges the delivery, since
+//!   a requeue would count one more delivery.
 //! - A publish the queue nacks (no leader for a moment, or over an operator's length limit:
 //!   the queue's overflow is `reject-publish`) is published again with backoff; only a message
 //!   the broker returns (no such queue) is refused at once.
@@ -77,6 +80,8 @@ mod names {
 
     /// Message headers the broker sets.
     pub const DELIVERY_COUNT: &str = "x-delivery-count";
+    /// Attempts a message had before it was given back untried and published again.
+    pub const ATTEMPTS_SPENT: &str = "x-fleetrun-attempts-spent";
     pub const FIRST_DEATH_REASON: &str = "x-first-death-reason";
     pub const DEATH: &str = "x-death";
 
@@ -322,6 +327,68 @@ fn backend(what: &'static str) -> impl Fn(lapin::Error) -> QueueError {
 }
 
 impl Shared {
+    /// Publishes with a confirm. A nack without a returned message means the queue could not
+    /// take it just then (a quorum queue without a leader for a moment, or one over a length
+    /// limit an operator set): the publish is retried with backoff, as transient as a lost
+    /// connection. A nacked message may still have been enqueued; a second copy of a
+    /// mini-batch costs a run, never an output row, because the ledger counts the first.
+    /// `spent`: attempts the message had before (set on a copy of one given back untried).
+    async fn publish(&self, body: &[u8], spent: u32) -> Result<(), QueueError> {
+        let shared = self;
+        let mut delays = retry_backoff();
+        loop {
+            let confirmation = shared
+                .retrying("publish", Some(&shared.publisher), |channel| async move {
+                    let options = BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    };
+                    let mut properties = BasicProperties::default().with_delivery_mode(PERSISTENT);
+                    if spent > 0 {
+                        let mut headers = FieldTable::default();
+                        headers.insert(names::ATTEMPTS_SPENT.into(), AMQPValue::LongUInt(spent));
+                        properties = properties.with_headers(headers);
+                    }
+                    channel
+                        .basic_publish(
+                            "".into(),
+                            shared.batches.as_str().into(),
+                            options,
+                            body,
+                            properties,
+                        )
+                        .await?
+                        .await
+                })
+                .await?;
+            match confirmation {
+                Confirmation::Ack(None) => return Ok(()),
+                Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                    return Err(QueueError::Refused(format!(
+                        "returned by the broker: {} {}",
+                        returned.reply_code, returned.reply_text
+                    )));
+                }
+                Confirmation::Nack(None) => {
+                    shared.refused.fetch_add(1, Ordering::Relaxed);
+                    let Some(delay) = delays.next() else {
+                        return Err(QueueError::Refused(format!(
+                            "{} kept refusing the message (full, or no quorum)",
+                            shared.batches
+                        )));
+                    };
+                    warn!(pool = %shared.pool, ?delay, "RabbitMQ refused a message; publishing it again.");
+                    tokio::time::sleep(delay).await;
+                }
+                Confirmation::NotRequested => {
+                    return Err(QueueError::Backend(
+                        "publisher confirms are off on the publishing channel".to_owned(),
+                    ));
+                }
+            }
+        }
+    }
+
     /// Declares the pool's exchange and queues; idempotent.
     async fn declare(&self) -> Result<(), QueueError> {
         let channel = self
@@ -494,61 +561,8 @@ fn long_string(s: &str) -> AMQPValue {
 
 #[async_trait]
 impl Queue for AmqpQueue {
-    /// Publishes with a confirm. A nack without a returned message means the queue could not
-    /// take it just then (a quorum queue without a leader for a moment, or one over a length
-    /// limit an operator set): the publish is retried with backoff, as transient as a lost
-    /// connection. A nacked message may still have been enqueued; a second copy of a
-    /// mini-batch costs a run, never an output row, because the ledger counts the first.
     async fn publish(&self, body: Vec<u8>) -> Result<(), QueueError> {
-        let shared = &self.shared;
-        let body = &body;
-        let mut delays = retry_backoff();
-        loop {
-            let confirmation = shared
-                .retrying("publish", Some(&shared.publisher), |channel| async move {
-                    let options = BasicPublishOptions {
-                        mandatory: true,
-                        ..Default::default()
-                    };
-                    let properties = BasicProperties::default().with_delivery_mode(PERSISTENT);
-                    channel
-                        .basic_publish(
-                            "".into(),
-                            shared.batches.as_str().into(),
-                            options,
-                            body,
-                            properties,
-                        )
-                        .await?
-                        .await
-                })
-                .await?;
-            match confirmation {
-                Confirmation::Ack(None) => return Ok(()),
-                Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
-                    return Err(QueueError::Refused(format!(
-                        "returned by the broker: {} {}",
-                        returned.reply_code, returned.reply_text
-                    )));
-                }
-                Confirmation::Nack(None) => {
-                    shared.refused.fetch_add(1, Ordering::Relaxed);
-                    let Some(delay) = delays.next() else {
-                        return Err(QueueError::Refused(format!(
-                            "{} kept refusing the message (full, or no quorum)",
-                            shared.batches
-                        )));
-                    };
-                    warn!(pool = %shared.pool, ?delay, "RabbitMQ refused a message; publishing it again.");
-                    tokio::time::sleep(delay).await;
-                }
-                Confirmation::NotRequested => {
-                    return Err(QueueError::Backend(
-                        "publisher confirms are off on the publishing channel".to_owned(),
-                    ));
-                }
-            }
-        }
+        self.shared.publish(&body, 0).await
     }
 
     async fn consume(&self, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError> {
@@ -750,28 +764,28 @@ impl AmqpConsumer {
         permit: OwnedSemaphorePermit,
     ) -> Delivery {
         let headers = delivery.properties.headers().as_ref();
-        let attempt = headers
-            .and_then(|h| h.inner().get(names::DELIVERY_COUNT))
-            .and_then(as_count)
-            .map_or(1, |count| count.saturating_add(1));
+        let count = |name| headers.and_then(|h| h.inner().get(name)).and_then(as_count);
+        let attempt = count(names::DELIVERY_COUNT)
+            .unwrap_or(0)
+            .saturating_add(1)
+            .saturating_add(count(names::ATTEMPTS_SPENT).unwrap_or(0));
         let dead_reason = if self.dead_letters {
             headers.and_then(dead_reason)
         } else {
             None
         };
+        let body = Bytes::from(delivery.data);
         let acker = AmqpAcker {
             acker: delivery.acker,
+            shared: self.shared.clone(),
+            body: body.clone(),
+            attempt,
             dead_letter: self.dead_letters,
             settled: false,
             _channel: channel,
             _permit: permit,
         };
-        Delivery::new(
-            Bytes::from(delivery.data),
-            attempt,
-            dead_reason,
-            Box::new(acker),
-        )
+        Delivery::new(body, attempt, dead_reason, Box::new(acker))
     }
 }
 
@@ -859,6 +873,10 @@ impl Consumer for AmqpConsumer {
 /// Settles one delivery on its consumer's channel, which it keeps open until then.
 struct AmqpAcker {
     acker: lapin::Acker,
+    /// To give the message back untried: published again, carrying its attempts.
+    shared: Arc<Shared>,
+    body: Bytes,
+    attempt: u32,
     /// A delivery from the dead-letter queue: only an ack removes it, anything else puts it
     /// back (the dead-letter queue has nowhere further to send it).
     dead_letter: bool,
@@ -873,15 +891,27 @@ impl Acker for AmqpAcker {
     async fn settle(&mut self, disposition: Disposition) -> Result<bool, QueueError> {
         self.settled = true;
         let acker = &self.acker;
+        let requeue = BasicNackOptions {
+            requeue: true,
+            multiple: false,
+        };
         let sent = match (disposition, self.dead_letter) {
             (Disposition::Ack, _) => acker.ack(BasicAckOptions { multiple: false }).await,
-            (Disposition::Requeue, _) | (Disposition::DeadLetter, true) => {
-                acker
-                    .nack(BasicNackOptions {
-                        requeue: true,
-                        multiple: false,
-                    })
-                    .await
+            // A requeue counts a delivery: a copy carrying the attempts goes back instead,
+            // then this one is acknowledged. Should the ack be lost, the broker returns the
+            // original too; the ledger counts whichever copy finishes first.
+            (Disposition::Return, false) => {
+                match self.shared.publish(&self.body, self.attempt - 1).await {
+                    Ok(()) => acker.ack(BasicAckOptions { multiple: false }).await,
+                    Err(e) => {
+                        warn!(error = %e, "Cannot give a message back untried; requeueing it.");
+                        acker.nack(requeue).await
+                    }
+                }
+            }
+            // The dead-letter queue counts toward no limit: anything but an ack puts it back.
+            (Disposition::Requeue | Disposition::Return, _) | (Disposition::DeadLetter, true) => {
+                acker.nack(requeue).await
             }
             (Disposition::DeadLetter, false) => {
                 acker.reject(BasicRejectOptions { requeue: false }).await

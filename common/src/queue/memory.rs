@@ -16,8 +16,6 @@ use super::{Acker, Consumer, Delivery, Depth, Disposition, Queue, QueueError, Qu
 #[derive(Clone)]
 pub struct MemoryQueue {
     shared: Arc<Shared>,
-    /// This handle's `publish` waits for room in a bounded queue.
-    waits_for_room: bool,
 }
 
 struct Shared {
@@ -57,19 +55,8 @@ impl MemoryQueue {
         Self::build(options, Some(capacity.max(1)))
     }
 
-    /// Another handle on the same queue whose `publish` never waits for room: for consumers
-    /// that give a message back by publishing it again, who would wait forever on a full
-    /// queue that only they empty.
-    pub fn never_waiting(&self) -> MemoryQueue {
-        MemoryQueue {
-            shared: self.shared.clone(),
-            waits_for_room: false,
-        }
-    }
-
     fn build(options: QueueOptions, capacity: Option<usize>) -> Self {
         MemoryQueue {
-            waits_for_room: true,
             shared: Arc::new(Shared {
                 options,
                 state: Mutex::new(State::default()),
@@ -92,6 +79,10 @@ impl Shared {
         state.unacked -= 1;
         match disposition {
             Disposition::Ack => {}
+            Disposition::Return => {
+                state.ready.push_back(message);
+                self.ready.add_permits(1);
+            }
             Disposition::Requeue => {
                 message.returns += 1;
                 let over = self
@@ -120,16 +111,11 @@ impl Shared {
 impl Queue for MemoryQueue {
     async fn publish(&self, body: Vec<u8>) -> Result<(), QueueError> {
         if let Some(space) = &self.shared.space {
-            if self.waits_for_room {
-                space
-                    .acquire()
-                    .await
-                    .map_err(|_| QueueError::Closed)?
-                    .forget();
-            } else if let Ok(permit) = space.try_acquire() {
-                // Takes its place when there is one; else the queue holds one more.
-                permit.forget();
-            }
+            space
+                .acquire()
+                .await
+                .map_err(|_| QueueError::Closed)?
+                .forget();
         }
         let message = Message {
             body: body.into(),
@@ -273,37 +259,5 @@ impl Drop for MemoryAcker {
     fn drop(&mut self) {
         // An unsettled delivery whose consumer is gone comes back and costs an attempt.
         self.finish(Disposition::Requeue);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use futures::FutureExt;
-
-    use super::*;
-
-    /// A consumer that gives a message back by publishing it again must not wait for room
-    /// in a full queue that only consumers empty.
-    #[tokio::test]
-    async fn a_never_waiting_handle_publishes_into_a_full_queue() {
-        let queue = MemoryQueue::bounded(QueueOptions::default(), 1);
-        queue.publish(b"a".to_vec()).await.unwrap();
-        assert!(
-            queue.publish(b"b".to_vec()).now_or_never().is_none(),
-            "the bounded handle waits"
-        );
-        let again = queue.never_waiting();
-        again
-            .publish(b"c".to_vec())
-            .now_or_never()
-            .expect("never waits")
-            .unwrap();
-        let mut consumer = queue.consume(1).await.unwrap();
-        for body in [b"a", b"c"] {
-            let d = consumer.next().await.unwrap();
-            assert_eq!(&d.body[..], body);
-            assert!(d.settle(Disposition::Ack).await.unwrap());
-        }
-        assert_eq!(queue.depth().await.unwrap().ready, 0);
     }
 }

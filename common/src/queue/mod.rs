@@ -71,6 +71,9 @@ pub enum Disposition {
     Ack,
     /// Hand it back for another attempt (counts toward the delivery limit).
     Requeue,
+    /// Hand it back untried (this consumer could not run it): it comes back as the same
+    /// attempt, and counts toward no limit.
+    Return,
     /// Move it to the dead-letter queue now.
     DeadLetter,
 }

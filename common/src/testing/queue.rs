@@ -18,7 +18,7 @@ macro_rules! queue_conformance {
     ($make:expr) => {
         $crate::queue_conformance!(@cases $make;
             publish_then_consume_in_order, first_delivery_is_attempt_one,
-            requeue_counts_an_attempt, dropped_delivery_comes_back,
+            requeue_counts_an_attempt, return_costs_no_attempt, dropped_delivery_comes_back,
             delivery_limit_dead_letters, dead_letter_disposition_is_immediate,
             prefetch_bounds_unsettled, depth_counts_ready_and_unacked);
     };
@@ -97,6 +97,33 @@ where
     assert_eq!(d.attempt, 4);
     d.settle(Disposition::Ack).await.unwrap();
     nothing_more(&mut c).await;
+}
+
+/// A message given back untried comes back as the same attempt, however often, and never
+/// reaches the delivery limit that way.
+pub async fn return_costs_no_attempt<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions {
+        delivery_limit: Some(2),
+    })
+    .await;
+    q.publish(b"m".to_vec()).await.unwrap();
+    let mut c = q.consume(1).await.unwrap();
+    let d = next(&mut c).await;
+    assert!(d.settle(Disposition::Requeue).await.unwrap());
+    for _ in 0..4 {
+        let d = next(&mut c).await;
+        assert_eq!((&d.body[..], d.attempt), (&b"m"[..], 2));
+        assert!(d.settle(Disposition::Return).await.unwrap());
+    }
+    let d = next(&mut c).await;
+    assert_eq!(d.attempt, 2);
+    assert!(d.settle(Disposition::Ack).await.unwrap());
+    nothing_more(&mut c).await;
+    assert_eq!(q.depth().await.unwrap().dead, 0);
 }
 
 /// A consumer that dies holding a message (its delivery dropped, its channel gone) costs the
