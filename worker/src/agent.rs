@@ -424,7 +424,6 @@ impl Slot {
         if !self.accepts_work(&ctx).await {
             return Verdict::Drop;
         }
-        let attempt = delivery.attempt;
         if ctx.gave_up.load(Ordering::Relaxed) {
             // This node cannot start the job's script; leave the work to other nodes, without
             // spinning on it meanwhile.
@@ -435,17 +434,19 @@ impl Slot {
             return Verdict::Settle(Disposition::Return);
         }
         let max = ctx.spec.run_max_try;
-        if attempt > max {
+        if delivery.attempt > max {
             let cause =
                 format!("all {max} attempts were lost with the process or worker that held them");
-            self.record_failure(&ctx, &batch, attempt - 1, &cause).await;
+            self.record_failure(&ctx, &batch, delivery.attempt - 1, &cause)
+                .await;
             return Verdict::Settle(Disposition::Ack);
         }
         if !self.ensure_runner(&ctx).await {
             // No runner started: run() was not tried, so this was no attempt.
             return Verdict::Settle(Disposition::Return);
         }
-        self.attempt(&ctx, &batch, attempt, None, consumer).await
+        self.attempt(&ctx, &batch, delivery.attempt, None, consumer)
+            .await
     }
 
     /// Whether the job still takes work, from this node's knowledge and, now and then, the
