@@ -15,6 +15,7 @@
 //! The runner process itself (embedded Python) is the `fleetrun-runner` crate.
 
 pub mod agent;
+pub mod driver;
 pub mod fleet;
 pub mod gpu;
 pub mod logs;

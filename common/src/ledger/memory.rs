@@ -185,6 +185,16 @@ impl Ledger for MemoryLedger {
         })
     }
 
+    async fn created(&self, job: &str, mini_batches: u64) -> Result<(), LedgerError> {
+        self.with_job(job, |j| {
+            j.status.created = j.status.created.max(mini_batches);
+        })
+    }
+
+    async fn started(&self, job: &str) -> Result<(), LedgerError> {
+        self.with_job(job, |j| j.status.started = true)
+    }
+
     async fn status(&self, job: &str) -> Result<Option<Status>, LedgerError> {
         Ok(self.jobs().get(job).map(|j| j.status.clone()))
     }

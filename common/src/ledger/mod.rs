@@ -163,6 +163,12 @@ pub struct Status {
     pub total: Option<u64>,
     /// Mini-batches recorded so far.
     pub done: u64,
+    /// Mini-batches the producer has published so far, as it last said (see
+    /// [`Ledger::created`]); the stop rules watch it move.
+    pub created: u64,
+    /// A runner has started one of the job's mini-batches (`first_task_creation_timeout` is
+    /// met).
+    pub started: bool,
     pub items_succeeded: u64,
     pub items_failed: u64,
     pub batches_failed: u64,
@@ -176,6 +182,8 @@ impl Status {
             state: JobState::Running,
             total: None,
             done: 0,
+            created: 0,
+            started: false,
             items_succeeded: 0,
             items_failed: 0,
             batches_failed: 0,
@@ -233,6 +241,11 @@ pub trait Ledger: Send + Sync {
         to: JobState,
         reason: Option<&str>,
     ) -> Result<(bool, Status), LedgerError>;
+    /// Notes that the producer has published `mini_batches` so far; the ledger keeps the
+    /// highest number it was told, so a producer that starts over never moves it back.
+    async fn created(&self, job: &str, mini_batches: u64) -> Result<(), LedgerError>;
+    /// Notes that a runner started one of the job's mini-batches.
+    async fn started(&self, job: &str) -> Result<(), LedgerError>;
     /// The job's status, or `None` if the ledger does not know the job.
     async fn status(&self, job: &str) -> Result<Option<Status>, LedgerError>;
     /// Claims, or renews, the finalization of a Finalizing job for `owner` until `lease`

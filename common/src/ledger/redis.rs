@@ -10,7 +10,8 @@
 //!   until sealed), `done`, `items_succeeded`, `items_failed`, `batches_failed`, `reason`
 //!   (a reason given to [`Ledger::transition`]), the limits (`error_threshold`,
 //!   `allowed_failed_count` with -1 for none, `allowed_failed_percent`), `created_at` (server
-//!   time, Unix seconds), `finalizer` and `finalizer_until` (who finalizes the job, and
+//!   time, Unix seconds), `created` (mini-batches published, at its highest), `started` (1
+//!   once a runner started a mini-batch), `finalizer` and `finalizer_until` (who finalizes the job, and
 //!   until when, in server milliseconds), and the bookkeeping fields described below.
 //! - `<prefix>:job:{<job>}:done`, a HASH from each recorded mini-batch index to the id of the
 //!   call that recorded it first.
@@ -224,6 +225,22 @@ redis.call('HSET', KEYS[1], 'finalizer', ARGV[1], 'finalizer_until', now + tonum
 return 1
 "#;
 
+/// KEYS: state. ARGV: mini-batches created. Keeps the highest. Returns nil for an unknown
+/// job, else 1.
+const CREATED_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local created = tonumber(redis.call('HGET', KEYS[1], 'created')) or 0
+if tonumber(ARGV[1]) > created then redis.call('HSET', KEYS[1], 'created', ARGV[1]) end
+return 1
+"#;
+
+/// KEYS: state. Returns nil for an unknown job, else 1.
+const STARTED_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+redis.call('HSET', KEYS[1], 'started', 1)
+return 1
+"#;
+
 fn script(body: &str) -> Script {
     Script::new(&format!("{}{SETTLE_LUA}{body}", prelude()))
 }
@@ -234,6 +251,8 @@ static RECORD: LazyLock<Script> = LazyLock::new(|| script(RECORD_LUA));
 static TRANSITION: LazyLock<Script> = LazyLock::new(|| script(TRANSITION_LUA));
 static CLAIM: LazyLock<Script> = LazyLock::new(|| script(CLAIM_LUA));
 static RETIRE: LazyLock<Script> = LazyLock::new(|| script(RETIRE_LUA));
+static CREATED: LazyLock<Script> = LazyLock::new(|| script(CREATED_LUA));
+static STARTED: LazyLock<Script> = LazyLock::new(|| script(STARTED_LUA));
 
 /// What seal and record return: first (0/1), moved (0/1), the state hash.
 type StepReply = (i64, i64, HashMap<String, String>);
@@ -516,6 +535,39 @@ impl Ledger for RedisLedger {
         }
     }
 
+    async fn created(&self, job: &str, mini_batches: u64) -> Result<(), LedgerError> {
+        let keys = self.keys(job);
+        // Idempotent: a retry sets the same maximum.
+        let known: Option<i64> = retrying("created", job, || {
+            let mut conn = self.conn.clone();
+            let key = &keys.state;
+            async move {
+                CREATED
+                    .key(key)
+                    .arg(mini_batches)
+                    .invoke_async(&mut conn)
+                    .await
+            }
+        })
+        .await?;
+        known
+            .map(drop)
+            .ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))
+    }
+
+    async fn started(&self, job: &str) -> Result<(), LedgerError> {
+        let keys = self.keys(job);
+        let known: Option<i64> = retrying("started", job, || {
+            let mut conn = self.conn.clone();
+            let key = &keys.state;
+            async move { STARTED.key(key).invoke_async(&mut conn).await }
+        })
+        .await?;
+        known
+            .map(drop)
+            .ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))
+    }
+
     async fn status(&self, job: &str) -> Result<Option<Status>, LedgerError> {
         let keys = self.keys(job);
         let fields: HashMap<String, String> = retrying("status", job, || {
@@ -606,6 +658,8 @@ fn parse_status(job: &str, fields: &HashMap<String, String>) -> Result<Status, L
         state,
         total: f.num("total")?,
         done: f.count("done")?,
+        created: f.num("created")?.unwrap_or(0),
+        started: f.text("started") == Some("1"),
         items_succeeded: f.count("items_succeeded")?,
         items_failed: f.count("items_failed")?,
         batches_failed: f.count("batches_failed")?,

@@ -17,7 +17,8 @@ macro_rules! ledger_conformance {
             failed_batch_count_and_percent, transition_only_from_allowed_states,
             concurrent_records_count_once, unknown_job_is_an_error,
             parts_are_the_first_recordings, finalization_is_claimed_by_one_until_its_lease_ends,
-            an_ended_job_is_forgotten_in_its_time_once_retired);
+            an_ended_job_is_forgotten_in_its_time_once_retired,
+            creation_and_start_are_noted);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -439,4 +440,35 @@ where
         l.retire("never-entered", keep).await,
         Err(LedgerError::UnknownJob(_))
     ));
+}
+
+/// What the stop rules watch: the producer's count only grows, and a start is remembered.
+pub async fn creation_and_start_are_noted<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(&j, Limits::NONE).await.unwrap();
+    let fresh = l.status(&j).await.unwrap().unwrap();
+    assert_eq!((fresh.created, fresh.started), (0, false));
+    l.created(&j, 5).await.unwrap();
+    // A producer that starts over (a second submit of the same job) never moves it back.
+    l.created(&j, 2).await.unwrap();
+    l.started(&j).await.unwrap();
+    l.started(&j).await.unwrap();
+    let s = l.status(&j).await.unwrap().unwrap();
+    assert_eq!((s.created, s.started), (5, true));
+    assert_eq!(s.state, JobState::Running);
+    let unknown = job();
+    assert!(matches!(
+        l.created(&unknown, 1).await,
+        Err(LedgerError::UnknownJob(_))
+    ));
+    assert!(matches!(
+        l.started(&unknown).await,
+        Err(LedgerError::UnknownJob(_))
+    ));
+    assert!(l.status(&unknown).await.unwrap().is_none());
 }
