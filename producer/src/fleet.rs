@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use fleetrun_common::ledger::{JobState, Limits, Status};
+use fleetrun_common::ledger::{JobState, LedgerError, Limits, Status};
 use fleetrun_common::queue::Depth;
 use fleetrun_config::{Input, JobSpec, Location, MiniBatchSize, OutputAction};
 use fleetrun_worker::agent::JobContext;
+use fleetrun_worker::driver::StopRules;
 use fleetrun_worker::fleet::{self, Fleet, JobRecord};
 use fleetrun_worker::logs::JobLogs;
 use fleetrun_worker::parts;
@@ -25,45 +26,115 @@ use crate::progress::{Figures, Progress};
 /// How often a waiting submitter or `status --watch` reads the ledger.
 const POLL: Duration = Duration::from_millis(100);
 
-/// Registers and partitions a job; returns its id once every mini-batch is published.
+/// Why a job was not submitted.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The id names a job with another spec or pool: the caller reused an id by mistake.
+    #[error(
+        "job {job} exists and is not this job (its spec or pool differs); choose another --job-id"
+    )]
+    Conflict { job: String },
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// A submitted job: new, or one the same id already named (`attached`).
+pub struct Submitted {
+    pub job: String,
+    pub produced: Arc<Produced>,
+    pub attached: bool,
+}
+
+/// How often the submitter tells the ledger how many mini-batches it has created: the stop
+/// rules see a submitter that died mid-publish by this count standing still.
+const CREATED_EVERY: Duration = Duration::from_secs(1);
+
+/// Registers and partitions a job; returns once every mini-batch is published.
+///
+/// `job_id` names the job (else an id is made from its name and the time). Submitting again
+/// with the same id and the same job attaches to it: a publication a dead submitter left
+/// unfinished is finished (mini-batches published twice run twice and count once), and a
+/// sealed or ended job is left as it is. The same id with another job is a
+/// [`SubmitError::Conflict`].
 pub async fn submit(
     spec: JobSpec,
     fleet: &Fleet,
+    job_id: Option<&str>,
     on_id: impl FnOnce(&str),
-) -> Result<(String, Arc<Produced>), String> {
-    let job = new_job_id(&spec.name);
-    let spec = fleet::ship_code(spec, &fleet.s3).await?;
+) -> Result<Submitted, SubmitError> {
+    let job = job_id.map_or_else(|| new_job_id(&spec.name), str::to_owned);
+    let spec = fleet::ship_code(spec, &fleet.s3)
+        .await
+        .map_err(SubmitError::Setup)?;
     let Input::Files(input_location) = &spec.input;
     let input = fleet::open_storage(input_location, &fleet.s3)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| SubmitError::Setup(e.to_string()))?;
     let limits = Limits {
         error_threshold: spec.error_threshold,
         allowed_failed_count: spec.allowed_failed_count,
         allowed_failed_percent: spec.allowed_failed_percent,
     };
-    fleet
-        .ledger
-        .create(&job, limits)
-        .await
-        .map_err(|e| e.to_string())?;
-    // Registered once in the ledger: a registered job that the ledger does not know has
-    // ended (workers take it off the pool's unfinished jobs).
+    // Entered in the ledger first, then registered: a registered job that the ledger does
+    // not know has ended (workers take it off the pool's unfinished jobs).
+    let entered = match fleet.ledger.create(&job, limits).await {
+        Ok(()) => true,
+        Err(LedgerError::JobExists(_)) if job_id.is_some() => false,
+        Err(e) => return Err(e.into()),
+    };
     let record = JobRecord::new(spec.clone(), &fleet.pool);
-    fleet
+    match fleet
         .registry
         .register(&job, &fleet.pool, &record.encode())
         .await
-        .map_err(|e| e.to_string())?;
+    {
+        Ok(()) => {}
+        Err(LedgerError::JobExists(_)) if job_id.is_some() => {
+            let known = self::record(fleet, &job)
+                .await
+                .map_err(SubmitError::Setup)?;
+            if !known.is_some_and(|k| k.spec == record.spec && k.pool == record.pool) {
+                return Err(SubmitError::Conflict { job });
+            }
+        }
+        Err(e) => return Err(e.into()),
+    }
     on_id(&job);
+    let produced = Arc::new(Produced::default());
+    let status = fleet
+        .ledger
+        .status(&job)
+        .await?
+        .ok_or_else(|| LedgerError::UnknownJob(job.clone()))?;
+    if !status.state.accepts_work() || status.total.is_some() {
+        // Published whole already, or over: nothing to add.
+        return Ok(Submitted {
+            job,
+            produced,
+            attached: !entered,
+        });
+    }
 
-    // Stop publishing as soon as the job stops (threshold, cancel).
+    // Stop publishing as soon as the job stops (threshold, cancel); meanwhile tell the
+    // ledger how far publication has come.
     let stop = CancellationToken::new();
     let watcher = {
-        let (ledger, job, stop) = (fleet.ledger.clone(), job.clone(), stop.clone());
+        let (ledger, job, stop, produced) = (
+            fleet.ledger.clone(),
+            job.clone(),
+            stop.clone(),
+            produced.clone(),
+        );
         tokio::spawn(async move {
+            let mut beat = tokio::time::interval(CREATED_EVERY);
             loop {
-                tokio::time::sleep(POLL).await;
+                beat.tick().await;
+                let created = produced.mini_batches.load(Ordering::Relaxed);
+                if let Err(e) = ledger.created(&job, created).await {
+                    tracing::warn!(job = %job, error = %e, "Cannot note the mini-batches created.");
+                }
                 if let Ok(Some(s)) = ledger.status(&job).await
                     && !s.state.accepts_work()
                 {
@@ -76,7 +147,6 @@ pub async fn submit(
     let MiniBatchSize::Files(size) = spec.mini_batch_size else {
         unreachable!("validated: a file input counts files")
     };
-    let produced = Arc::new(Produced::default());
     let published = publish_files(
         &*input,
         "",
@@ -96,22 +166,25 @@ pub async fn submit(
                 .ledger
                 .transition(&job, &[JobState::Running], JobState::Failed, Some(&reason))
                 .await;
-            return Err(reason);
+            return Err(SubmitError::Setup(reason));
         }
     };
     if !stop.is_cancelled() {
-        let sealed = fleet
-            .ledger
-            .seal(&job, total)
-            .await
-            .map_err(|e| e.to_string())?;
+        fleet.ledger.created(&job, total).await?;
+        let sealed = fleet.ledger.seal(&job, total).await?;
         if sealed.transitioned && sealed.status.state == JobState::Finalizing {
             // Every mini-batch was done before the seal (or there were none): finalize here.
-            let ctx = context(fleet, &job, &spec).await?;
+            let ctx = context(fleet, &job, &spec)
+                .await
+                .map_err(SubmitError::Setup)?;
             fleet::conclude(&*fleet.ledger, &ctx, sealed.status).await;
         }
     }
-    Ok((job, produced))
+    Ok(Submitted {
+        job,
+        produced,
+        attached: !entered,
+    })
 }
 
 async fn context(fleet: &Fleet, job: &str, spec: &JobSpec) -> Result<JobContext, String> {
@@ -137,15 +210,19 @@ async fn context(fleet: &Fleet, job: &str, spec: &JobSpec) -> Result<JobContext,
 }
 
 /// Follows the job in the ledger until it ends; `interrupt` stops following (not the job).
+/// Meanwhile it watches the job's stop rules like any node that serves it, so a job that no
+/// worker takes, or that stalls, ends even when no worker is left to notice.
 pub async fn wait(
     fleet: &Fleet,
     job: &str,
-    name: &str,
+    record: &JobRecord,
     produced: Option<&Produced>,
     progress: bool,
     interrupt: &CancellationToken,
 ) -> Result<Status, String> {
-    let mut bar = progress.then(|| Progress::new(name));
+    let mut bar = progress.then(|| Progress::new(&record.spec.name));
+    let age = Duration::from_secs_f64((fleet::unix_now() - record.submitted_at).max(0.0));
+    let mut rules = StopRules::new(&record.spec, age);
     loop {
         let status = fleet
             .ledger
@@ -159,9 +236,21 @@ pub async fn wait(
             }
             return Ok(status);
         }
+        if let Some(reason) = rules.check(&status) {
+            let (moved, failed) = fleet
+                .ledger
+                .transition(job, &[JobState::Running], JobState::Failed, Some(&reason))
+                .await
+                .map_err(|e| e.to_string())?;
+            if moved {
+                let ctx = context(fleet, job, &record.spec).await?;
+                fleet::write_job_result(&ctx, &failed).await;
+            }
+            continue;
+        }
         if let Some(b) = bar.as_mut() {
             let listed = produced.map_or(0, |p| p.items.load(Ordering::Relaxed));
-            let created = produced.map_or(status.total.unwrap_or(0), |p| {
+            let created = produced.map_or(status.created.max(status.total.unwrap_or(0)), |p| {
                 p.mini_batches.load(Ordering::Relaxed)
             });
             b.update(Figures {

@@ -50,6 +50,11 @@ enum Command {
         /// Wait for the job to end; exit 0 when it completed, 42 when it failed.
         #[arg(long)]
         wait: bool,
+        /// The job's id (default: made from its name and the time). Submitting the same job
+        /// again with the same id attaches to it, finishing what a submitter that died left
+        /// unpublished; the same id with another job is refused (exit 2).
+        #[arg(long, value_name = "ID", value_parser = parse_job_id)]
+        job_id: Option<String>,
         /// No progress display while waiting.
         #[arg(long, short)]
         quiet: bool,
@@ -87,6 +92,7 @@ fn main() -> ExitCode {
             job,
             overrides,
             wait,
+            job_id,
             quiet,
             fleet,
         } => {
@@ -98,7 +104,7 @@ fn main() -> ExitCode {
                 }
             };
             on_fleet(fleet, |fleet, interrupt| async move {
-                submit(spec, fleet, wait, !quiet, interrupt).await
+                submit(spec, fleet, job_id, wait, !quiet, interrupt).await
             })
         }
         Command::Status { job, watch, fleet } => on_fleet(fleet, |fleet, interrupt| async move {
@@ -222,19 +228,43 @@ where
 async fn submit(
     spec: fleetrun_config::JobSpec,
     fleet: Fleet,
+    job_id: Option<String>,
     wait: bool,
     progress: bool,
     interrupt: CancellationToken,
 ) -> Result<ExitCode, String> {
-    let name = spec.name.clone();
     let output = fleet_cmd::output_file(&spec);
-    let (job, produced) = fleet_cmd::submit(spec, &fleet, |id| println!("{id}")).await?;
+    let submitted =
+        match fleet_cmd::submit(spec, &fleet, job_id.as_deref(), |id| println!("{id}")).await {
+            Ok(submitted) => submitted,
+            Err(e @ fleet_cmd::SubmitError::Conflict { .. }) => {
+                eprintln!("error: {e}");
+                return Ok(ExitCode::from(EXIT_BAD_JOB));
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+    let job = submitted.job;
     if !wait {
-        eprintln!("Submitted {job}; follow it with `fleetrun status {job} --watch`.");
+        let again = if submitted.attached {
+            " (already submitted; attached)"
+        } else {
+            ""
+        };
+        eprintln!("Submitted {job}{again}; follow it with `fleetrun status {job} --watch`.");
         return Ok(ExitCode::SUCCESS);
     }
-    let status =
-        fleet_cmd::wait(&fleet, &job, &name, Some(&produced), progress, &interrupt).await?;
+    let record = fleet_cmd::record(&fleet, &job)
+        .await?
+        .ok_or_else(|| format!("job {job} is not registered"))?;
+    let status = fleet_cmd::wait(
+        &fleet,
+        &job,
+        &record,
+        Some(&submitted.produced),
+        progress,
+        &interrupt,
+    )
+    .await?;
     if !status.state.is_terminal() {
         eprintln!("Stopped waiting; the job goes on. `fleetrun status {job}` follows it.");
         return Ok(ExitCode::from(130));
@@ -262,6 +292,21 @@ async fn submit(
         println!("Output: {output}");
     }
     Ok(ExitCode::from(report.exit_code() as u8))
+}
+
+/// A job id: what Redis keys and log lines can hold (the job names' alphabet, plus `_` and
+/// `.`), 1 to 128 characters.
+fn parse_job_id(id: &str) -> Result<String, String> {
+    let ok = (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && id.as_bytes()[0].is_ascii_alphanumeric();
+    if ok {
+        Ok(id.to_owned())
+    } else {
+        Err("1 to 128 of a-z, A-Z, 0-9, '-', '_', '.', starting with a letter or digit".into())
+    }
 }
 
 async fn status(
