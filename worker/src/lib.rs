@@ -18,5 +18,6 @@ pub mod agent;
 pub mod fleet;
 pub mod gpu;
 pub mod logs;
+pub mod output;
 pub mod parts;
 pub mod process;
