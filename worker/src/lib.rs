@@ -19,5 +19,6 @@ pub mod driver;
 pub mod fleet;
 pub mod gpu;
 pub mod logs;
+pub mod output;
 pub mod parts;
 pub mod process;
