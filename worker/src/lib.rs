@@ -3,7 +3,8 @@
 //! # Layout
 //!
 //! - [`agent`]: takes mini-batches off the queue, one slot per runner process; writes parts,
-//!   records outcomes in the ledger, settles deliveries.
+//!   records outcomes in the ledger, settles deliveries. A slot's loop, one attempt, the
+//!   runner's lifecycle, the look-ahead and input staging each have a file of their own.
 //! - [`process`]: one runner process from the agent's side (spawn, init, run with a timeout,
 //!   kill, restart).
 //! - [`logs`]: the job's log folder (CONTRACT.md §7).
