@@ -13,7 +13,7 @@ use fleetrun_common::ledger::{JobState, Limits, Status};
 use fleetrun_common::queue::Depth;
 use fleetrun_config::{Input, JobSpec, Location, MiniBatchSize, OutputAction};
 use fleetrun_worker::agent::JobContext;
-use fleetrun_worker::fleet::{self, Fleet, JobRecord};
+use fleetrun_worker::job::{self, Fleet, JobRecord};
 use fleetrun_worker::logs::JobLogs;
 use fleetrun_worker::parts;
 use tokio_util::sync::CancellationToken;
@@ -32,9 +32,9 @@ pub async fn submit(
     on_id: impl FnOnce(&str),
 ) -> Result<(String, Arc<Produced>), String> {
     let job = new_job_id(&spec.name);
-    let spec = fleet::ship_code(spec, &fleet.s3).await?;
+    let spec = job::ship_code(spec, &fleet.s3).await?;
     let Input::Files(input_location) = &spec.input;
-    let input = fleet::open_storage(input_location, &fleet.s3)
+    let input = job::open_storage(input_location, &fleet.s3)
         .await
         .map_err(|e| e.to_string())?;
     let limits = Limits {
@@ -108,7 +108,7 @@ pub async fn submit(
         if sealed.transitioned && sealed.status.state == JobState::Finalizing {
             // Every mini-batch was done before the seal (or there were none): finalize here.
             let ctx = context(fleet, &job, &spec).await?;
-            fleet::conclude(&*fleet.ledger, &ctx, sealed.status).await;
+            job::conclude(&*fleet.ledger, &ctx, sealed.status).await;
         }
     }
     Ok((job, produced))
@@ -116,10 +116,10 @@ pub async fn submit(
 
 async fn context(fleet: &Fleet, job: &str, spec: &JobSpec) -> Result<JobContext, String> {
     let Input::Files(input_location) = &spec.input;
-    let input = fleet::open_storage(input_location, &fleet.s3)
+    let input = job::open_storage(input_location, &fleet.s3)
         .await
         .map_err(|e| e.to_string())?;
-    let output = fleet::open_storage(&spec.output, &fleet.s3)
+    let output = job::open_storage(&spec.output, &fleet.s3)
         .await
         .map_err(|e| e.to_string())?;
     let logs = Arc::new(JobLogs::new(
@@ -191,7 +191,7 @@ pub async fn cancel(fleet: &Fleet, job: &str) -> Result<Status, String> {
         .map_err(|e| e.to_string())?;
     if moved && let Some(record) = record(fleet, job).await? {
         let ctx = context(fleet, job, &record.spec).await?;
-        fleet::write_job_result(&ctx, &status).await;
+        job::write_job_result(&ctx, &status).await;
     }
     Ok(status)
 }
@@ -211,7 +211,7 @@ pub async fn record(fleet: &Fleet, job: &str) -> Result<Option<JobRecord>, Strin
 /// One job's status as `fleetrun status JOB` prints it.
 pub fn describe(job: &str, record: &JobRecord, status: &Status, depth: Option<Depth>) -> String {
     let spec = &record.spec;
-    let elapsed = (fleet::unix_now() - record.submitted_at).max(0.001);
+    let elapsed = (job::unix_now() - record.submitted_at).max(0.001);
     let processed = status.items_succeeded + status.items_failed;
     let rate = processed as f64 / elapsed;
     let total = status
