@@ -13,8 +13,7 @@ use fleetrun_common::ledger::{JobState, LedgerError, Limits, Status};
 use fleetrun_common::queue::Depth;
 use fleetrun_config::{Input, JobSpec, Location, MiniBatchSize, OutputAction};
 use fleetrun_worker::agent::JobContext;
-use fleetrun_worker::driver::StopRules;
-use fleetrun_worker::fleet::{self, Fleet, JobRecord};
+use fleetrun_worker::job::{self, Fleet, JobRecord, StopRules};
 use fleetrun_worker::logs::JobLogs;
 use fleetrun_worker::parts;
 use tokio_util::sync::CancellationToken;
@@ -65,11 +64,11 @@ pub async fn submit(
     on_id: impl FnOnce(&str),
 ) -> Result<Submitted, SubmitError> {
     let job = job_id.map_or_else(|| new_job_id(&spec.name), str::to_owned);
-    let spec = fleet::ship_code(spec, &fleet.s3)
+    let spec = job::ship_code(spec, &fleet.s3)
         .await
         .map_err(SubmitError::Setup)?;
     let Input::Files(input_location) = &spec.input;
-    let input = fleet::open_storage(input_location, &fleet.s3)
+    let input = job::open_storage(input_location, &fleet.s3)
         .await
         .map_err(|e| SubmitError::Setup(e.to_string()))?;
     let limits = Limits {
@@ -177,7 +176,7 @@ pub async fn submit(
             let ctx = context(fleet, &job, &spec)
                 .await
                 .map_err(SubmitError::Setup)?;
-            fleet::conclude(&*fleet.ledger, &ctx, sealed.status).await;
+            job::conclude(&*fleet.ledger, &ctx, sealed.status).await;
         }
     }
     Ok(Submitted {
@@ -189,10 +188,10 @@ pub async fn submit(
 
 async fn context(fleet: &Fleet, job: &str, spec: &JobSpec) -> Result<JobContext, String> {
     let Input::Files(input_location) = &spec.input;
-    let input = fleet::open_storage(input_location, &fleet.s3)
+    let input = job::open_storage(input_location, &fleet.s3)
         .await
         .map_err(|e| e.to_string())?;
-    let output = fleet::open_storage(&spec.output, &fleet.s3)
+    let output = job::open_storage(&spec.output, &fleet.s3)
         .await
         .map_err(|e| e.to_string())?;
     let logs = Arc::new(JobLogs::new(
@@ -221,7 +220,7 @@ pub async fn wait(
     interrupt: &CancellationToken,
 ) -> Result<Status, String> {
     let mut bar = progress.then(|| Progress::new(&record.spec.name));
-    let age = Duration::from_secs_f64((fleet::unix_now() - record.submitted_at).max(0.0));
+    let age = Duration::from_secs_f64((job::unix_now() - record.submitted_at).max(0.0));
     let mut rules = StopRules::new(&record.spec, age);
     loop {
         let status = fleet
@@ -244,7 +243,7 @@ pub async fn wait(
                 .map_err(|e| e.to_string())?;
             if moved {
                 let ctx = context(fleet, job, &record.spec).await?;
-                fleet::write_job_result(&ctx, &failed).await;
+                job::write_job_result(&ctx, &failed).await;
             }
             continue;
         }
@@ -280,7 +279,7 @@ pub async fn cancel(fleet: &Fleet, job: &str) -> Result<Status, String> {
         .map_err(|e| e.to_string())?;
     if moved && let Some(record) = record(fleet, job).await? {
         let ctx = context(fleet, job, &record.spec).await?;
-        fleet::write_job_result(&ctx, &status).await;
+        job::write_job_result(&ctx, &status).await;
     }
     Ok(status)
 }
@@ -300,7 +299,7 @@ pub async fn record(fleet: &Fleet, job: &str) -> Result<Option<JobRecord>, Strin
 /// One job's status as `fleetrun status JOB` prints it.
 pub fn describe(job: &str, record: &JobRecord, status: &Status, depth: Option<Depth>) -> String {
     let spec = &record.spec;
-    let elapsed = (fleet::unix_now() - record.submitted_at).max(0.001);
+    let elapsed = (job::unix_now() - record.submitted_at).max(0.001);
     let processed = status.items_succeeded + status.items_failed;
     let rate = processed as f64 / elapsed;
     let total = status

@@ -217,7 +217,7 @@ pub async fn run_local(
                 }
                 AgentEvent::InitFailed { processes, failure, .. } => {
                     init_failures += 1;
-                    if let Some(reason) = agent::init_failures_fail_job(spec.node_count, processes, init_failures, started.elapsed()) {
+                    if let Some(reason) = fleetrun_worker::job::init_failures_fail_job(spec.node_count, processes, init_failures, started.elapsed()) {
                         break fail(&*ledger, &job_id, &format!("{reason}; the last: {failure}")).await;
                     }
                 }

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use fleetrun_common::ledger::JobState;
 use fleetrun_producer::fleet as fleet_cmd;
 use fleetrun_producer::local::{JobReport, RunError, RunOptions, run_local};
-use fleetrun_worker::fleet::{Fleet, FleetArgs};
+use fleetrun_worker::job::{Fleet, FleetArgs};
 use tokio_util::sync::CancellationToken;
 
 /// Exit code for a job file that does not validate.

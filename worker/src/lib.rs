@@ -3,21 +3,22 @@
 //! # Layout
 //!
 //! - [`agent`]: takes mini-batches off the queue, one slot per runner process; writes parts,
-//!   records outcomes in the ledger, settles deliveries.
+//!   records outcomes in the ledger, settles deliveries. A slot's loop, one attempt, the
+//!   runner's lifecycle, the look-ahead and input staging each have a file of their own.
 //! - [`process`]: one runner process from the agent's side (spawn, init, run with a timeout,
 //!   kill, restart).
 //! - [`logs`]: the job's log folder (CONTRACT.md §7).
 //! - [`gpu`]: one GPU index per runner process (CONTRACT.md §3).
 //! - [`parts`]: where output parts wait for the finalizer, and how it joins them.
-//! - [`fleet`]: serving a pool's jobs from RabbitMQ, Redis and S3: settings, the job
-//!   registry's records, code shipping, the dead-letter recorder.
+//! - [`job`]: serving a pool's jobs from RabbitMQ, Redis and S3: settings, the job
+//!   registry's records, code shipping, watching and adopting jobs, finalizing them, the
+//!   dead-letter recorder.
 //!
 //! The runner process itself (embedded Python) is the `fleetrun-runner` crate.
 
 pub mod agent;
-pub mod driver;
-pub mod fleet;
 pub mod gpu;
+pub mod job;
 pub mod logs;
 pub mod output;
 pub mod parts;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use fleetrun_worker::agent;
-use fleetrun_worker::fleet::{self, Fleet, FleetArgs, WorkerConfig};
+use fleetrun_worker::job::{self, Fleet, FleetArgs, WorkerConfig};
 use fleetrun_worker::process::find_runner_exe;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -105,7 +105,7 @@ async fn serve(cli: Cli) -> Result<(), String> {
             abort.cancel();
         })
     };
-    fleet::serve(config, fleet, drain, abort).await;
+    job::serve(config, fleet, drain, abort).await;
     signals.abort();
     tracing::info!("Worker stopped.");
     Ok(())

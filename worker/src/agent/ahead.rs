@@ -1,0 +1,95 @@
+//! The look-ahead: the next delivery, taken and sent to the runner while it works on the
+//! one before.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use fleetrun_common::queue::{Consumer, Delivery};
+use fleetrun_common::wire::MiniBatch;
+use futures::FutureExt;
+
+use super::JobContext;
+use super::slot::{Slot, Verdict};
+use super::stage::Staged;
+
+/// A delivery taken while the runner ran another mini-batch, so that the runner finds its
+/// next one waiting in its channel instead of waiting for a round trip through the agent.
+pub(super) struct Ahead {
+    pub(super) delivery: Delivery,
+    /// Set when it was sent to this slot's runner (its job's, inputs staged); otherwise, or
+    /// once that runner is lost, it goes the usual way when its turn comes.
+    pub(super) sent: Option<Sent>,
+}
+
+pub(super) struct Sent {
+    ctx: Arc<JobContext>,
+    batch: MiniBatch,
+    pub(super) staged: Staged,
+}
+
+impl Slot {
+    /// Takes the next delivery if one is already in hand, and when it is for the job the
+    /// runner runs, stages its inputs and sends it: the runner starts it as soon as it has
+    /// returned the one it runs now.
+    pub(super) async fn look_ahead(
+        &mut self,
+        ctx: &Arc<JobContext>,
+        consumer: &mut Box<dyn Consumer>,
+    ) {
+        if self.ahead.is_some() || self.drain.is_cancelled() {
+            return;
+        }
+        let Some(Ok(delivery)) = consumer.next().now_or_never() else {
+            return;
+        };
+        let sent = match MiniBatch::decode(&delivery.body) {
+            Ok(batch)
+                if batch.job == ctx.id
+                    && delivery.attempt <= ctx.spec.run_max_try
+                    && !ctx.stop.is_cancelled()
+                    && !ctx.gave_up.load(Ordering::Relaxed) =>
+            {
+                // A staging failure is met again, and handled, when its turn comes.
+                match self.stage(ctx, &batch).await {
+                    Ok(mut staged) => {
+                        let active = self.runner.as_mut().expect("running the job");
+                        let paths = std::mem::take(&mut staged.paths);
+                        if active.process.submit(batch.index, paths).await.is_ok() {
+                            Some(Sent {
+                                ctx: ctx.clone(),
+                                batch,
+                                staged,
+                            })
+                        } else {
+                            staged.clean().await;
+                            None
+                        }
+                    }
+                    Err(_) => None,
+                }
+            }
+            _ => None,
+        };
+        self.ahead = Some(Ahead { delivery, sent });
+    }
+
+    /// Handles a delivery taken ahead: one sent to the runner is already running there; any
+    /// other goes the usual way.
+    pub(super) async fn handle_ahead(&mut self, ahead: Ahead, consumer: &mut Box<dyn Consumer>) {
+        let Some(Sent { ctx, batch, staged }) = ahead.sent else {
+            return self.handle(ahead.delivery, consumer).await;
+        };
+        while self.finishing.try_join_next().is_some() {}
+        let verdict = if ctx.stop.is_cancelled() {
+            // Its reply must never be taken for another mini-batch's.
+            self.kill_runner().await;
+            staged.clean().await;
+            Verdict::Drop
+        } else {
+            let attempt = ahead.delivery.attempt;
+            self.attempt(&ctx, &batch, attempt, Some(staged), consumer)
+                .await
+        };
+        self.conclude(ahead.delivery, verdict).await;
+    }
+}

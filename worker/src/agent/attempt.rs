@@ -1,0 +1,381 @@
+//! One `run()` attempt of a mini-batch and its settlement: the part, the ledger's record,
+//! the report line, and what a failed attempt becomes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fleetrun_common::ledger::{Ledger, Outcome, Recorded};
+use fleetrun_common::protocol::ScriptError;
+use fleetrun_common::queue::{Consumer, Disposition};
+use fleetrun_common::wire::MiniBatch;
+use fleetrun_config::OutputAction;
+use tracing::{info, warn};
+
+use super::slot::{Slot, Verdict};
+use super::stage::Staged;
+use super::{AgentEvent, JobContext, Shared};
+use crate::logs::{self, csv_field};
+use crate::process::{RunOutcome, returncode};
+
+impl Slot {
+    /// One `run()` attempt of a mini-batch, and what becomes of the delivery. `sent` holds
+    /// the staged inputs of a mini-batch the runner already has (it was taken ahead).
+    pub(super) async fn attempt(
+        &mut self,
+        ctx: &Arc<JobContext>,
+        batch: &MiniBatch,
+        attempt: u32,
+        sent: Option<Staged>,
+        consumer: &mut Box<dyn Consumer>,
+    ) -> Verdict {
+        let node = self.config().node_id.clone();
+        let (mut staged, sent) = match sent {
+            Some(staged) => (staged, true),
+            None => match self.stage(ctx, batch).await {
+                Ok(s) => (s, false),
+                Err(e) => {
+                    warn!(job = %ctx.id, mini_batch = batch.index, error = %e, "Staging inputs failed.");
+                    return self
+                        .failed_attempt(ctx, batch, attempt, &format!("staging inputs failed: {e}"))
+                        .await;
+                }
+            },
+        };
+        let timeout = Duration::from_secs(ctx.spec.run_invocation_timeout);
+        let start_wall = logs::now();
+        let started = Instant::now();
+        let active = self.runner.as_mut().expect("ensure_runner made one");
+        let process = active.name.clone();
+        let submitted = sent
+            || active
+                .process
+                .submit(batch.index, std::mem::take(&mut staged.paths))
+                .await
+                .is_ok();
+        if submitted {
+            self.look_ahead(ctx, consumer).await;
+        }
+        let active = self.runner.as_mut().expect("still this slot's runner");
+        let outcome = tokio::select! {
+            biased;
+            _ = ctx.stop.cancelled() => {
+                self.kill_runner().await;
+                staged.clean().await;
+                return Verdict::Drop;
+            }
+            // A failed submit means a dead runner: its outcome says so at once.
+            o = active.process.outcome(timeout.saturating_sub(started.elapsed())) => o,
+        };
+        let elapsed = started.elapsed().as_secs_f64();
+        staged.clean().await;
+        let items = batch.items.len() as u64;
+        match outcome {
+            RunOutcome::Done { rows, timing } => {
+                let returned = rows.len() as u64;
+                let succeeded = returned.min(items);
+                let outcome = Outcome {
+                    succeeded,
+                    failed: items - succeeded,
+                    batch_failed: returned < items,
+                };
+                let note = match returned.cmp(&items) {
+                    std::cmp::Ordering::Less => {
+                        format!("returned {returned} elements for {items} items")
+                    }
+                    std::cmp::Ordering::Greater => {
+                        warn!(job = %ctx.id, mini_batch = batch.index, returned, items, "run() returned more elements than it got; keeping them.");
+                        format!("returned MORE elements than items: {returned} for {items}")
+                    }
+                    std::cmp::Ordering::Equal => String::new(),
+                };
+                ctx.logs.log(
+                    logs::JobLogs::node_process(&node, &process),
+                    &format!(
+                        "mini-batch {} completed: pid {}, items {items}, succeeded {succeeded}, failed {}, started {start_wall}, duration {elapsed:.3}s, cpu {:.3}s, run() {:.3}s",
+                        batch.index, self.runner.as_ref().map_or(0, |a| a.process.pid()), items - succeeded, timing.cpu_seconds, timing.run_seconds
+                    ),
+                );
+                let result = if outcome.batch_failed {
+                    "partial"
+                } else {
+                    "succeeded"
+                };
+                self.report(
+                    ctx,
+                    batch,
+                    attempt,
+                    result,
+                    outcome,
+                    &process,
+                    &start_wall,
+                    elapsed,
+                    timing.run_seconds,
+                    &note,
+                );
+                let part =
+                    (ctx.spec.output_action == OutputAction::AppendRow).then(|| join_rows(&rows));
+                let (shared, ctx, index) = (self.shared.clone(), ctx.clone(), batch.index);
+                Verdict::Finish(Box::pin(async move {
+                    let part = match part {
+                        Some(body) => match ctx.parts.put(index, body).await {
+                            Ok(part) => Some(part),
+                            Err(e) => {
+                                warn!(job = %ctx.id, mini_batch = index, error = %e, "Writing the output part failed; requeueing.");
+                                return Disposition::Requeue;
+                            }
+                        },
+                        None => None,
+                    };
+                    if record_outcome(&shared, &ctx, index, outcome, part.as_deref()).await {
+                        Disposition::Ack
+                    } else {
+                        Disposition::Requeue
+                    }
+                }))
+            }
+            RunOutcome::Raised { error, timing } => {
+                self.script_error(ctx, &process, batch, attempt, &error);
+                self.report(
+                    ctx,
+                    batch,
+                    attempt,
+                    "raised",
+                    Outcome::default(),
+                    &process,
+                    &start_wall,
+                    elapsed,
+                    timing.run_seconds,
+                    &error.message,
+                );
+                self.failed_attempt(ctx, batch, attempt, &error.message)
+                    .await
+            }
+            lost @ (RunOutcome::TimedOut | RunOutcome::Died(_)) => {
+                // The runner is gone (killed at the timeout, or dead): the slot starts another,
+                // and what it had sent ahead goes the usual way again.
+                self.runner = None;
+                if let Some(sent) = self.ahead.as_mut().and_then(|a| a.sent.take()) {
+                    sent.staged.clean().await;
+                }
+                let (result, main_line, cause) = match lost {
+                    RunOutcome::Died(status) => {
+                        let code = returncode(&status);
+                        (
+                            "died",
+                            format!("{process} exits with returncode {code}."),
+                            format!(
+                                "the process died (returncode {code}) while running the mini-batch"
+                            ),
+                        )
+                    }
+                    _ => {
+                        let cause = format!(
+                            "run() exceeded run_invocation_timeout ({}s); the process was killed",
+                            ctx.spec.run_invocation_timeout
+                        );
+                        (
+                            "timeout",
+                            format!("{process} killed: mini-batch {} {cause}.", batch.index),
+                            cause,
+                        )
+                    }
+                };
+                ctx.logs.log(logs::JobLogs::node_main(&node), &main_line);
+                self.report(
+                    ctx,
+                    batch,
+                    attempt,
+                    result,
+                    Outcome::default(),
+                    &process,
+                    &start_wall,
+                    elapsed,
+                    elapsed,
+                    &cause,
+                );
+                self.failed_attempt(ctx, batch, attempt, &cause).await
+            }
+        }
+    }
+
+    /// A failed attempt: another try while attempts remain, else the mini-batch fails whole.
+    async fn failed_attempt(
+        &mut self,
+        ctx: &Arc<JobContext>,
+        batch: &MiniBatch,
+        attempt: u32,
+        cause: &str,
+    ) -> Verdict {
+        if ctx.stop.is_cancelled() {
+            return Verdict::Drop;
+        }
+        if attempt < ctx.spec.run_max_try {
+            info!(job = %ctx.id, mini_batch = batch.index, attempt, "Attempt failed; requeueing.");
+            return Verdict::Settle(Disposition::Requeue);
+        }
+        if self.record_failure(ctx, batch, attempt, cause).await {
+            Verdict::Settle(Disposition::Ack)
+        } else {
+            Verdict::Settle(Disposition::Requeue)
+        }
+    }
+
+    /// Records a mini-batch that used up its attempts: every item failed, no part.
+    pub(super) async fn record_failure(
+        &mut self,
+        ctx: &Arc<JobContext>,
+        batch: &MiniBatch,
+        attempts: u32,
+        cause: &str,
+    ) -> bool {
+        match record_failed_batch(&*self.shared.agent.ledger, ctx, batch, attempts, cause).await {
+            Ok(recorded) => {
+                report_recorded(&self.shared, ctx, recorded);
+                true
+            }
+            Err(e) => {
+                warn!(job = %ctx.id, mini_batch = batch.index, error = %e, "Recording a failed mini-batch failed; requeueing.");
+                false
+            }
+        }
+    }
+
+    fn script_error(
+        &self,
+        ctx: &JobContext,
+        process: &str,
+        batch: &MiniBatch,
+        attempt: u32,
+        error: &ScriptError,
+    ) {
+        let node = &self.config().node_id;
+        ctx.logs.append_text(
+            logs::JobLogs::user_error(node, process),
+            &format!(
+                "{} mini-batch {} attempt {attempt}:\n{}",
+                logs::now(),
+                batch.index,
+                error.traceback
+            ),
+        );
+        ctx.logs.log(
+            logs::USER_ERROR,
+            &format!(
+                "{node} {process} mini-batch {} attempt {attempt}: {}",
+                batch.index, error.message
+            ),
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn report(
+        &self,
+        ctx: &JobContext,
+        batch: &MiniBatch,
+        attempt: u32,
+        result: &str,
+        outcome: Outcome,
+        process: &str,
+        start: &str,
+        elapsed: f64,
+        run_seconds: f64,
+        note: &str,
+    ) {
+        ctx.logs.csv(
+            logs::REPORT_CSV,
+            logs::REPORT_HEADER,
+            &format!(
+                "{},{attempt},{result},{},{},{},{},{process},{start},{elapsed:.3},{run_seconds:.3},{}",
+                batch.index,
+                batch.items.len(),
+                outcome.succeeded,
+                outcome.failed,
+                self.config().node_id,
+                csv_field(note.lines().next().unwrap_or_default()),
+            ),
+        );
+    }
+}
+
+/// Records an outcome in the ledger and reports a state change it caused.
+async fn record_outcome(
+    shared: &Shared,
+    ctx: &Arc<JobContext>,
+    index: u64,
+    outcome: Outcome,
+    part: Option<&str>,
+) -> bool {
+    match shared
+        .agent
+        .ledger
+        .record(&ctx.id, index, outcome, part)
+        .await
+    {
+        Ok(recorded) => {
+            report_recorded(shared, ctx, recorded);
+            true
+        }
+        Err(e) => {
+            warn!(job = %ctx.id, mini_batch = index, error = %e, "Recording in the ledger failed; requeueing.");
+            false
+        }
+    }
+}
+
+/// Acts on a recording: stops the job's work if it no longer runs, and hands a state change
+/// to whoever drives the job.
+fn report_recorded(shared: &Shared, ctx: &JobContext, recorded: Recorded) {
+    if !recorded.status.state.accepts_work() {
+        ctx.stop.cancel();
+    }
+    if recorded.transitioned {
+        let _ = shared.agent.events.send(AgentEvent::Transitioned {
+            job: ctx.id.clone(),
+            status: recorded.status,
+        });
+    }
+}
+
+/// Records a mini-batch that failed whole (its attempts spent, or dead-lettered): lists its
+/// items in `failed_items.csv` and counts them all as failed, with no part (one an earlier
+/// attempt stored is never read).
+pub async fn record_failed_batch(
+    ledger: &dyn Ledger,
+    ctx: &JobContext,
+    batch: &MiniBatch,
+    attempts: u32,
+    cause: &str,
+) -> Result<Recorded, String> {
+    let cause_line = csv_field(cause.lines().next().unwrap_or_default());
+    for item in &batch.items {
+        ctx.logs.csv(
+            logs::FAILED_ITEMS_CSV,
+            logs::FAILED_ITEMS_HEADER,
+            &format!(
+                "{},{},{attempts},{cause_line}",
+                csv_field(item),
+                batch.index
+            ),
+        );
+    }
+    ledger
+        .record(
+            &ctx.id,
+            batch.index,
+            Outcome::all_failed(batch.items.len() as u64),
+            None,
+        )
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// A part: the rows, one per line.
+pub fn join_rows(rows: &[String]) -> Bytes {
+    let mut part = Vec::with_capacity(rows.iter().map(|r| r.len() + 1).sum());
+    for row in rows {
+        part.extend_from_slice(row.as_bytes());
+        part.push(b'\n');
+    }
+    part.into()
+}

@@ -1,0 +1,196 @@
+//! The node agent: takes mini-batches off the queue and drives one runner process per slot.
+//!
+//! Each slot is a loop: take a delivery, decide what becomes of it, settle it. The order of
+//! effects makes a mini-batch's output exactly-once even though delivery is at-least-once:
+//! store the output part, then record the outcome with the part's reference in the ledger
+//! (the first recording wins, reference included), then acknowledge. A worker killed between
+//! any two steps leaves the message unacknowledged; its re-run stores another part, which
+//! the ledger never names, and its second recording changes nothing.
+//!
+//! # Layout
+//!
+//! - `slot`: a slot's loop and its verdict on each delivery, settled in one place.
+//! - `attempt`: one `run()` attempt and its settlement (part, ledger record, report).
+//! - `runner`: starting, warming and killing a slot's runner, and its environment.
+//! - `ahead`: the delivery taken ahead while the runner works.
+//! - `stage`: staging a mini-batch's inputs into the node's cache.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use fleetrun_common::ledger::{JobState, Ledger, Status};
+use fleetrun_common::queue::Queue;
+use fleetrun_common::storage::Storage;
+use fleetrun_config::JobSpec;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::gpu::GpuPool;
+use crate::logs::JobLogs;
+use crate::parts::Parts;
+
+mod ahead;
+mod attempt;
+mod runner;
+mod slot;
+mod stage;
+
+pub use attempt::{join_rows, record_failed_batch};
+use slot::Slot;
+
+/// How often a slot re-reads a job's state from the ledger between its own recordings.
+const STATE_RECHECK: Duration = Duration::from_millis(500);
+
+/// Deliveries a slot holds by default: one running, the next waiting in the runner's
+/// channel, and one being finished in the background.
+pub const DEFAULT_PREFETCH: u16 = 3;
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// This node's id in logs (`sys/node/<node_id>/…`).
+    pub node_id: String,
+    /// Runner slots (processes) on this node.
+    pub processes: usize,
+    /// Unsettled deliveries each slot may hold.
+    pub prefetch: u16,
+    pub runner_exe: PathBuf,
+    /// Where inputs that are not local files are staged.
+    pub staging_dir: PathBuf,
+    /// Start every slot's runner for this job before taking work (one-job runs).
+    pub warm_job: Option<String>,
+    /// GPUs on this node, handed to runners one index each (CONTRACT.md §3).
+    pub gpus: usize,
+}
+
+/// A job as a node sees it: its spec, its storages, its log folder, and what this node
+/// learned about it.
+pub struct JobContext {
+    pub id: String,
+    pub spec: JobSpec,
+    pub input: Arc<dyn Storage>,
+    pub output: Arc<dyn Storage>,
+    /// Where the mini-batches' output parts wait for the finalizer.
+    pub parts: Arc<dyn Parts>,
+    pub logs: Arc<JobLogs>,
+    /// Cancelled once the job stops accepting work; running attempts are killed.
+    pub stop: CancellationToken,
+    /// Who this node is when it claims the job's finalization (unique per node and job).
+    pub finalizer: String,
+    /// This node is finalizing the job.
+    pub finalizing: AtomicBool,
+    init_failures: AtomicU32,
+    gave_up: AtomicBool,
+    last_check: std::sync::Mutex<Instant>,
+}
+
+impl JobContext {
+    pub fn new(
+        id: String,
+        spec: JobSpec,
+        input: Arc<dyn Storage>,
+        output: Arc<dyn Storage>,
+        parts: Arc<dyn Parts>,
+        logs: Arc<JobLogs>,
+    ) -> JobContext {
+        JobContext {
+            id,
+            spec,
+            input,
+            output,
+            parts,
+            logs,
+            stop: CancellationToken::new(),
+            finalizer: format!("{}-{:016x}", std::process::id(), rand::random::<u64>()),
+            finalizing: AtomicBool::new(false),
+            init_failures: AtomicU32::new(0),
+            gave_up: AtomicBool::new(false),
+            last_check: std::sync::Mutex::new(Instant::now()),
+        }
+    }
+
+    /// True when the last status check is older than [`STATE_RECHECK`] (and claims the next).
+    fn due_for_check(&self) -> bool {
+        let mut last = self.last_check.lock().unwrap_or_else(|p| p.into_inner());
+        if last.elapsed() >= STATE_RECHECK {
+            *last = Instant::now();
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Finds the job a message belongs to.
+#[async_trait]
+pub trait Jobs: Send + Sync {
+    async fn get(&self, job: &str) -> Result<Option<Arc<JobContext>>, String>;
+}
+
+/// What the agent reports to whoever drives the job.
+#[derive(Debug, Clone)]
+pub enum AgentEvent {
+    /// A recording moved the job's state (to Finalizing or Failed): the receiver owns what
+    /// follows.
+    Transitioned { job: String, status: Status },
+    /// A runner of the job failed to start on this node (`processes`: the job's runner
+    /// processes per node, as this node counts them).
+    InitFailed {
+        job: String,
+        processes: u32,
+        failure: String,
+    },
+    /// This node stopped trying to start runners for the job (init kept failing).
+    GaveUp { job: String, reason: String },
+}
+
+pub struct Agent {
+    pub config: AgentConfig,
+    pub queue: Arc<dyn Queue>,
+    pub ledger: Arc<dyn Ledger>,
+    pub jobs: Arc<dyn Jobs>,
+    pub events: mpsc::UnboundedSender<AgentEvent>,
+}
+
+/// Runs the agent until `drain` is cancelled (finish the mini-batch in hand, take no more)
+/// or `abort` is (kill the runners now; unsettled deliveries go back to the queue).
+pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToken) {
+    let gpus = GpuPool::new(agent.config.gpus);
+    let shared = Arc::new(Shared {
+        agent,
+        next_process: AtomicU32::new(0),
+        gpus,
+    });
+    let mut slots = tokio::task::JoinSet::new();
+    for index in 0..shared.agent.config.processes.max(1) {
+        let slot = Slot {
+            shared: shared.clone(),
+            index,
+            runner: None,
+            ahead: None,
+            stagings: 0,
+            drain: drain.clone(),
+            finishing: tokio::task::JoinSet::new(),
+        };
+        slots.spawn(slot.run(drain.clone(), abort.clone()));
+    }
+    while let Some(result) = slots.join_next().await {
+        if let Err(e) = result {
+            warn!(error = %e, "A runner slot ended abnormally.");
+        }
+    }
+}
+
+struct Shared {
+    agent: Agent,
+    next_process: AtomicU32,
+    gpus: Arc<GpuPool>,
+}
+
+/// States in which the job's remaining mini-batches are no longer worked on.
+pub fn is_stopped(state: JobState) -> bool {
+    !state.accepts_work()
+}

@@ -1,0 +1,199 @@
+//! A slot's runner process: starting it (its environment, its GPU), warming it before work
+//! arrives, killing it.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use fleetrun_common::protocol::{InitParams, ScriptError};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::slot::Slot;
+use super::{AgentEvent, JobContext};
+use crate::gpu::{GPU_COUNT_VAR, GpuLease};
+use crate::logs;
+use crate::process::{InitOutcome, Launch, RunnerProcess, returncode};
+
+pub(super) struct Active {
+    pub(super) job: String,
+    pub(super) name: String,
+    pub(super) process: RunnerProcess,
+    /// The job's stop signal: once it fires the runner (its model, its GPU) is released.
+    pub(super) job_stop: CancellationToken,
+    /// Its GPU, released when the process is dropped.
+    _gpu: Option<GpuLease>,
+}
+
+impl Slot {
+    /// Starts this slot's runner for `job` before any work arrives, retrying init failures
+    /// until the node gives up.
+    pub(super) async fn warm(&mut self, job: &str, drain: &CancellationToken) {
+        let Ok(Some(ctx)) = self.shared.agent.jobs.get(job).await else {
+            return;
+        };
+        while !drain.is_cancelled()
+            && !ctx.gave_up.load(Ordering::Relaxed)
+            && !ctx.stop.is_cancelled()
+        {
+            tokio::select! {
+                _ = drain.cancelled() => return,
+                _ = ctx.stop.cancelled() => return,
+                ready = self.ensure_runner(&ctx) => if ready { return },
+            }
+        }
+    }
+
+    /// Makes sure this slot has a ready runner for the job. On an init failure, counts it and
+    /// gives up on the job on this node after `3 × process_count_per_node` of them.
+    pub(super) async fn ensure_runner(&mut self, ctx: &Arc<JobContext>) -> bool {
+        if self.runner.as_ref().is_some_and(|a| a.job == ctx.id) {
+            return true;
+        }
+        if let Some(previous) = self.runner.take() {
+            previous.process.shutdown().await;
+        }
+        if ctx.gave_up.load(Ordering::Relaxed) {
+            return false;
+        }
+        let node = self.config().node_id.clone();
+        let number = self.shared.next_process.fetch_add(1, Ordering::Relaxed);
+        let name = format!("process{number:03}");
+        let gpu = self.shared.gpus.acquire();
+        let mut env = runner_env(ctx, &node, &name);
+        env.push((GPU_COUNT_VAR.into(), self.shared.gpus.count().to_string()));
+        let mut env_remove = Vec::new();
+        match &gpu {
+            Some(lease) => env.push(("CUDA_VISIBLE_DEVICES".into(), lease.index().to_string())),
+            None => env_remove.push("CUDA_VISIBLE_DEVICES".to_owned()),
+        }
+        let launch = Launch {
+            exe: self.config().runner_exe.clone(),
+            stdout: ctx.logs.user_stdout(&node, &name),
+            stderr: ctx.logs.user_stderr(&node, &name),
+            env,
+            env_remove,
+        };
+        let spec = &ctx.spec;
+        let params = InitParams {
+            entry_script: local_path_string(&spec.entry_script),
+            source_directory: spec.source_directory.as_ref().map(local_path_string),
+            arguments: spec.arguments.clone(),
+            node_id: node.clone(),
+            process_name: name.clone(),
+            log_dir: ctx.logs.dir().display().to_string(),
+            output_dir: local_path_string(&spec.output),
+            logging_level: spec.logging_level.as_str().to_owned(),
+            environment: spec.environment.as_ref().map(|p| p.display().to_string()),
+        };
+        let init_timeout = Duration::from_secs(3 * spec.run_invocation_timeout + 30);
+        let main_log = logs::JobLogs::node_main(&node);
+        let failure = match RunnerProcess::start(&launch, params, init_timeout).await {
+            Ok((Some(process), InitOutcome::Ready(info))) => {
+                ctx.logs.log(
+                    &main_log,
+                    &format!(
+                        "{name} started: pid {}, Python {} ({}), prefix {}.",
+                        info.pid,
+                        info.python_version.lines().next().unwrap_or_default(),
+                        info.python_executable,
+                        info.python_prefix
+                    ),
+                );
+                self.runner = Some(Active {
+                    job: ctx.id.clone(),
+                    name,
+                    process,
+                    job_stop: ctx.stop.clone(),
+                    _gpu: gpu,
+                });
+                return true;
+            }
+            Ok((_, InitOutcome::Failed(error))) => {
+                self.script_error_at_init(ctx, &name, &error);
+                format!("init() failed: {}", error.message)
+            }
+            Ok((_, InitOutcome::TimedOut)) => {
+                format!("init() did not finish within {}s", init_timeout.as_secs())
+            }
+            Ok((_, InitOutcome::Died(status))) => {
+                format!(
+                    "the process exited with returncode {} during init",
+                    returncode(&status)
+                )
+            }
+            Ok((None, InitOutcome::Ready(_))) => unreachable!("a ready runner is returned"),
+            Err(e) => e.to_string(),
+        };
+        ctx.logs
+            .log(&main_log, &format!("{name} failed to start: {failure}"));
+        let failures = ctx.init_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let processes = spec
+            .process_count_per_node
+            .unwrap_or(self.config().processes as u32)
+            .max(1);
+        warn!(job = %ctx.id, process = %name, failures, "Runner failed to start: {failure}");
+        let _ = self.shared.agent.events.send(AgentEvent::InitFailed {
+            job: ctx.id.clone(),
+            processes,
+            failure: failure.clone(),
+        });
+        if failures >= 3 * processes && !ctx.gave_up.swap(true, Ordering::Relaxed) {
+            let reason = format!(
+                "{failures} runner processes failed to start on node {node}; the last: {failure}"
+            );
+            ctx.logs.log(
+                &main_log,
+                &format!("Giving up on job {}: {reason}.", ctx.id),
+            );
+            let _ = self.shared.agent.events.send(AgentEvent::GaveUp {
+                job: ctx.id.clone(),
+                reason,
+            });
+        }
+        false
+    }
+
+    fn script_error_at_init(&self, ctx: &JobContext, process: &str, error: &ScriptError) {
+        let node = &self.config().node_id;
+        ctx.logs.append_text(
+            logs::JobLogs::user_error(node, process),
+            &format!(
+                "{} loading the entry script / init():\n{}",
+                logs::now(),
+                error.traceback
+            ),
+        );
+        ctx.logs.log(
+            logs::USER_ERROR,
+            &format!("{node} {process} init: {}", error.message),
+        );
+    }
+
+    pub(super) async fn kill_runner(&mut self) {
+        if let Some(mut active) = self.runner.take() {
+            active.process.kill().await;
+        }
+    }
+}
+
+/// The runner's environment: the job's variables and who the process is.
+fn runner_env(ctx: &JobContext, node: &str, process: &str) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = ctx
+        .spec
+        .environment_variables
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    env.push(("FLEETRUN_JOB_ID".into(), ctx.id.clone()));
+    env.push(("FLEETRUN_NODE_ID".into(), node.to_owned()));
+    env.push(("FLEETRUN_PROCESS_NAME".into(), process.to_owned()));
+    env
+}
+
+fn local_path_string(location: &fleetrun_config::Location) -> String {
+    match location {
+        fleetrun_config::Location::Local(p) => p.display().to_string(),
+        other => other.to_string(),
+    }
+}

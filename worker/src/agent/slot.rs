@@ -1,0 +1,224 @@
+//! A slot's loop: take a delivery, decide what becomes of it (one [`Verdict`]), settle it.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use fleetrun_common::queue::{Consumer, Delivery, Disposition};
+use fleetrun_common::wire::MiniBatch;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::ahead::Ahead;
+use super::runner::Active;
+use super::{AgentConfig, JobContext, Shared};
+use crate::process::returncode;
+
+/// How long a node that gave up on a job holds one of its mini-batches before handing it back.
+const GAVE_UP_BACKOFF: Duration = Duration::from_secs(1);
+
+pub(super) struct Slot {
+    pub(super) shared: Arc<Shared>,
+    pub(super) index: usize,
+    pub(super) runner: Option<Active>,
+    /// The next delivery, taken while the runner worked on the one before.
+    pub(super) ahead: Option<Ahead>,
+    /// Stagings so far: each mini-batch's inputs get a folder of their own.
+    pub(super) stagings: u64,
+    /// Cancelled when the node drains: nothing more is taken, ahead or not.
+    pub(super) drain: CancellationToken,
+    /// Deliveries being finished in the background (at most the consumer's prefetch).
+    pub(super) finishing: tokio::task::JoinSet<()>,
+}
+
+/// What to do with a delivery, decided once.
+pub(super) enum Verdict {
+    Settle(Disposition),
+    /// The job no longer runs: drop the message.
+    Drop,
+    /// `run()` succeeded: write the part and record the outcome, then settle with what that
+    /// gives. Done in the background, so the runner gets its next mini-batch at once.
+    Finish(futures::future::BoxFuture<'static, Disposition>),
+}
+
+impl Slot {
+    pub(super) fn config(&self) -> &AgentConfig {
+        &self.shared.agent.config
+    }
+
+    pub(super) async fn run(mut self, drain: CancellationToken, abort: CancellationToken) {
+        if let Some(job) = self.config().warm_job.clone() {
+            tokio::select! {
+                _ = abort.cancelled() => {}
+                _ = self.warm(&job, &drain) => {}
+            }
+        }
+        let queue = self.shared.agent.queue.clone();
+        let mut consumer = match queue.consume(self.config().prefetch).await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(slot = self.index, error = %e, "Cannot consume; slot stops.");
+                return;
+            }
+        };
+        loop {
+            if let Some(ahead) = self.ahead.take() {
+                tokio::select! {
+                    biased;
+                    _ = abort.cancelled() => {
+                        self.kill_runner().await;
+                        break;
+                    }
+                    _ = self.handle_ahead(ahead, &mut consumer) => {}
+                }
+                continue;
+            }
+            let job_stop = self.runner.as_ref().map(|a| a.job_stop.clone());
+            let job_stopped = async {
+                match &job_stop {
+                    Some(stop) => stop.cancelled().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let delivery = tokio::select! {
+                biased;
+                _ = drain.cancelled() => break,
+                _ = abort.cancelled() => break,
+                _ = job_stopped => {
+                    if let Some(active) = self.runner.take() {
+                        let status = active.process.shutdown().await;
+                        debug!(process = %active.name, code = returncode(&status), "Runner of an ended job stopped.");
+                    }
+                    continue;
+                }
+                d = consumer.next() => d,
+            };
+            match delivery {
+                Ok(d) => {
+                    // Settling is often immediate on the embedded queue: let other tasks in.
+                    tokio::task::yield_now().await;
+                    tokio::select! {
+                        biased;
+                        _ = abort.cancelled() => {
+                            // Dropping the delivery hands it back to the queue.
+                            self.kill_runner().await;
+                            break;
+                        }
+                        _ = self.handle(d, &mut consumer) => {}
+                    }
+                }
+                Err(e) => {
+                    warn!(slot = self.index, error = %e, "Consuming failed; retrying.");
+                    tokio::select! {
+                        _ = drain.cancelled() => break,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        }
+        // Settle what is being finished before stopping: nothing is left unacknowledged.
+        while self.finishing.join_next().await.is_some() {}
+        if let Some(active) = self.runner.take() {
+            if abort.is_cancelled() {
+                let mut process = active.process;
+                process.kill().await;
+            } else {
+                let status = active.process.shutdown().await;
+                debug!(process = %active.name, code = returncode(&status), "Runner stopped.");
+            }
+        }
+    }
+
+    pub(super) async fn handle(&mut self, delivery: Delivery, consumer: &mut Box<dyn Consumer>) {
+        while self.finishing.try_join_next().is_some() {}
+        let verdict = self.decide(&delivery, consumer).await;
+        self.conclude(delivery, verdict).await;
+    }
+
+    async fn decide(&mut self, delivery: &Delivery, consumer: &mut Box<dyn Consumer>) -> Verdict {
+        let batch = match MiniBatch::decode(&delivery.body) {
+            Ok(b) => b,
+            Err(e) => {
+                warn!(slot = self.index, error = %e, bytes = delivery.body.len(), "Dead-lettering a message that does not decode.");
+                return Verdict::Settle(Disposition::DeadLetter);
+            }
+        };
+        let ctx = match self.shared.agent.jobs.get(&batch.job).await {
+            Ok(Some(ctx)) => ctx,
+            Ok(None) => {
+                warn!(job = %batch.job, mini_batch = batch.index, "Dead-lettering a mini-batch of an unknown job.");
+                return Verdict::Settle(Disposition::DeadLetter);
+            }
+            Err(e) => {
+                warn!(job = %batch.job, error = %e, "Cannot look up the job; requeueing.");
+                return Verdict::Settle(Disposition::Requeue);
+            }
+        };
+        if !self.accepts_work(&ctx).await {
+            return Verdict::Drop;
+        }
+        if ctx.gave_up.load(Ordering::Relaxed) {
+            // This node cannot start the job's script; leave the work to other nodes, without
+            // spinning on it meanwhile.
+            tokio::select! {
+                _ = ctx.stop.cancelled() => return Verdict::Drop,
+                _ = tokio::time::sleep(GAVE_UP_BACKOFF) => {}
+            }
+            return Verdict::Settle(Disposition::Return);
+        }
+        let max = ctx.spec.run_max_try;
+        if delivery.attempt > max {
+            let cause =
+                format!("all {max} attempts were lost with the process or worker that held them");
+            self.record_failure(&ctx, &batch, delivery.attempt - 1, &cause)
+                .await;
+            return Verdict::Settle(Disposition::Ack);
+        }
+        if !self.ensure_runner(&ctx).await {
+            // No runner started: run() was not tried, so this was no attempt.
+            return Verdict::Settle(Disposition::Return);
+        }
+        self.attempt(&ctx, &batch, delivery.attempt, None, consumer)
+            .await
+    }
+
+    /// Whether the job still takes work, from this node's knowledge and, now and then, the
+    /// ledger's.
+    async fn accepts_work(&self, ctx: &JobContext) -> bool {
+        if ctx.stop.is_cancelled() {
+            return false;
+        }
+        if ctx.due_for_check()
+            && let Ok(Some(status)) = self.shared.agent.ledger.status(&ctx.id).await
+            && !status.state.accepts_work()
+        {
+            ctx.stop.cancel();
+            return false;
+        }
+        true
+    }
+
+    pub(super) async fn conclude(&mut self, delivery: Delivery, verdict: Verdict) {
+        let disposition = match verdict {
+            Verdict::Settle(d) => d,
+            Verdict::Drop => Disposition::Ack,
+            Verdict::Finish(work) => {
+                let slot = self.index;
+                self.finishing.spawn(async move {
+                    let disposition = work.await;
+                    settle(slot, delivery, disposition).await;
+                });
+                return;
+            }
+        };
+        settle(self.index, delivery, disposition).await;
+    }
+}
+
+async fn settle(slot: usize, delivery: Delivery, disposition: Disposition) {
+    match delivery.settle(disposition).await {
+        Ok(true) => {}
+        Ok(false) => info!(slot, "Settlement not delivered; the broker will redeliver."),
+        Err(e) => warn!(slot, error = %e, "Settling a delivery failed."),
+    }
+}

@@ -1,0 +1,170 @@
+//! A job's code: shipped by the submitter to the job's S3 output, content-addressed, and
+//! staged once per code hash into each worker's cache.
+
+use std::path::Path;
+
+use bytes::Bytes;
+use fleetrun_common::storage::s3::{S3Settings, S3Storage};
+use fleetrun_common::storage::{Storage, check_key, join_key};
+use fleetrun_config::{JobSpec, Location};
+use futures::TryStreamExt;
+use sha2::{Digest, Sha256};
+
+/// Where shipped code lives, under the job's output location.
+pub const CODE_PREFIX: &str = "_fleetrun/code";
+
+/// Ships a job's code to its output storage when the output is on S3 (workers elsewhere
+/// cannot read the submitter's disk): the source directory (or the entry script alone)
+/// goes under `_fleetrun/code/<sha256>/`, and the spec is rewritten to point there.
+/// Content-addressed: the same code is stored once, whatever number of jobs run it.
+pub async fn ship_code(mut spec: JobSpec, s3: &S3Settings) -> Result<JobSpec, String> {
+    let Location::S3 { bucket, prefix } = &spec.output else {
+        return Ok(spec);
+    };
+    let Location::Local(entry) = &spec.entry_script else {
+        return Ok(spec);
+    };
+    let (root, files) = match &spec.source_directory {
+        Some(Location::Local(dir)) => (
+            dir.clone(),
+            list_code(dir).map_err(|e| format!("{}: {e}", dir.display()))?,
+        ),
+        Some(Location::S3 { .. }) => return Ok(spec),
+        None => {
+            let dir = entry.parent().unwrap_or(Path::new("/")).to_path_buf();
+            let name = entry
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            (dir, vec![name])
+        }
+    };
+    let rel_entry = entry
+        .strip_prefix(&root)
+        .map_err(|_| {
+            format!(
+                "entry_script {} is not inside source_directory {}",
+                entry.display(),
+                root.display()
+            )
+        })?
+        .to_string_lossy()
+        .replace('\\', "/");
+    let mut hasher = Sha256::new();
+    let mut contents = Vec::with_capacity(files.len());
+    for rel in &files {
+        let body = std::fs::read(root.join(rel)).map_err(|e| format!("{rel}: {e}"))?;
+        hasher.update(rel.as_bytes());
+        hasher.update([0]);
+        hasher.update((body.len() as u64).to_be_bytes());
+        hasher.update(&body);
+        contents.push(body);
+    }
+    let hash = format!("{:x}", hasher.finalize());
+    let code_prefix = join_key(&join_key(prefix, CODE_PREFIX), &hash);
+    let storage = S3Storage::new(bucket, &code_prefix, s3)
+        .await
+        .map_err(|e| e.to_string())?;
+    for (rel, body) in files.iter().zip(contents) {
+        storage
+            .put(rel, Bytes::from(body))
+            .await
+            .map_err(|e| format!("shipping {rel}: {e}"))?;
+    }
+    spec.entry_script = Location::S3 {
+        bucket: bucket.clone(),
+        prefix: join_key(&code_prefix, &rel_entry),
+    };
+    spec.source_directory = Some(Location::S3 {
+        bucket: bucket.clone(),
+        prefix: code_prefix,
+    });
+    Ok(spec)
+}
+
+/// The files of a source directory, relative, in a stable order; caches and virtualenvs
+/// are left behind.
+fn list_code(dir: &Path) -> std::io::Result<Vec<String>> {
+    const SKIP: [&str; 5] = ["__pycache__", ".git", ".venv", "venv", ".mypy_cache"];
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if SKIP.contains(&name.as_str()) {
+                continue;
+            }
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if let Ok(rel) = path.strip_prefix(dir) {
+                out.push(rel.to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Brings shipped code to this machine (once per code hash) and points the spec at it.
+pub(super) async fn stage_code(
+    mut spec: JobSpec,
+    cache: &Path,
+    s3: &S3Settings,
+) -> Result<JobSpec, String> {
+    let (
+        Location::S3 {
+            bucket,
+            prefix: entry_key,
+        },
+        Some(Location::S3 {
+            prefix: root_key, ..
+        }),
+    ) = (&spec.entry_script, &spec.source_directory)
+    else {
+        return Ok(spec);
+    };
+    let hash = root_key.rsplit('/').next().unwrap_or_default();
+    let local_root = cache.join("code").join(hash);
+    let rel_entry = entry_key
+        .strip_prefix(root_key.as_str())
+        .unwrap_or(entry_key)
+        .trim_start_matches('/');
+    if !local_root.join(".complete").exists() {
+        let storage = S3Storage::new(bucket, root_key, s3)
+            .await
+            .map_err(|e| e.to_string())?;
+        let partial = cache
+            .join("code")
+            .join(format!("{hash}.partial-{}", std::process::id()));
+        let objects: Vec<_> = storage
+            .list("")
+            .try_collect()
+            .await
+            .map_err(|e| e.to_string())?;
+        for object in objects {
+            // An object key never names a path outside the staging folder.
+            check_key(&object.key).map_err(|e| e.to_string())?;
+            let body = storage.get(&object.key).await.map_err(|e| e.to_string())?;
+            let path = partial.join(&object.key);
+            tokio::fs::create_dir_all(path.parent().unwrap_or(&partial))
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::fs::write(&path, &body)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        tokio::fs::write(partial.join(".complete"), b"")
+            .await
+            .map_err(|e| e.to_string())?;
+        if tokio::fs::rename(&partial, &local_root).await.is_err() {
+            // Another slot staged it first.
+            let _ = tokio::fs::remove_dir_all(&partial).await;
+        }
+    }
+    spec.entry_script = Location::Local(local_root.join(rel_entry));
+    spec.source_directory = Some(Location::Local(local_root));
+    Ok(spec)
+}

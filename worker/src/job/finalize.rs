@@ -1,0 +1,166 @@
+//! How a job ends: its finalization under a renewed claim, `job_result.txt`, and failing a
+//! job (CONTRACT §5 rule 2 over the whole fleet).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use fleetrun_common::ledger::{JobState, Ledger, Status};
+use tracing::{info, warn};
+
+use super::record::{JobRecord, unix_now};
+use super::settings::Fleet;
+use crate::agent::JobContext;
+use crate::parts;
+
+/// How long a finalization claim lasts unless renewed (every third of it): a worker that
+/// dies while finalizing is replaced, this long after, by another that served the job.
+pub(super) const FINALIZE_LEASE: Duration = Duration::from_secs(10);
+
+/// Concludes a job whose state a recording just moved (the caller saw `transitioned`), or
+/// one found Finalizing: finalizes it if every mini-batch is done and this node can claim
+/// the finalization, then writes `logs/job_result.txt`. Returns `Finalizing` when another
+/// node holds the claim (and writes nothing).
+pub async fn conclude(ledger: &dyn Ledger, ctx: &JobContext, status: Status) -> JobState {
+    let state = if status.state == JobState::Finalizing {
+        match finalize_claimed(ledger, ctx).await {
+            // Another node holds the claim, or took it over while this one worked.
+            None | Some(JobState::Finalizing) => return JobState::Finalizing,
+            Some(state) => state,
+        }
+    } else {
+        status.state
+    };
+    let status = ledger
+        .status(&ctx.id)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(status);
+    info!(job = %ctx.id, state = %state, "Job ended.");
+    write_job_result(ctx, &status).await;
+    state
+}
+
+/// Finalizes the job if this node can claim it, renewing the claim while it works; `None`
+/// if another node holds it (or this node is at it already).
+async fn finalize_claimed(ledger: &dyn Ledger, ctx: &JobContext) -> Option<JobState> {
+    if ctx.finalizing.swap(true, Ordering::Relaxed) {
+        return None;
+    }
+    let claim = || ledger.claim_finalization(&ctx.id, &ctx.finalizer, FINALIZE_LEASE);
+    let state = if claim().await.unwrap_or(false) {
+        let finalize = finalize_job(ledger, ctx);
+        tokio::pin!(finalize);
+        Some(loop {
+            tokio::select! {
+                state = &mut finalize => break state,
+                _ = tokio::time::sleep(FINALIZE_LEASE / 3) => {
+                    if let Err(e) = claim().await {
+                        warn!(job = %ctx.id, error = %e, "Cannot renew the finalization claim.");
+                    }
+                }
+            }
+        })
+    } else {
+        None
+    };
+    ctx.finalizing.store(false, Ordering::Relaxed);
+    state
+}
+
+/// Joins the parts and completes the job; for the holder of the finalization claim, who
+/// alone may fail the job over an output it could not write. The parts are removed only
+/// once the job is Completed, so a finalizer that took over from a stalled one never finds
+/// them gone.
+async fn finalize_job(ledger: &dyn Ledger, ctx: &JobContext) -> JobState {
+    let still_held = || async {
+        ledger
+            .claim_finalization(&ctx.id, &ctx.finalizer, FINALIZE_LEASE)
+            .await
+            .unwrap_or(false)
+    };
+    parts::finish_job(
+        ledger,
+        &ctx.id,
+        &ctx.spec,
+        &*ctx.output,
+        &*ctx.parts,
+        still_held,
+    )
+    .await
+}
+
+/// Writes `logs/job_result.txt` into the job's output.
+pub async fn write_job_result(ctx: &JobContext, status: &Status) {
+    let mut text = format!(
+        "Job: {}\nResult: {}\nMini-batches: {} processed of {}\nItems: {} succeeded, {} failed (error_threshold {})\nMini-batches failed: {}\n",
+        ctx.id,
+        status.state,
+        status.done,
+        status
+            .total
+            .map_or_else(|| "?".to_owned(), |t| t.to_string()),
+        status.items_succeeded,
+        status.items_failed,
+        ctx.spec.error_threshold,
+        status.batches_failed,
+    );
+    if let Some(reason) = &status.reason {
+        text.push_str(&format!("Cause: {reason}\n"));
+    }
+    if let Err(e) = ctx
+        .output
+        .put("logs/job_result.txt", Bytes::from(text))
+        .await
+    {
+        warn!(job = %ctx.id, error = %e, "Cannot write job_result.txt.");
+    }
+}
+
+/// Fails a Running job and writes its result, if this call moved it.
+pub(super) async fn fail_job(fleet: &Fleet, ctx: &JobContext, reason: &str) {
+    if let Ok((true, status)) = fleet
+        .ledger
+        .transition(
+            &ctx.id,
+            &[JobState::Running],
+            JobState::Failed,
+            Some(reason),
+        )
+        .await
+    {
+        info!(job = %ctx.id, "Job ended: {reason}.");
+        write_job_result(ctx, &status).await;
+    }
+}
+
+/// How long ago the job was submitted, from its record.
+pub(super) async fn job_age(fleet: &Fleet, job: &str) -> Option<Duration> {
+    let bytes = fleet.registry.record(job).await.ok()??;
+    let record = JobRecord::decode(&bytes).ok()?;
+    Some(Duration::from_secs_f64(
+        (unix_now() - record.submitted_at).max(0.0),
+    ))
+}
+
+/// Fails the job if its init failures over all nodes break CONTRACT §5 rule 2; `detail`
+/// ends the reason. True if the rule fails the job.
+pub(super) async fn check_init_failures(
+    fleet: &Fleet,
+    ctx: &JobContext,
+    processes: u32,
+    failures: u64,
+    detail: &str,
+) -> bool {
+    let Some(age) = job_age(fleet, &ctx.id).await else {
+        return false;
+    };
+    let Some(reason) =
+        super::driver::init_failures_fail_job(ctx.spec.node_count, processes, failures, age)
+    else {
+        return false;
+    };
+    fail_job(fleet, ctx, &format!("{reason}; {detail}")).await;
+    true
+}

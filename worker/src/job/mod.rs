@@ -1,0 +1,36 @@
+//! Serving a pool's jobs on a fleet: RabbitMQ for mini-batches, Redis for the ledger and the
+//! job registry, S3 (or a shared folder) for data.
+//!
+//! Everything a worker needs to serve a job it has never seen is in the registry's
+//! [`JobRecord`]: the validated spec and, when the job's code was shipped, where it is. A
+//! worker stages the code once per job into its cache, opens the job's storages, and serves
+//! the job like any other until the ledger says it no longer runs.
+//!
+//! # Layout
+//!
+//! - `driver`: a job's stop rules, watched by every node that serves it and by a waiting
+//!   submitter.
+//! - `settings`: where the fleet's services are, connecting to them, a worker's settings.
+//! - `record`: the job record kept in the registry.
+//! - `code`: shipping a job's code to S3 and staging it on a worker.
+//! - `watch`: serving the pool: the jobs a node follows, adopting orphans, the agent's events.
+//! - `finalize`: concluding a job: its finalization, its result, failing it.
+//! - `dead_letters`: dead-lettered mini-batches, recorded against their job.
+
+mod code;
+mod dead_letters;
+mod driver;
+mod finalize;
+mod record;
+mod settings;
+mod watch;
+
+pub use code::{CODE_PREFIX, ship_code};
+pub use driver::{INIT_FAILURE_GRACE, StopRules, init_failures_fail_job};
+pub use finalize::{conclude, write_job_result};
+pub use record::{JobRecord, unix_now};
+pub use settings::{
+    DEFAULT_POOL, Fleet, FleetArgs, KEEP_ENDED_JOBS, KEY_PREFIX, POOL_DELIVERY_LIMIT, WorkerConfig,
+    open_storage,
+};
+pub use watch::serve;

@@ -1,0 +1,41 @@
+//! The job record the registry keeps: all a worker needs to serve a job it has never seen.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use fleetrun_config::JobSpec;
+use serde::{Deserialize, Serialize};
+
+/// What the registry holds for a job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub spec: JobSpec,
+    /// Seconds since the Unix epoch.
+    pub submitted_at: f64,
+    /// The pool that serves it.
+    pub pool: String,
+}
+
+impl JobRecord {
+    pub fn new(spec: JobSpec, pool: &str) -> JobRecord {
+        JobRecord {
+            spec,
+            submitted_at: unix_now(),
+            pool: pool.to_owned(),
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a job record always encodes")
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<JobRecord, String> {
+        serde_json::from_slice(bytes).map_err(|e| format!("job record does not decode: {e}"))
+    }
+}
+
+pub fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}

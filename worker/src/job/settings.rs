@@ -1,0 +1,156 @@
+//! Where the fleet's services are and how a worker runs: the settings, the connected
+//! seams, the pool's constants, and opening a job's storages.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetrun_common::ledger::redis::RedisLedger;
+use fleetrun_common::ledger::{JobRegistry, Ledger, RedisRegistry};
+use fleetrun_common::queue::amqp::AmqpQueue;
+use fleetrun_common::queue::{Queue, QueueOptions};
+use fleetrun_common::storage::s3::{S3Settings, S3Storage};
+use fleetrun_common::storage::{LocalStorage, Storage, StorageError};
+use fleetrun_config::Location;
+use serde::{Deserialize, Serialize};
+
+/// The pool both binaries use when none is named.
+pub const DEFAULT_POOL: &str = "default";
+/// The prefix of every Redis key fleetrun writes.
+pub const KEY_PREFIX: &str = "fleetrun";
+/// Deliveries of one message before the broker dead-letters it: a backstop above any
+/// `run_max_try` (at most 100), since workers record a mini-batch failed themselves once its
+/// attempts are spent.
+pub const POOL_DELIVERY_LIMIT: u32 = 101;
+
+/// How long Redis keeps an ended job (its counts for `fleetrun status`, its record).
+pub const KEEP_ENDED_JOBS: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Where the fleet's services are. Flags win over the environment, which wins over the
+/// config file (`$FLEETRUN_CONFIG`, else `~/.config/fleetrun/fleet.toml`).
+#[derive(Debug, Clone, Default, clap::Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FleetArgs {
+    /// RabbitMQ URL, e.g. amqp://guest:guest@127.0.0.1:5672/%2f
+    #[arg(long, env = "FLEETRUN_AMQP_URL")]
+    pub amqp_url: Option<String>,
+    /// RabbitMQ management API URL (for the unacknowledged count), e.g. http://guest:guest@127.0.0.1:15672
+    #[arg(long, env = "FLEETRUN_AMQP_MANAGEMENT_URL")]
+    pub amqp_management_url: Option<String>,
+    /// Redis URL, e.g. redis://127.0.0.1:6379/
+    #[arg(long, env = "FLEETRUN_REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// The worker pool (its queue is `fleetrun.<pool>.batches`).
+    #[arg(long, env = "FLEETRUN_POOL")]
+    pub pool: Option<String>,
+    /// S3 endpoint for S3-compatible servers (else AWS_ENDPOINT_URL, else AWS).
+    #[arg(long, env = "FLEETRUN_S3_ENDPOINT_URL")]
+    pub s3_endpoint_url: Option<String>,
+    /// Address buckets by path (default: on whenever a custom endpoint is set).
+    #[arg(long, env = "FLEETRUN_S3_FORCE_PATH_STYLE")]
+    pub s3_force_path_style: Option<bool>,
+}
+
+impl FleetArgs {
+    /// Fills what flags and environment left unset from the config file.
+    pub fn resolve(self) -> Result<FleetArgs, String> {
+        let path = std::env::var_os("FLEETRUN_CONFIG")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| Path::new(&h).join(".config/fleetrun/fleet.toml"))
+            });
+        let file = match path {
+            Some(p) if p.is_file() => {
+                let text =
+                    std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+                toml::from_str::<FleetArgs>(&text).map_err(|e| format!("{}: {e}", p.display()))?
+            }
+            _ => FleetArgs::default(),
+        };
+        Ok(FleetArgs {
+            amqp_url: self.amqp_url.or(file.amqp_url),
+            amqp_management_url: self.amqp_management_url.or(file.amqp_management_url),
+            redis_url: self.redis_url.or(file.redis_url),
+            pool: self.pool.or(file.pool),
+            s3_endpoint_url: self.s3_endpoint_url.or(file.s3_endpoint_url),
+            s3_force_path_style: self.s3_force_path_style.or(file.s3_force_path_style),
+        })
+    }
+
+    pub fn pool(&self) -> &str {
+        self.pool.as_deref().unwrap_or(DEFAULT_POOL)
+    }
+
+    pub fn s3(&self) -> S3Settings {
+        S3Settings {
+            endpoint_url: self.s3_endpoint_url.clone(),
+            force_path_style: self.s3_force_path_style,
+            ..S3Settings::default()
+        }
+    }
+}
+
+/// The connected seams of a fleet.
+#[derive(Clone)]
+pub struct Fleet {
+    pub queue: Arc<dyn Queue>,
+    pub ledger: Arc<dyn Ledger>,
+    pub registry: Arc<dyn JobRegistry>,
+    pub s3: S3Settings,
+    pub pool: String,
+}
+
+impl Fleet {
+    pub async fn connect(args: &FleetArgs) -> Result<Fleet, String> {
+        let amqp = args.amqp_url.as_deref().ok_or(
+            "no RabbitMQ URL: set FLEETRUN_AMQP_URL, --amqp-url or amqp_url in the config file",
+        )?;
+        let redis = args.redis_url.as_deref().ok_or(
+            "no Redis URL: set FLEETRUN_REDIS_URL, --redis-url or redis_url in the config file",
+        )?;
+        let pool = args.pool().to_owned();
+        let options = QueueOptions {
+            delivery_limit: Some(POOL_DELIVERY_LIMIT),
+        };
+        let queue = AmqpQueue::connect(amqp, &pool, options, args.amqp_management_url.as_deref())
+            .await
+            .map_err(|e| format!("RabbitMQ at {amqp}: {e}"))?;
+        let ledger = RedisLedger::connect(redis, KEY_PREFIX)
+            .await
+            .map_err(|e| format!("Redis at {redis}: {e}"))?;
+        let registry = RedisRegistry::connect(redis, KEY_PREFIX)
+            .await
+            .map_err(|e| format!("Redis at {redis}: {e}"))?;
+        Ok(Fleet {
+            queue: Arc::new(queue),
+            ledger: Arc::new(ledger),
+            registry: Arc::new(registry),
+            s3: args.s3(),
+            pool,
+        })
+    }
+}
+
+/// How a worker node runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub node_id: String,
+    pub processes: usize,
+    pub prefetch: u16,
+    pub runner_exe: PathBuf,
+    /// Staged code, inputs and (for S3 outputs) logs before upload.
+    pub cache_dir: PathBuf,
+    /// GPUs on this node.
+    pub gpus: usize,
+}
+
+/// Storage for a location: a local folder or an S3 prefix.
+pub async fn open_storage(
+    location: &Location,
+    s3: &S3Settings,
+) -> Result<Arc<dyn Storage>, StorageError> {
+    Ok(match location {
+        Location::Local(path) => Arc::new(LocalStorage::new(path)),
+        Location::S3 { bucket, prefix } => Arc::new(S3Storage::new(bucket, prefix, s3).await?),
+    })
+}

@@ -1,0 +1,390 @@
+//! Serving a pool: the agent, the jobs this node follows (each watched in the ledger), the
+//! orphans it adopts, and what it does with the agent's events.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use fleetrun_common::ledger::{JobState, Ledger, LedgerError};
+use fleetrun_common::storage::{LocalStorage, Storage};
+use fleetrun_config::Location;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::code::stage_code;
+use super::dead_letters::record_dead_letters;
+use super::finalize::{FINALIZE_LEASE, check_init_failures, conclude, fail_job, job_age};
+use super::record::JobRecord;
+use super::settings::{Fleet, KEEP_ENDED_JOBS, WorkerConfig, open_storage};
+use crate::agent::{self, Agent, AgentConfig, AgentEvent, JobContext, Jobs};
+use crate::logs::JobLogs;
+use crate::parts;
+
+/// How often a worker re-reads the state of each job it serves.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// How often a worker looks over its pool's unfinished jobs for one nobody looks after.
+const ADOPT_EVERY: Duration = FINALIZE_LEASE;
+
+/// Serves every job of the fleet's pool until `drain` (finish what is in hand) or `abort`.
+pub async fn serve(
+    config: WorkerConfig,
+    fleet: Fleet,
+    drain: CancellationToken,
+    abort: CancellationToken,
+) {
+    let (events, mut event_rx) = mpsc::unbounded_channel();
+    let jobs = Arc::new(FleetJobs {
+        fleet: fleet.clone(),
+        config: config.clone(),
+        contexts: Mutex::new(HashMap::new()),
+        loading: tokio::sync::Mutex::new(()),
+        stop: abort.clone(),
+    });
+    let agent = tokio::spawn(agent::run(
+        Agent {
+            config: AgentConfig {
+                node_id: config.node_id.clone(),
+                processes: config.processes,
+                prefetch: config.prefetch,
+                runner_exe: config.runner_exe.clone(),
+                staging_dir: config.cache_dir.join("staging"),
+                warm_job: None,
+                gpus: config.gpus,
+            },
+            queue: fleet.queue.clone(),
+            ledger: fleet.ledger.clone(),
+            jobs: jobs.clone(),
+            events,
+        },
+        drain.clone(),
+        abort.clone(),
+    ));
+    let recorder = tokio::spawn(record_dead_letters(
+        fleet.clone(),
+        jobs.clone(),
+        drain.clone(),
+    ));
+    let adopter = tokio::spawn(adopt_orphans(fleet.clone(), jobs.clone(), drain.clone()));
+    let mut finisher = {
+        let (fleet, jobs, node) = (fleet.clone(), jobs.clone(), config.node_id.clone());
+        tokio::spawn(async move {
+            while let Some(event) = event_rx.recv().await {
+                handle_event(&fleet, &jobs, &node, event).await;
+            }
+        })
+    };
+    let _ = agent.await;
+    recorder.abort();
+    adopter.abort();
+    // The agent is gone, and with it the events' sender: the finisher ends once it has
+    // finalized a job this node saw complete (nobody else would), unless told to stop now.
+    tokio::select! {
+        _ = &mut finisher => {}
+        _ = abort.cancelled() => finisher.abort(),
+    }
+    for ctx in jobs.all() {
+        ctx.logs.flush();
+        upload_logs(&ctx, &config.node_id).await;
+    }
+}
+
+/// Acts on what the agent reports: finalizes a job this node saw complete, announces a
+/// failure it caused, or fails a job no node can start.
+async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, event: AgentEvent) {
+    match event {
+        AgentEvent::Transitioned { job, status } => {
+            let Ok(Some(ctx)) = jobs.get(&job).await else {
+                return;
+            };
+            conclude(&*fleet.ledger, &ctx, status).await;
+        }
+        AgentEvent::GaveUp { job, reason } => {
+            let Ok(Some(ctx)) = jobs.get(&job).await else {
+                return;
+            };
+            if ctx.spec.node_count <= 1 {
+                fail_job(
+                    fleet,
+                    &ctx,
+                    &format!("no runner process could start: {reason}"),
+                )
+                .await;
+            } else {
+                warn!(job = %job, node, "This node gave up on the job; other nodes keep serving it.");
+                let processes = ctx
+                    .spec
+                    .process_count_per_node
+                    .unwrap_or(jobs.config.processes as u32);
+                tokio::spawn(recheck_given_up(fleet.clone(), ctx, processes, reason));
+            }
+        }
+        AgentEvent::InitFailed {
+            job,
+            processes,
+            failure,
+        } => {
+            let failures = match fleet.registry.add_init_failure(&job).await {
+                Ok(n) => n,
+                Err(e) => {
+                    warn!(job = %job, error = %e, "Cannot count an init failure.");
+                    return;
+                }
+            };
+            if let Some(ctx) = jobs.cached(&job) {
+                let last = format!("the last: {failure}");
+                check_init_failures(fleet, &ctx, processes, failures, &last).await;
+            }
+        }
+    }
+}
+
+/// Looks again at a job this node gave up on, in case no node is left to fail it by then:
+/// once it has run two minutes (init failures over the fleet, CONTRACT §5 rule 2), and once
+/// a node that could start the script would have ended a mini-batch (rule 3: init, then
+/// every attempt of one mini-batch, run out their time), when the job fails if no
+/// mini-batch has ended anywhere.
+async fn recheck_given_up(fleet: Fleet, ctx: Arc<JobContext>, processes: u32, reason: String) {
+    let gave_up = tokio::time::Instant::now();
+    let Some(age) = job_age(&fleet, &ctx.id).await else {
+        return;
+    };
+    let spec = &ctx.spec;
+    let rule_2 =
+        gave_up + super::driver::INIT_FAILURE_GRACE.saturating_sub(age) + Duration::from_secs(1);
+    let timeout = spec.run_invocation_timeout;
+    let stalled =
+        gave_up + Duration::from_secs(3 * timeout + 30 + u64::from(spec.run_max_try) * timeout + 5);
+    let mut checks = [rule_2, stalled];
+    checks.sort();
+    for at in checks {
+        tokio::time::sleep_until(at).await;
+        let Ok(Some(status)) = fleet.ledger.status(&ctx.id).await else {
+            continue;
+        };
+        if status.state != JobState::Running {
+            return;
+        }
+        if let Ok(failures) = fleet.registry.init_failures(&ctx.id).await
+            && check_init_failures(&fleet, &ctx, processes, failures, &reason).await
+        {
+            return;
+        }
+        if at == stalled && status.done == 0 {
+            let waited = gave_up.elapsed().as_secs();
+            let why = format!(
+                "no mini-batch has ended on any node {waited}s after this one gave up on the job: {reason}"
+            );
+            fail_job(&fleet, &ctx, &why).await;
+            return;
+        }
+    }
+}
+
+/// Looks over the pool's unfinished jobs now and then: retires ended jobs (Redis forgets
+/// them [`KEEP_ENDED_JOBS`] later), and follows a Finalizing job this node does not know
+/// yet, so that its watcher takes the finalization over if whoever held it died (even when
+/// no worker that served the job is left). Stops when the worker drains.
+async fn adopt_orphans(fleet: Fleet, jobs: Arc<FleetJobs>, drain: CancellationToken) {
+    loop {
+        if let Err(e) = adopt_once(&fleet, &jobs).await {
+            warn!(error = %e, "Cannot look over the pool's unfinished jobs.");
+        }
+        tokio::select! {
+            _ = drain.cancelled() => return,
+            _ = tokio::time::sleep(ADOPT_EVERY) => {}
+        }
+    }
+}
+
+async fn adopt_once(fleet: &Fleet, jobs: &FleetJobs) -> Result<(), String> {
+    let pool = &fleet.pool;
+    for job in fleet
+        .registry
+        .unfinished(pool)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        // One job the ledger cannot answer for holds up none of the others.
+        if let Err(e) = look_after(fleet, jobs, &job).await {
+            warn!(job = %job, error = %e, "Cannot look after the job.");
+        }
+    }
+    Ok(())
+}
+
+async fn look_after(fleet: &Fleet, jobs: &FleetJobs, job: &str) -> Result<(), LedgerError> {
+    match fleet.ledger.status(job).await?.map(|s| s.state) {
+        // Registered only once in the ledger: gone from it means ended long ago.
+        None => {}
+        Some(state) if state.is_terminal() => {
+            fleet.ledger.retire(job, KEEP_ENDED_JOBS).await?;
+        }
+        Some(JobState::Finalizing) if jobs.cached(job).is_none() => {
+            info!(job = %job, "Following a Finalizing job in case its finalizer is gone.");
+            if let Err(e) = jobs.get(job).await {
+                warn!(job = %job, error = %e, "Cannot load the job.");
+            }
+            return Ok(());
+        }
+        Some(_) => return Ok(()),
+    }
+    fleet
+        .registry
+        .retire(job, &fleet.pool, KEEP_ENDED_JOBS)
+        .await
+}
+
+pub(super) struct FleetJobs {
+    fleet: Fleet,
+    config: WorkerConfig,
+    contexts: Mutex<HashMap<String, Arc<JobContext>>>,
+    /// One job is loaded at a time, so slots asking for the same new job load it once.
+    loading: tokio::sync::Mutex<()>,
+    stop: CancellationToken,
+}
+
+impl FleetJobs {
+    fn cached(&self, job: &str) -> Option<Arc<JobContext>> {
+        self.contexts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(job)
+            .cloned()
+    }
+
+    fn all(&self) -> Vec<Arc<JobContext>> {
+        self.contexts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    async fn load(&self, job: &str) -> Result<Option<Arc<JobContext>>, String> {
+        let Some(bytes) = self
+            .fleet
+            .registry
+            .record(job)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(None);
+        };
+        let record = JobRecord::decode(&bytes)?;
+        let spec = stage_code(record.spec, &self.config.cache_dir, &self.fleet.s3).await?;
+        let fleetrun_config::Input::Files(input_location) = &spec.input;
+        let input = open_storage(input_location, &self.fleet.s3)
+            .await
+            .map_err(|e| e.to_string())?;
+        let output = open_storage(&spec.output, &self.fleet.s3)
+            .await
+            .map_err(|e| e.to_string())?;
+        let log_dir = match &spec.output {
+            Location::Local(dir) => dir.join("logs"),
+            Location::S3 { .. } => self.config.cache_dir.join("jobs").join(job).join("logs"),
+        };
+        let logs = Arc::new(JobLogs::for_node(log_dir, &self.config.node_id));
+        let parts = parts::for_job(
+            output.clone(),
+            job,
+            &parts::writer_name(&self.config.node_id),
+        );
+        let ctx = Arc::new(JobContext::new(
+            job.to_owned(),
+            spec,
+            input,
+            output,
+            parts,
+            logs,
+        ));
+        tokio::spawn(watch_job(
+            self.fleet.ledger.clone(),
+            ctx.clone(),
+            self.config.node_id.clone(),
+            self.stop.clone(),
+        ));
+        Ok(Some(ctx))
+    }
+}
+
+#[async_trait]
+impl Jobs for FleetJobs {
+    async fn get(&self, job: &str) -> Result<Option<Arc<JobContext>>, String> {
+        if let Some(ctx) = self.cached(job) {
+            return Ok(Some(ctx));
+        }
+        let _one_at_a_time = self.loading.lock().await;
+        if let Some(ctx) = self.cached(job) {
+            return Ok(Some(ctx));
+        }
+        let ctx = self.load(job).await?;
+        if let Some(ctx) = &ctx {
+            self.contexts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(job.to_owned(), ctx.clone());
+        }
+        Ok(ctx)
+    }
+}
+
+/// Follows a job's state in the ledger: stops its running attempts on this node as soon as
+/// it no longer runs, flushes its logs now and then, and uploads them at the end.
+async fn watch_job(
+    ledger: Arc<dyn Ledger>,
+    ctx: Arc<JobContext>,
+    node: String,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(WATCH_EVERY) => {}
+        }
+        ctx.logs.flush();
+        match ledger.status(&ctx.id).await {
+            Ok(Some(status)) if status.state == JobState::Finalizing => {
+                // Whoever finalizes it may have died: take over once its claim runs out.
+                ctx.stop.cancel();
+                conclude(&*ledger, &ctx, status).await;
+            }
+            Ok(Some(status)) if !status.state.accepts_work() => {
+                ctx.stop.cancel();
+                if status.state.is_terminal() {
+                    ctx.logs.flush();
+                    upload_logs(&ctx, &node).await;
+                    return;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => warn!(job = %ctx.id, error = %e, "Cannot read the job's state."),
+        }
+    }
+}
+
+/// Copies this node's log files of a job whose output is on S3 under `<output>/logs/`.
+async fn upload_logs(ctx: &JobContext, node: &str) {
+    // Local outputs hold the logs already; a node that wrote none has nothing to send.
+    if ctx.spec.output.as_local().is_some() || !ctx.logs.dir().is_dir() {
+        return;
+    }
+    let logs = LocalStorage::new(ctx.logs.dir());
+    let mut listing = logs.list("");
+    while let Some(object) = listing.next().await {
+        let copied = match object {
+            Ok(object) => match logs.get(&object.key).await {
+                Ok(body) => ctx.output.put(&format!("logs/{}", object.key), body).await,
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        if let Err(e) = copied {
+            warn!(job = %ctx.id, node, error = %e, "Cannot upload a log file.");
+        }
+    }
+}
