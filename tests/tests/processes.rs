@@ -1,0 +1,109 @@
+//! The binaries as processes: what the script starts ends with its runner, flags are bounded,
+//! and output meant for a person stays plain when a program reads it.
+
+use std::time::Duration;
+
+use fleetrun_tests::{JobDir, code, expected_lines, wait_for};
+
+/// The pids of the processes a script started, as it wrote them to `children.txt`; killed on
+/// drop, so a failing test leaves nothing running.
+struct Children(Vec<i32>);
+
+impl Children {
+    fn read(job: &JobDir) -> Children {
+        let text = std::fs::read_to_string(job.path("children.txt")).unwrap_or_default();
+        Children(text.lines().map(|l| l.parse().expect("a pid")).collect())
+    }
+
+    fn assert_all_gone(&self) {
+        assert!(!self.0.is_empty(), "the script started no process");
+        for &pid in &self.0 {
+            wait_for(
+                &format!("process {pid} the script started to end"),
+                Duration::from_secs(10),
+                || !runs(pid),
+            );
+        }
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            if runs(pid) {
+                // SAFETY: sends a signal to a process this test's script started.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+/// Whether `pid` is a running process (a zombie waiting for init to reap it has ended).
+fn runs(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, s)| !s.starts_with('Z'))
+    })
+}
+
+/// Starts `sleep 600` and records its pid beside the script.
+const START_CHILD: &str = r#"
+import os, subprocess
+HERE = os.path.dirname(__file__)
+
+def start_child():
+    child = subprocess.Popen(["sleep", "600"])
+    with open(os.path.join(HERE, "children.txt"), "a") as f:
+        f.write(f"{child.pid}\n")
+"#;
+
+#[test]
+fn processes_started_in_init_end_with_a_completed_job() {
+    let script = format!(
+        "{START_CHILD}
+def init():
+    start_child()
+
+def run(mini_batch):
+    return [open(p).read() for p in mini_batch]
+"
+    );
+    let job = JobDir::new(&script, "mini_batch_size = 2\nprocess_count_per_node = 2");
+    job.inputs(6);
+    let out = job.run(&[]);
+    let children = Children::read(&job);
+    assert_eq!(code(&out), 0);
+    assert_eq!(job.output_lines(), expected_lines(6, |_| false));
+    children.assert_all_gone();
+}
+
+/// The runner killed at `run_invocation_timeout` takes what its `run()` started with it,
+/// while the job goes on with a new runner and completes.
+#[test]
+fn processes_started_in_a_hanging_run_end_with_its_runner() {
+    let script = format!(
+        "{START_CHILD}
+import time
+
+def run(mini_batch):
+    marker = os.path.join(HERE, 'hung-once')
+    if not os.path.exists(marker):
+        open(marker, 'w').close()
+        start_child()
+        time.sleep(600)
+    return [open(p).read() for p in mini_batch]
+"
+    );
+    let job = JobDir::new(
+        &script,
+        "mini_batch_size = 2\nprocess_count_per_node = 1\nrun_invocation_timeout = 2\nrun_max_try = 2",
+    );
+    job.inputs(4);
+    let out = job.run(&[]);
+    let children = Children::read(&job);
+    assert_eq!(code(&out), 0);
+    assert_eq!(job.output_lines(), expected_lines(4, |_| false));
+    let report = job.log("sys/job_report/processed_mini-batches.csv");
+    assert!(report.contains(",timeout,"), "{report}");
+    children.assert_all_gone();
+}
