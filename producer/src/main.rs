@@ -34,7 +34,7 @@ enum Command {
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
         /// Runner processes (default: the job's process_count_per_node, else the cores).
-        #[arg(long)]
+        #[arg(long, value_parser = fleetrun_worker::node::processes_parser())]
         processes: Option<usize>,
         /// No progress display.
         #[arg(long, short)]

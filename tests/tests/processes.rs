@@ -1,9 +1,10 @@
 //! The binaries as processes: what the script starts ends with its runner, flags are bounded,
 //! and output meant for a person stays plain when a program reads it.
 
+use std::process::Command;
 use std::time::Duration;
 
-use fleetrun_tests::{JobDir, code, expected_lines, wait_for};
+use fleetrun_tests::{JobDir, bin, code, expected_lines, wait_for};
 
 /// The pids of the processes a script started, as it wrote them to `children.txt`; killed on
 /// drop, so a failing test leaves nothing running.
@@ -106,4 +107,37 @@ def run(mini_batch):
     let report = job.log("sys/job_report/processed_mini-batches.csv");
     assert!(report.contains(",timeout,"), "{report}");
     children.assert_all_gone();
+}
+
+const ECHO: &str = "def run(mini_batch):\n    return [open(p).read() for p in mini_batch]\n";
+
+#[test]
+fn processes_flags_are_bounded() {
+    let job = JobDir::new(ECHO, "");
+    job.inputs(1);
+    for value in ["0", "1025"] {
+        let out = job.command(&["--processes", value]).output().unwrap();
+        assert_eq!(code(&out), 2, "fleetrun run --processes {value}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--processes") && stderr.contains("1..=1024"),
+            "{stderr}"
+        );
+        assert!(!job.path("out").exists(), "nothing ran");
+
+        let out = Command::new(bin("fleetrun-worker"))
+            .env("FLEETRUN_PROCESSES", value)
+            .output()
+            .unwrap();
+        assert_eq!(
+            code(&out),
+            2,
+            "fleetrun-worker with FLEETRUN_PROCESSES={value}"
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--processes") && stderr.contains("1..=1024"),
+            "{stderr}"
+        );
+    }
 }

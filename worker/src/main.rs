@@ -24,7 +24,7 @@ struct Cli {
     #[command(flatten)]
     fleet: FleetArgs,
     /// Runner processes on this node (default: one per GPU, else one per core).
-    #[arg(long, env = "FLEETRUN_PROCESSES")]
+    #[arg(long, env = "FLEETRUN_PROCESSES", value_parser = node::processes_parser())]
     processes: Option<usize>,
     /// This node's id in logs (default: the host name, this process's pid and a few random
     /// characters).

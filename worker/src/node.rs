@@ -9,8 +9,19 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use clap::builder::RangedU64ValueParser;
+
 /// How every scratch folder's name starts.
 pub const SCRATCH_PREFIX: &str = "fleetrun-";
+
+/// The most runner processes one node runs (the job file's `process_count_per_node` has the
+/// same bound).
+pub const MAX_PROCESSES: u64 = 1024;
+
+/// Parses a `--processes` flag: 1 to [`MAX_PROCESSES`].
+pub fn processes_parser() -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::new().range(1..=MAX_PROCESSES)
+}
 
 /// The host's name, or `node` when it cannot be read.
 pub fn hostname() -> String {
