@@ -1,5 +1,6 @@
 //! `fleetrun`: the user-facing command.
 
+use std::io::{self, IsTerminal};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -115,10 +116,14 @@ fn main() -> ExitCode {
 fn init_tracing() {
     use tracing_subscriber::{EnvFilter, fmt};
     let filter = EnvFilter::try_from_env("FLEETRUN_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    // Colour for a person at a terminal only, and never under NO_COLOR (no-color.org).
+    let ansi =
+        io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(io::stderr)
         .with_target(false)
+        .with_ansi(ansi)
         .init();
 }
 

@@ -1,7 +1,8 @@
 //! The binaries as processes: what the script starts ends with its runner, flags are bounded,
 //! and output meant for a person stays plain when a program reads it.
 
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use fleetrun_tests::{JobDir, bin, code, expected_lines, wait_for};
@@ -140,4 +141,70 @@ fn processes_flags_are_bounded() {
             "{stderr}"
         );
     }
+}
+
+/// Asserts that logging reached stderr, written for a program: no ANSI escapes.
+fn assert_plain_logs(stderr: &[u8], expected: &str) {
+    let stderr = String::from_utf8_lossy(stderr);
+    assert!(stderr.contains(expected), "{stderr}");
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
+}
+
+#[test]
+fn fleetrun_logs_to_a_pipe_without_colour() {
+    let job = JobDir::new(
+        "def run(mini_batch):\n    raise ValueError('no')\n",
+        "run_max_try = 1\nerror_threshold = -1",
+    );
+    job.inputs(1);
+    let out = job
+        .command(&[])
+        .env("FLEETRUN_LOG", "debug")
+        .env_remove("NO_COLOR")
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0);
+    assert_plain_logs(&out.stderr, "DEBUG");
+}
+
+/// A worker starting removes the scratch folder a `kill -9`ed one left, logging it plainly to
+/// a pipe, and touches nothing else, even when its settings then fail.
+#[test]
+fn worker_sweeps_stale_scratch_at_start_and_logs_without_colour() {
+    let temp = tempfile::tempdir().unwrap();
+    let gone_pid = {
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
+    };
+    let stale = temp
+        .path()
+        .join(format!("fleetrun-worker-old-pid{gone_pid}-1"));
+    std::fs::create_dir_all(stale.join("staging")).unwrap();
+    let unrelated = temp.path().join(format!("other-pid{gone_pid}-1"));
+    std::fs::create_dir(&unrelated).unwrap();
+    let out = worker_without_settings(temp.path())
+        .env("FLEETRUN_LOG", "info")
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 1, "no RabbitMQ URL");
+    assert_plain_logs(&out.stderr, "Removed a stale scratch folder.");
+    assert!(!stale.exists());
+    assert!(unrelated.is_dir());
+}
+
+/// `fleetrun-worker` with no fleet settings at all, its temp dir and home in `dir`.
+fn worker_without_settings(dir: &Path) -> Command {
+    let mut cmd = Command::new(bin("fleetrun-worker"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("FLEETRUN_") {
+            cmd.env_remove(name);
+        }
+    }
+    cmd.env("TMPDIR", dir)
+        .env("HOME", dir)
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null());
+    cmd
 }

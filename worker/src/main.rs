@@ -2,6 +2,7 @@
 //! SIGTERM (or Ctrl-C) drains: no new mini-batches, the ones in hand finish or go back to
 //! the queue; a second signal, or the drain timeout, stops at once.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -48,9 +49,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     use tracing_subscriber::{EnvFilter, fmt};
     let filter = EnvFilter::try_from_env("FLEETRUN_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour for a person at a terminal only, and never under NO_COLOR (no-color.org).
+    let ansi = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .init();
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     match runtime.block_on(serve(cli)) {
