@@ -1,6 +1,6 @@
 //! `fleetrun`: the user-facing command.
 
-use std::io::{self, IsTerminal};
+use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -13,6 +13,24 @@ use tokio_util::sync::CancellationToken;
 
 /// Exit code for a job file that does not validate.
 const EXIT_BAD_JOB: u8 = 2;
+
+/// `println!` that ends quietly when stdout is closed (`fleetrun run job.toml | head -1`):
+/// the reader has what it wanted, and the exit code stays the job's. Says whether stdout is
+/// still open.
+macro_rules! say {
+    ($($arg:tt)*) => { print_line(format_args!($($arg)*)) };
+}
+
+fn print_line(line: std::fmt::Arguments) -> bool {
+    match writeln!(io::stdout().lock(), "{line}") {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => false,
+        Err(e) => {
+            eprintln!("error: cannot write to stdout: {e}");
+            false
+        }
+    }
+}
 
 #[derive(Parser)]
 #[command(
@@ -107,7 +125,7 @@ fn main() -> ExitCode {
         }),
         Command::Cancel { job, fleet } => on_fleet(fleet, |fleet, _| async move {
             let status = fleet_cmd::cancel(&fleet, &job).await?;
-            println!("Job {job}: {}.", status.state);
+            say!("Job {job}: {}.", status.state);
             Ok(ExitCode::SUCCESS)
         }),
     }
@@ -174,7 +192,7 @@ fn run(job: PathBuf, overrides: Vec<String>, processes: Option<usize>, quiet: bo
 fn print_report(r: &JobReport) {
     let s = &r.status;
     let total = s.total.map_or_else(|| "?".to_owned(), |t| t.to_string());
-    println!(
+    say!(
         "Job {} {} in {:.1}s: {} of {total} mini-batches, {} items succeeded, {} failed.",
         r.job_id,
         s.state.as_str().to_lowercase(),
@@ -184,14 +202,14 @@ fn print_report(r: &JobReport) {
         s.items_failed
     );
     if let Some(reason) = &s.reason {
-        println!("Cause: {reason}");
+        say!("Cause: {reason}");
     }
     if let Some(file) = &r.output_file {
-        println!("Output: {}", file.display());
+        say!("Output: {}", file.display());
     }
-    println!("Logs:   {}", r.log_dir.display());
+    say!("Logs:   {}", r.log_dir.display());
     if s.state == JobState::Failed {
-        println!(
+        say!(
             "See {} and {}.",
             r.log_dir.join("job_result.txt").display(),
             r.log_dir.join("user/error.txt").display()
@@ -233,7 +251,10 @@ async fn submit(
 ) -> Result<ExitCode, String> {
     let name = spec.name.clone();
     let output = fleet_cmd::output_file(&spec);
-    let (job, produced) = fleet_cmd::submit(spec, &fleet, |id| println!("{id}")).await?;
+    let (job, produced) = fleet_cmd::submit(spec, &fleet, |id| {
+        say!("{id}");
+    })
+    .await?;
     if !wait {
         eprintln!("Submitted {job}; follow it with `fleetrun status {job} --watch`.");
         return Ok(ExitCode::SUCCESS);
@@ -251,7 +272,7 @@ async fn submit(
         log_dir: PathBuf::new(),
         elapsed: std::time::Duration::ZERO,
     };
-    println!(
+    say!(
         "Job {} {}: {} of {} mini-batches, {} items succeeded, {} failed.",
         report.job_id,
         report.status.state.as_str().to_lowercase(),
@@ -261,10 +282,10 @@ async fn submit(
         report.status.items_failed
     );
     if let Some(reason) = &report.status.reason {
-        println!("Cause: {reason}");
+        say!("Cause: {reason}");
     }
     if report.status.state == JobState::Completed {
-        println!("Output: {output}");
+        say!("Output: {output}");
     }
     Ok(ExitCode::from(report.exit_code() as u8))
 }
@@ -278,7 +299,7 @@ async fn status(
     let Some(job) = job else {
         let jobs = fleet.registry.jobs().await.map_err(|e| e.to_string())?;
         if jobs.is_empty() {
-            println!("No jobs.");
+            say!("No jobs.");
         }
         for job in jobs {
             let pool = fleet_cmd::record(&fleet, &job).await?.map(|r| r.pool);
@@ -287,9 +308,11 @@ async fn status(
             }
             if let Some(s) = fleet.ledger.status(&job).await.map_err(|e| e.to_string())? {
                 let total = s.total.map_or_else(|| "?".to_owned(), |t| t.to_string());
-                println!(
+                say!(
                     "{job:<40} {:<10} {:>8}/{total:<8} mini-batches  {} items failed",
-                    s.state, s.done, s.items_failed
+                    s.state,
+                    s.done,
+                    s.items_failed
                 );
             }
         }
@@ -306,8 +329,8 @@ async fn status(
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("job {job} is not in the ledger"))?;
         let depth = fleet.queue.depth().await.ok();
-        println!("{}", fleet_cmd::describe(&job, &record, &status, depth));
-        if !watch || status.state.is_terminal() {
+        let open = say!("{}", fleet_cmd::describe(&job, &record, &status, depth));
+        if !open || !watch || status.state.is_terminal() {
             return Ok(ExitCode::SUCCESS);
         }
         tokio::select! {

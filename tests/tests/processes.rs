@@ -208,3 +208,18 @@ fn worker_without_settings(dir: &Path) -> Command {
         .stdin(Stdio::null());
     cmd
 }
+
+/// `fleetrun run job.toml | head -1`: the report goes to a closed pipe; the job's exit code
+/// stands and nothing panics.
+#[test]
+fn a_closed_stdout_ends_the_report_quietly() {
+    let job = JobDir::new(ECHO, "");
+    job.inputs(3);
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = job.command(&[]).stdout(writer).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 0, "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(job.output_lines(), expected_lines(3, |_| false));
+}
