@@ -1,5 +1,6 @@
 //! `fleetrun`: the user-facing command.
 
+use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -12,6 +13,24 @@ use tokio_util::sync::CancellationToken;
 
 /// Exit code for a job file that does not validate.
 const EXIT_BAD_JOB: u8 = 2;
+
+/// `println!` that ends quietly when stdout is closed (`fleetrun run job.toml | head -1`):
+/// the reader has what it wanted, and the exit code stays the job's. Says whether stdout is
+/// still open.
+macro_rules! say {
+    ($($arg:tt)*) => { print_line(format_args!($($arg)*)) };
+}
+
+fn print_line(line: std::fmt::Arguments) -> bool {
+    match writeln!(io::stdout().lock(), "{line}") {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => false,
+        Err(e) => {
+            eprintln!("error: cannot write to stdout: {e}");
+            false
+        }
+    }
+}
 
 #[derive(Parser)]
 #[command(
@@ -34,7 +53,7 @@ enum Command {
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
         /// Runner processes (default: the job's process_count_per_node, else the cores).
-        #[arg(long)]
+        #[arg(long, value_parser = fleetrun_worker::node::processes_parser())]
         processes: Option<usize>,
         /// No progress display.
         #[arg(long, short)]
@@ -112,7 +131,7 @@ fn main() -> ExitCode {
         }),
         Command::Cancel { job, fleet } => on_fleet(fleet, |fleet, _| async move {
             let status = fleet_cmd::cancel(&fleet, &job).await?;
-            println!("Job {job}: {}.", status.state);
+            say!("Job {job}: {}.", status.state);
             Ok(ExitCode::SUCCESS)
         }),
     }
@@ -121,10 +140,14 @@ fn main() -> ExitCode {
 fn init_tracing() {
     use tracing_subscriber::{EnvFilter, fmt};
     let filter = EnvFilter::try_from_env("FLEETRUN_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    // Colour for a person at a terminal only, and never under NO_COLOR (no-color.org).
+    let ansi =
+        io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(io::stderr)
         .with_target(false)
+        .with_ansi(ansi)
         .init();
 }
 
@@ -175,7 +198,7 @@ fn run(job: PathBuf, overrides: Vec<String>, processes: Option<usize>, quiet: bo
 fn print_report(r: &JobReport) {
     let s = &r.status;
     let total = s.total.map_or_else(|| "?".to_owned(), |t| t.to_string());
-    println!(
+    say!(
         "Job {} {} in {:.1}s: {} of {total} mini-batches, {} items succeeded, {} failed.",
         r.job_id,
         s.state.as_str().to_lowercase(),
@@ -185,14 +208,14 @@ fn print_report(r: &JobReport) {
         s.items_failed
     );
     if let Some(reason) = &s.reason {
-        println!("Cause: {reason}");
+        say!("Cause: {reason}");
     }
     if let Some(file) = &r.output_file {
-        println!("Output: {}", file.display());
+        say!("Output: {}", file.display());
     }
-    println!("Logs:   {}", r.log_dir.display());
+    say!("Logs:   {}", r.log_dir.display());
     if s.state == JobState::Failed {
-        println!(
+        say!(
             "See {} and {}.",
             r.log_dir.join("job_result.txt").display(),
             r.log_dir.join("user/error.txt").display()
@@ -234,15 +257,18 @@ async fn submit(
     interrupt: CancellationToken,
 ) -> Result<ExitCode, String> {
     let output = fleet_cmd::output_file(&spec);
-    let submitted =
-        match fleet_cmd::submit(spec, &fleet, job_id.as_deref(), |id| println!("{id}")).await {
-            Ok(submitted) => submitted,
-            Err(e @ fleet_cmd::SubmitError::Conflict { .. }) => {
-                eprintln!("error: {e}");
-                return Ok(ExitCode::from(EXIT_BAD_JOB));
-            }
-            Err(e) => return Err(e.to_string()),
-        };
+    let submitted = match fleet_cmd::submit(spec, &fleet, job_id.as_deref(), |id| {
+        say!("{id}");
+    })
+    .await
+    {
+        Ok(submitted) => submitted,
+        Err(e @ fleet_cmd::SubmitError::Conflict { .. }) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(EXIT_BAD_JOB));
+        }
+        Err(e) => return Err(e.to_string()),
+    };
     let job = submitted.job;
     if !wait {
         let again = if submitted.attached {
@@ -276,7 +302,7 @@ async fn submit(
         log_dir: PathBuf::new(),
         elapsed: std::time::Duration::ZERO,
     };
-    println!(
+    say!(
         "Job {} {}: {} of {} mini-batches, {} items succeeded, {} failed.",
         report.job_id,
         report.status.state.as_str().to_lowercase(),
@@ -286,10 +312,10 @@ async fn submit(
         report.status.items_failed
     );
     if let Some(reason) = &report.status.reason {
-        println!("Cause: {reason}");
+        say!("Cause: {reason}");
     }
     if report.status.state == JobState::Completed {
-        println!("Output: {output}");
+        say!("Output: {output}");
     }
     Ok(ExitCode::from(report.exit_code() as u8))
 }
@@ -318,7 +344,7 @@ async fn status(
     let Some(job) = job else {
         let jobs = fleet.registry.jobs().await.map_err(|e| e.to_string())?;
         if jobs.is_empty() {
-            println!("No jobs.");
+            say!("No jobs.");
         }
         for job in jobs {
             let pool = fleet_cmd::record(&fleet, &job).await?.map(|r| r.pool);
@@ -327,9 +353,11 @@ async fn status(
             }
             if let Some(s) = fleet.ledger.status(&job).await.map_err(|e| e.to_string())? {
                 let total = s.total.map_or_else(|| "?".to_owned(), |t| t.to_string());
-                println!(
+                say!(
                     "{job:<40} {:<10} {:>8}/{total:<8} mini-batches  {} items failed",
-                    s.state, s.done, s.items_failed
+                    s.state,
+                    s.done,
+                    s.items_failed
                 );
             }
         }
@@ -346,8 +374,8 @@ async fn status(
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("job {job} is not in the ledger"))?;
         let depth = fleet.queue.depth().await.ok();
-        println!("{}", fleet_cmd::describe(&job, &record, &status, depth));
-        if !watch || status.state.is_terminal() {
+        let open = say!("{}", fleet_cmd::describe(&job, &record, &status, depth));
+        if !open || !watch || status.state.is_terminal() {
             return Ok(ExitCode::SUCCESS);
         }
         tokio::select! {

@@ -8,6 +8,8 @@
 //! - [`process`]: one runner process from the agent's side (spawn, init, run with a timeout,
 //!   kill, restart).
 //! - [`logs`]: the job's log folder (CONTRACT.md §7).
+//! - [`node`]: this node's id, its scratch folder, and the sweep of scratch left by processes
+//!   that are gone.
 //! - [`gpu`]: one GPU index per runner process (CONTRACT.md §3).
 //! - [`parts`]: where output parts wait for the finalizer, and how it joins them.
 //! - [`job`]: serving a pool's jobs from RabbitMQ, Redis and S3: settings, the job
@@ -20,6 +22,7 @@ pub mod agent;
 pub mod gpu;
 pub mod job;
 pub mod logs;
+pub mod node;
 pub mod output;
 pub mod parts;
 pub mod process;

@@ -2,6 +2,7 @@
 //! SIGTERM (or Ctrl-C) drains: no new mini-batches, the ones in hand finish or go back to
 //! the queue; a second signal, or the drain timeout, stops at once.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 use fleetrun_worker::agent;
 use fleetrun_worker::job::{self, Fleet, FleetArgs, WorkerConfig};
+use fleetrun_worker::node;
 use fleetrun_worker::process::find_runner_exe;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -23,9 +25,10 @@ struct Cli {
     #[command(flatten)]
     fleet: FleetArgs,
     /// Runner processes on this node (default: one per GPU, else one per core).
-    #[arg(long, env = "FLEETRUN_PROCESSES")]
+    #[arg(long, env = "FLEETRUN_PROCESSES", value_parser = node::processes_parser())]
     processes: Option<usize>,
-    /// This node's id in logs (default: the host name).
+    /// This node's id in logs (default: the host name, this process's pid and a few random
+    /// characters).
     #[arg(long, env = "FLEETRUN_NODE_ID")]
     node_id: Option<String>,
     /// Unacknowledged mini-batches each runner slot may hold: one running, the next one
@@ -33,7 +36,8 @@ struct Cli {
     /// recorded) meanwhile.
     #[arg(long, env = "FLEETRUN_PREFETCH", default_value_t = agent::DEFAULT_PREFETCH)]
     prefetch: u16,
-    /// Where code, staged inputs and logs are kept (default: a folder under the temp dir).
+    /// Where code, staged inputs and logs are kept (default: a folder of this process under
+    /// the temp dir, removed by the next worker to start once this one is gone).
     #[arg(long, env = "FLEETRUN_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
     /// Seconds to finish the mini-batches in hand after SIGTERM before stopping at once.
@@ -45,9 +49,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     use tracing_subscriber::{EnvFilter, fmt};
     let filter = EnvFilter::try_from_env("FLEETRUN_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour for a person at a terminal only, and never under NO_COLOR (no-color.org).
+    let ansi = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .init();
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     match runtime.block_on(serve(cli)) {
@@ -62,9 +70,11 @@ fn main() -> ExitCode {
 async fn serve(cli: Cli) -> Result<(), String> {
     let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let temp_dir = std::env::temp_dir();
+    node::sweep_stale_scratch(&temp_dir);
     let args = cli.fleet.resolve()?;
     let fleet = Fleet::connect(&args).await?;
-    let node_id = cli.node_id.unwrap_or_else(hostname);
+    let node_id = cli.node_id.unwrap_or_else(node::default_node_id);
     let gpus = fleetrun_worker::gpu::detect_gpus();
     let config = WorkerConfig {
         // One process per GPU on a GPU machine, one per core otherwise.
@@ -80,7 +90,7 @@ async fn serve(cli: Cli) -> Result<(), String> {
         runner_exe: find_runner_exe()?,
         cache_dir: cli
             .cache_dir
-            .unwrap_or_else(|| std::env::temp_dir().join(format!("fleetrun-worker-{node_id}"))),
+            .unwrap_or_else(|| node::default_cache_dir(&temp_dir, &node_id)),
         node_id,
     };
     tracing::info!(node = %config.node_id, pool = %fleet.pool, processes = config.processes, "Worker serving.");
@@ -109,12 +119,4 @@ async fn serve(cli: Cli) -> Result<(), String> {
     signals.abort();
     tracing::info!("Worker stopped.");
     Ok(())
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "node".to_owned())
 }

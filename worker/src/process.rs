@@ -1,5 +1,10 @@
 //! One runner process as the agent sees it: spawned with its channel on fd 3 and its stdout
 //! and stderr in the job's user log files, driven request by reply, killed when it overruns.
+//!
+//! Each runner leads a process group of its own, which the processes the script starts
+//! (`subprocess.Popen` in `init()` or `run()`) join. Whenever the runner ends (killed,
+//! shut down, crashed, or its value dropped) the whole group is killed, so nothing the script
+//! started outlives its runner.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
@@ -17,6 +22,9 @@ pub const RUNNER_EXE: &str = "fleetrun-runner";
 
 /// How long a runner may take to exit after `Shutdown` before it is killed.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// How often an ending runner is checked for its exit.
+const EXIT_POLL: Duration = Duration::from_millis(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessError {
@@ -94,6 +102,9 @@ pub struct RunnerProcess {
     child: Child,
     channel: UnixStream,
     pid: u32,
+    /// Set once the runner is reaped: from then on its pid, and so its group's id, may name
+    /// another process, and the group is never signalled again.
+    reaped: Option<ExitStatus>,
 }
 
 impl RunnerProcess {
@@ -121,6 +132,7 @@ impl RunnerProcess {
         cmd.stdin(Stdio::null())
             .stdout(append(&launch.stdout)?)
             .stderr(append(&launch.stderr)?)
+            .process_group(0)
             .kill_on_drop(true);
         for name in &launch.env_remove {
             cmd.env_remove(name);
@@ -151,6 +163,7 @@ impl RunnerProcess {
             child,
             channel: UnixStream::from_std(ours)?,
             pid,
+            reaped: None,
         };
         runner.send(&Request::Init(params)).await?;
         let outcome = match tokio::time::timeout(timeout, runner.receive()).await {
@@ -205,35 +218,71 @@ impl RunnerProcess {
         }
     }
 
-    /// Asks the runner to call `shutdown()` and exit; kills it if it does not in time.
+    /// Asks the runner to call `shutdown()` and exit; kills it if it does not in time. What
+    /// the script left running is killed either way.
     pub async fn shutdown(mut self) -> ExitStatus {
-        if self.send(&Request::Shutdown).await.is_ok()
-            && let Ok(Ok(status)) = tokio::time::timeout(SHUTDOWN_GRACE, self.child.wait()).await
-        {
-            return status;
-        }
-        self.kill().await;
-        self.reap().await
+        let grace = if self.send(&Request::Shutdown).await.is_ok() {
+            SHUTDOWN_GRACE
+        } else {
+            Duration::ZERO
+        };
+        self.end(grace).await
     }
 
-    /// SIGKILLs the runner (and anything in its process group is left to its own devices).
+    /// SIGKILLs the runner and everything in its process group.
     pub async fn kill(&mut self) {
-        let _ = self.child.start_kill();
-        let _ = self.child.wait().await;
+        self.end(Duration::ZERO).await;
     }
 
     /// Waits for a runner whose channel closed, returning how it exited.
     async fn reap(&mut self) -> ExitStatus {
         // The channel closes as the process dies; its exit follows within moments. A runner
         // that closed its channel but lingers is killed.
-        match tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await {
-            Ok(Ok(status)) => status,
-            _ => {
-                self.kill().await;
-                self.child
-                    .wait()
-                    .await
-                    .unwrap_or_else(|_| ExitStatus::from_raw(libc::SIGKILL))
+        self.end(Duration::from_secs(5)).await
+    }
+
+    /// Gives the runner up to `grace` to exit, then SIGKILLs its process group (the runner
+    /// if it is still there, and whatever the script started) and reaps it.
+    async fn end(&mut self, grace: Duration) -> ExitStatus {
+        if let Some(status) = self.reaped {
+            return status;
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        while !self.exited() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(EXIT_POLL).await;
+        }
+        // Before reaping: until then the runner's pid, the group's id, is nobody else's.
+        self.kill_group();
+        let status = self
+            .child
+            .wait()
+            .await
+            .unwrap_or_else(|_| ExitStatus::from_raw(libc::SIGKILL));
+        self.reaped = Some(status);
+        status
+    }
+
+    /// Whether the runner has exited, leaving it to be reaped.
+    fn exited(&self) -> bool {
+        // SAFETY: `waitid` writes into `info`; WNOWAIT leaves the child waitable.
+        unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let found = libc::waitid(
+                libc::P_PID,
+                self.pid,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            );
+            // With WNOHANG, a child that has not exited leaves `si_pid` 0.
+            found != 0 || info.si_pid() != 0
+        }
+    }
+
+    fn kill_group(&self) {
+        if self.reaped.is_none() && self.pid != 0 {
+            // SAFETY: sends a signal; the runner is not reaped, so its group id is its own.
+            unsafe {
+                libc::killpg(self.pid as libc::pid_t, libc::SIGKILL);
             }
         }
     }
@@ -260,6 +309,14 @@ impl RunnerProcess {
         let mut body = vec![0u8; len];
         self.channel.read_exact(&mut body).await?;
         protocol::decode(&body).map(Some)
+    }
+}
+
+impl Drop for RunnerProcess {
+    /// A runner dropped without being ended (a cancelled task) takes its group with it;
+    /// tokio reaps the runner itself.
+    fn drop(&mut self) {
+        self.kill_group();
     }
 }
 
