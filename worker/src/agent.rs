@@ -919,7 +919,7 @@ impl Slot {
         };
         for key in &batch.items {
             if let Some(path) = ctx.input.local_path(key) {
-                staged.paths.push(path.display().to_string());
+                staged.paths.push(path);
                 continue;
             }
             let folder = match &staged.folder {
@@ -931,7 +931,7 @@ impl Slot {
                 }
             };
             match stage_one(&*ctx.input, key, folder).await {
-                Ok(path) => staged.paths.push(path.display().to_string()),
+                Ok(path) => staged.paths.push(path),
                 Err(e) => {
                     staged.clean().await;
                     return Err(e);
@@ -1039,7 +1039,7 @@ pub async fn record_failed_batch(
 }
 
 struct Staged {
-    paths: Vec<String>,
+    paths: Vec<PathBuf>,
     folder: Option<PathBuf>,
 }
 
