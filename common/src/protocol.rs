@@ -6,6 +6,7 @@
 //! protocol. One request gets one reply, in order.
 
 use std::io::{self, Read, Write};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
@@ -20,8 +21,13 @@ pub const MAX_FRAME: usize = 1 << 30;
 pub enum Request {
     /// First frame: load the script and call `init()`.
     Init(InitParams),
-    /// Call `run()` on these local paths.
-    Run { mini_batch: u64, items: Vec<String> },
+    /// Call `run()` on these local paths. A Unix path is bytes, not always UTF-8: each travels
+    /// as a MessagePack binary, and the runner hands it to the script as `os.fsdecode` does.
+    Run {
+        mini_batch: u64,
+        #[serde(with = "paths_as_bytes")]
+        items: Vec<PathBuf>,
+    },
     /// Call `shutdown()` and exit 0.
     Shutdown,
 }
@@ -84,6 +90,59 @@ pub struct Timing {
     pub cpu_seconds: f64,
 }
 
+/// Serializes paths as their bytes.
+mod paths_as_bytes {
+    use std::fmt;
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    use std::path::PathBuf;
+
+    use serde::de::{Deserializer, Visitor};
+    use serde::{Deserialize, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(paths: &[PathBuf], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(paths.iter().map(|p| Bytes(p.as_os_str().as_bytes())))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<PathBuf>, D::Error> {
+        let paths = Vec::<PathBytes>::deserialize(d)?;
+        Ok(paths.into_iter().map(|p| p.0).collect())
+    }
+
+    struct Bytes<'a>(&'a [u8]);
+
+    impl Serialize for Bytes<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_bytes(self.0)
+        }
+    }
+
+    struct PathBytes(PathBuf);
+
+    impl<'de> Deserialize<'de> for PathBytes {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_byte_buf(PathVisitor)
+        }
+    }
+
+    struct PathVisitor;
+
+    impl Visitor<'_> for PathVisitor {
+        type Value = PathBytes;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a path as bytes")
+        }
+
+        fn visit_bytes<E: serde::de::Error>(self, bytes: &[u8]) -> Result<PathBytes, E> {
+            self.visit_byte_buf(bytes.to_vec())
+        }
+
+        fn visit_byte_buf<E: serde::de::Error>(self, bytes: Vec<u8>) -> Result<PathBytes, E> {
+            Ok(PathBytes(std::ffi::OsString::from_vec(bytes).into()))
+        }
+    }
+}
+
 /// Writes one frame.
 pub fn write_frame<W: Write, T: Serialize>(w: &mut W, msg: &T) -> io::Result<()> {
     let body = encode(msg)?;
@@ -142,12 +201,18 @@ mod tests {
 
     #[test]
     fn frames_round_trip_and_end_cleanly() {
+        use std::os::unix::ffi::OsStringExt;
+        // Paths are bytes: not UTF-8, a backslash, a newline.
+        let paths: Vec<PathBuf> = [&b"/d/caf\xe9.txt"[..], b"/d/a\\b", b"/d/line\nbreak"]
+            .iter()
+            .map(|p| std::ffi::OsString::from_vec(p.to_vec()).into())
+            .collect();
         let mut buf = Vec::new();
         write_frame(
             &mut buf,
             &Request::Run {
                 mini_batch: 7,
-                items: vec!["a".into()],
+                items: paths.clone(),
             },
         )
         .unwrap();
@@ -155,7 +220,7 @@ mod tests {
         match read_frame::<_, Request>(&mut r).unwrap() {
             Some(Request::Run { mini_batch, items }) => {
                 assert_eq!(mini_batch, 7);
-                assert_eq!(items, ["a"]);
+                assert_eq!(items, paths);
             }
             other => panic!("unexpected {other:?}"),
         }

@@ -21,6 +21,10 @@ pub enum PartitionError {
 /// Publishes awaiting their confirmation at once.
 const PUBLISH_WINDOW: usize = 64;
 
+/// Item slots reserved ahead for a mini-batch: `mini_batch_size` is the user's number, and
+/// reserving 10¹⁰ slots would abort the producer before the first file is listed.
+const ITEMS_RESERVED: usize = 1024;
+
 /// Counts of what the queue has confirmed, readable while the producer runs.
 #[derive(Debug, Default)]
 pub struct Produced {
@@ -49,7 +53,8 @@ pub async fn publish_files(
 ) -> Result<u64, PartitionError> {
     let size = size.max(1);
     let mut listing = input.list(prefix);
-    let mut items = Vec::with_capacity(size);
+    let reserve = size.min(ITEMS_RESERVED);
+    let mut items = Vec::with_capacity(reserve);
     let mut index = 0u64;
     // Confirms come back in their own time: keep a window of publishes in flight instead of
     // waiting a round trip per mini-batch.
@@ -73,7 +78,7 @@ pub async fn publish_files(
             let batch = MiniBatch::new(
                 job,
                 index,
-                std::mem::replace(&mut items, Vec::with_capacity(size)),
+                std::mem::replace(&mut items, Vec::with_capacity(reserve)),
             );
             let body = batch.encode();
             in_flight.push_back(async move { queue.publish(body).await.map(|()| count) });
@@ -149,6 +154,33 @@ mod tests {
             batches.iter().map(|b| b.index).collect::<Vec<_>>(),
             [0, 1, 2]
         );
+    }
+
+    /// `mini_batch_size` is the user's number: a huge one makes one mini-batch of what there
+    /// is, not an allocation of its size.
+    #[tokio::test]
+    async fn a_huge_mini_batch_size_makes_one_mini_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = LocalStorage::new(dir.path());
+        for key in ["a", "b", "c"] {
+            storage.put(key, Bytes::from_static(b"x")).await.unwrap();
+        }
+        for size in [10_000_000_000, usize::MAX] {
+            let queue = MemoryQueue::new(QueueOptions::default());
+            let total = publish_files(
+                &storage,
+                "",
+                "j",
+                size,
+                &queue,
+                &Produced::default(),
+                &CancellationToken::new(),
+            )
+            .await
+            .unwrap();
+            assert_eq!(total, 1);
+            assert_eq!(drain(&queue, 1).await[0].items, ["a", "b", "c"]);
+        }
     }
 
     #[tokio::test]

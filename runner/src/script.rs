@@ -4,12 +4,13 @@
 //! reported like any other exception).
 
 use std::ffi::CStr;
-use std::path::Path;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyModule, PyString, PyTraceback};
+use pyo3::types::{PyBytes, PyDict, PyList, PyModule, PyString, PyTraceback};
 
 use crate::protocol::{InitParams, ReadyInfo, ScriptError, Timing};
 use crate::rows;
@@ -87,9 +88,9 @@ impl EntryScript {
     pub fn run(
         &self,
         py: Python<'_>,
-        items: &[String],
+        items: &[PathBuf],
     ) -> (Result<Vec<String>, ScriptError>, Timing) {
-        let mini_batch = match PyList::new(py, items) {
+        let mini_batch = match path_list(py, items) {
             Ok(list) => list,
             Err(e) => return (Err(script_error(py, &e)), Timing::default()),
         };
@@ -117,6 +118,18 @@ impl EntryScript {
             None => Ok(()),
         }
     }
+}
+
+/// The mini-batch as the script sees it: a `list[str]` of paths, each made from the path's
+/// bytes by `os.fsdecode`, so a name that is not UTF-8 (undecodable bytes become surrogates)
+/// still opens the right file with `open(p)`.
+fn path_list<'py>(py: Python<'py>, items: &[PathBuf]) -> PyResult<Bound<'py, PyList>> {
+    let fsdecode = py.import("os")?.getattr("fsdecode")?;
+    let paths = items
+        .iter()
+        .map(|p| fsdecode.call1((PyBytes::new(py, p.as_os_str().as_bytes()),)))
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, paths)
 }
 
 /// What the agent learns about the interpreter once the script is ready.

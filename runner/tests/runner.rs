@@ -128,7 +128,7 @@ impl Runner {
     }
 
     fn run(&mut self, items: &[&str]) -> Reply {
-        let items = items.iter().map(|s| s.to_string()).collect();
+        let items = items.iter().map(PathBuf::from).collect();
         self.request(&Request::Run {
             mini_batch: 1,
             items,
@@ -239,6 +239,51 @@ fn run_returns_rows_in_order_with_elements_stringified() {
     assert_eq!(
         runner.rows(&[]),
         strings(&["7", "2.5", "None", "café", "\u{fffd}", "1.10", "('a', 1)"])
+    );
+    assert!(runner.shutdown().success());
+}
+
+/// A path is bytes: the script gets `os.fsdecode` of them, so `open(p)` opens the file whose
+/// name is not UTF-8, and `os.fsencode(p)` gives the bytes back.
+#[test]
+fn paths_reach_the_script_as_fsdecoded_str_that_open_the_file() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        import os
+
+        def run(mini_batch):
+            return [f"{type(p).__name__} {os.fsencode(p)!r} {open(p).read()}" for p in mini_batch]
+        "#,
+    );
+    let names: [&[u8]; 3] = [b"caf\xe9.txt", b"a\\b.txt", b"line\nbreak"];
+    let paths: Vec<PathBuf> = names
+        .iter()
+        .map(|name| {
+            let path = job.dir.path().join(OsString::from_vec(name.to_vec()));
+            fs::write(&path, "x").unwrap();
+            path
+        })
+        .collect();
+    let (mut runner, _) = job.ready(&job.params(&script));
+    let reply = runner.request(&Request::Run {
+        mini_batch: 1,
+        items: paths,
+    });
+    let Reply::Done { rows, .. } = reply else {
+        panic!("expected Done, got {reply:?}");
+    };
+    let dir = job.dir.path().to_str().unwrap().to_owned();
+    assert_eq!(
+        rows,
+        [
+            format!("str b'{dir}/caf\\xe9.txt' x"),
+            format!("str b'{dir}/a\\\\b.txt' x"),
+            format!("str b'{dir}/line\\nbreak' x"),
+        ]
     );
     assert!(runner.shutdown().success());
 }

@@ -196,7 +196,7 @@ impl RunnerProcess {
     /// another waits in the channel and starts the moment the one before returns. Every
     /// mini-batch sent must have its [`RunnerProcess::outcome`] taken, in order, or the
     /// process be killed.
-    pub async fn submit(&mut self, mini_batch: u64, items: Vec<String>) -> std::io::Result<()> {
+    pub async fn submit(&mut self, mini_batch: u64, items: Vec<PathBuf>) -> std::io::Result<()> {
         self.send(&Request::Run { mini_batch, items }).await
     }
 

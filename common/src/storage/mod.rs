@@ -1,9 +1,12 @@
 //! Storage for inputs, output parts and the final output, addressed by keys relative to a
 //! root (a local folder, or an S3 bucket and prefix).
 //!
-//! Keys use `/` and never contain `..`, an empty segment or a leading `/`: [`check_key`]
-//! refuses them, so an object key can never escape a staging folder.
+//! Keys use `/` and never contain `..`, an empty segment, a leading `/` or NUL:
+//! [`check_key`] refuses them, so an object key can never escape a staging folder. Anything
+//! else a file name may hold (a backslash, a newline) is a legal key. A local file name that is
+//! not UTF-8 has a key too: [`LocalStorage`] escapes its invalid bytes (see `file_name.rs`).
 
+mod file_name;
 mod local;
 pub mod s3;
 
@@ -75,8 +78,8 @@ pub fn check_key(key: &str) -> Result<(), StorageError> {
     if key.starts_with('/') {
         return bad("absolute");
     }
-    if key.contains('\0') || key.contains('\\') {
-        return bad("NUL or backslash");
+    if key.contains('\0') {
+        return bad("NUL");
     }
     for segment in key.split('/') {
         match segment {
@@ -103,10 +106,18 @@ mod tests {
 
     #[test]
     fn keys_that_escape_are_refused() {
-        for key in ["", "/etc/passwd", "a/../../b", "..", "a//b", "./a", "a\\b"] {
+        for key in ["", "/etc/passwd", "a/../../b", "..", "a//b", "./a", "a\0b"] {
             assert!(check_key(key).is_err(), "{key:?} accepted");
         }
-        for key in ["a", "a/b.png", "a/.hidden", "a/..b"] {
+        for key in [
+            "a",
+            "a/b.png",
+            "a/.hidden",
+            "a/..b",
+            "a\\b.txt",
+            "line\nbreak",
+            "%FF",
+        ] {
             assert!(check_key(key).is_ok(), "{key:?} refused");
         }
     }

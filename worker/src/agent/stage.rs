@@ -10,7 +10,7 @@ use super::JobContext;
 use super::slot::Slot;
 
 pub(super) struct Staged {
-    pub(super) paths: Vec<String>,
+    pub(super) paths: Vec<PathBuf>,
     folder: Option<PathBuf>,
 }
 
@@ -36,7 +36,7 @@ impl Slot {
         };
         for key in &batch.items {
             if let Some(path) = ctx.input.local_path(key) {
-                staged.paths.push(path.display().to_string());
+                staged.paths.push(path);
                 continue;
             }
             let folder = match &staged.folder {
@@ -48,7 +48,7 @@ impl Slot {
                 }
             };
             match stage_one(&*ctx.input, key, folder).await {
-                Ok(path) => staged.paths.push(path.display().to_string()),
+                Ok(path) => staged.paths.push(path),
                 Err(e) => {
                     staged.clean().await;
                     return Err(e);
