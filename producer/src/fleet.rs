@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use fleetrun_common::ledger::{JobState, LedgerError, Limits, Status};
 use fleetrun_common::queue::Depth;
-use fleetrun_config::{Input, JobSpec, Location, MiniBatchSize, OutputAction};
+use fleetrun_config::{JobSpec, Location, MiniBatchSize, OutputAction};
 use fleetrun_worker::agent::JobContext;
 use fleetrun_worker::job::{self, Fleet, JobRecord, StopRules};
 use fleetrun_worker::logs::JobLogs;
@@ -39,7 +39,17 @@ pub enum SubmitError {
     Setup(String),
 }
 
-/// A submitted job: new, or one the same id already named (`attached`).
+/// A registered job: new, or one the same id already named (`attached`).
+#[derive(Debug, Clone)]
+pub struct Registered {
+    pub job: String,
+    /// The job's record as the registry holds it (its code shipped; for an attached job,
+    /// its first submission's time).
+    pub record: JobRecord,
+    pub attached: bool,
+}
+
+/// A submitted job, every mini-batch published.
 pub struct Submitted {
     pub job: String,
     pub produced: Arc<Produced>,
@@ -50,7 +60,7 @@ pub struct Submitted {
 /// rules see a submitter that died mid-publish by this count standing still.
 const CREATED_EVERY: Duration = Duration::from_secs(1);
 
-/// Registers and partitions a job; returns once every mini-batch is published.
+/// Registers a job and partitions its input; returns once every mini-batch is published.
 ///
 /// `job_id` names the job (else an id is made from its name and the time). Submitting again
 /// with the same id and the same job attaches to it: a publication a dead submitter left
@@ -63,14 +73,27 @@ pub async fn submit(
     job_id: Option<&str>,
     on_id: impl FnOnce(&str),
 ) -> Result<Submitted, SubmitError> {
+    let registered = register(spec, fleet, job_id).await?;
+    on_id(&registered.job);
+    let produced = Arc::new(Produced::default());
+    publish(fleet, &registered, &produced).await?;
+    Ok(Submitted {
+        job: registered.job,
+        produced,
+        attached: registered.attached,
+    })
+}
+
+/// Enters the job in the ledger and the registry (see [`submit`] for `job_id`).
+pub async fn register(
+    spec: JobSpec,
+    fleet: &Fleet,
+    job_id: Option<&str>,
+) -> Result<Registered, SubmitError> {
     let job = job_id.map_or_else(|| new_job_id(&spec.name), str::to_owned);
     let spec = job::ship_code(spec, &fleet.s3)
         .await
         .map_err(SubmitError::Setup)?;
-    let Input::Files(input_location) = &spec.input;
-    let input = job::open_storage(input_location, &fleet.s3)
-        .await
-        .map_err(|e| SubmitError::Setup(e.to_string()))?;
     let limits = Limits {
         error_threshold: spec.error_threshold,
         allowed_failed_count: spec.allowed_failed_count,
@@ -83,39 +106,57 @@ pub async fn submit(
         Err(LedgerError::JobExists(_)) if job_id.is_some() => false,
         Err(e) => return Err(e.into()),
     };
-    let record = JobRecord::new(spec.clone(), &fleet.pool);
+    let record = JobRecord::new(spec, &fleet.pool);
     match fleet
         .registry
         .register(&job, &fleet.pool, &record.encode())
         .await
     {
-        Ok(()) => {}
+        Ok(()) => Ok(Registered {
+            job,
+            record,
+            attached: !entered,
+        }),
         Err(LedgerError::JobExists(_)) if job_id.is_some() => {
-            let known = self::record(fleet, &job)
+            match self::record(fleet, &job)
                 .await
-                .map_err(SubmitError::Setup)?;
-            if !known.is_some_and(|k| k.spec == record.spec && k.pool == record.pool) {
-                return Err(SubmitError::Conflict { job });
+                .map_err(SubmitError::Setup)?
+            {
+                Some(known) if known.spec == record.spec && known.pool == record.pool => {
+                    Ok(Registered {
+                        job,
+                        record: known,
+                        attached: true,
+                    })
+                }
+                _ => Err(SubmitError::Conflict { job }),
             }
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => Err(e.into()),
     }
-    on_id(&job);
-    let produced = Arc::new(Produced::default());
+}
+
+/// Partitions a registered job's input onto the pool's queue and seals the total, unless
+/// the job is sealed already or no longer runs. `produced` counts what the queue took.
+pub async fn publish(
+    fleet: &Fleet,
+    registered: &Registered,
+    produced: &Arc<Produced>,
+) -> Result<(), SubmitError> {
+    let job = &registered.job;
+    let spec = &registered.record.spec;
     let status = fleet
         .ledger
-        .status(&job)
+        .status(job)
         .await?
         .ok_or_else(|| LedgerError::UnknownJob(job.clone()))?;
     if !status.state.accepts_work() || status.total.is_some() {
         // Published whole already, or over: nothing to add.
-        return Ok(Submitted {
-            job,
-            produced,
-            attached: !entered,
-        });
+        return Ok(());
     }
-
+    let input = job::open_input(spec, &fleet.s3)
+        .await
+        .map_err(|e| SubmitError::Setup(e.to_string()))?;
     // Stop publishing as soon as the job stops (threshold, cancel); meanwhile tell the
     // ledger how far publication has come.
     let stop = CancellationToken::new();
@@ -149,10 +190,10 @@ pub async fn submit(
     let published = publish_files(
         &*input,
         "",
-        &job,
+        job,
         size as usize,
         &*fleet.queue,
-        &produced,
+        produced,
         &stop,
     )
     .await;
@@ -161,39 +202,46 @@ pub async fn submit(
         Ok(total) => total,
         Err(e) => {
             let reason = format!("partitioning the input failed: {e}");
-            let _ = fleet
-                .ledger
-                .transition(&job, &[JobState::Running], JobState::Failed, Some(&reason))
-                .await;
+            let output = job::open_storage(&spec.output, &fleet.s3)
+                .await
+                .map_err(|e| SubmitError::Setup(e.to_string()))?;
+            job::fail(&*fleet.ledger, &*output, None, registered.view(), &reason).await?;
             return Err(SubmitError::Setup(reason));
         }
     };
     if !stop.is_cancelled() {
-        fleet.ledger.created(&job, total).await?;
-        let sealed = fleet.ledger.seal(&job, total).await?;
+        fleet.ledger.created(job, total).await?;
+        let sealed = fleet.ledger.seal(job, total).await?;
         if sealed.transitioned && sealed.status.state == JobState::Finalizing {
             // Every mini-batch was done before the seal (or there were none): finalize here.
-            let ctx = context(fleet, &job, &spec)
+            let ctx = context(fleet, job, &registered.record)
                 .await
                 .map_err(SubmitError::Setup)?;
             job::conclude(&*fleet.ledger, &ctx, sealed.status).await;
         }
     }
-    Ok(Submitted {
-        job,
-        produced,
-        attached: !entered,
-    })
+    Ok(())
 }
 
-async fn context(fleet: &Fleet, job: &str, spec: &JobSpec) -> Result<JobContext, String> {
-    let Input::Files(input_location) = &spec.input;
-    let input = job::open_storage(input_location, &fleet.s3)
+impl Registered {
+    pub fn view(&self) -> job::JobView<'_> {
+        job::JobView {
+            id: &self.job,
+            spec: &self.record.spec,
+            submitted_at: self.record.submitted_at,
+        }
+    }
+}
+
+async fn context(fleet: &Fleet, job: &str, record: &JobRecord) -> Result<JobContext, String> {
+    let spec = &record.spec;
+    let input = job::open_input(spec, &fleet.s3)
         .await
         .map_err(|e| e.to_string())?;
     let output = job::open_storage(&spec.output, &fleet.s3)
         .await
         .map_err(|e| e.to_string())?;
+    // Its logs are never written: the job's results go to its output.
     let logs = Arc::new(JobLogs::new(
         std::env::temp_dir().join(format!("fleetrun-submit-{job}")),
     ));
@@ -205,6 +253,7 @@ async fn context(fleet: &Fleet, job: &str, spec: &JobSpec) -> Result<JobContext,
         output,
         parts,
         logs,
+        record.submitted_at,
     ))
 }
 
@@ -236,15 +285,17 @@ pub async fn wait(
             return Ok(status);
         }
         if let Some(reason) = rules.check(&status) {
-            let (moved, failed) = fleet
-                .ledger
-                .transition(job, &[JobState::Running], JobState::Failed, Some(&reason))
+            let output = job::open_storage(&record.spec.output, &fleet.s3)
                 .await
                 .map_err(|e| e.to_string())?;
-            if moved {
-                let ctx = context(fleet, job, &record.spec).await?;
-                job::write_job_result(&ctx, &failed).await;
-            }
+            let view = job::JobView {
+                id: job,
+                spec: &record.spec,
+                submitted_at: record.submitted_at,
+            };
+            job::fail(&*fleet.ledger, &*output, None, view, &reason)
+                .await
+                .map_err(|e| e.to_string())?;
             continue;
         }
         if let Some(b) = bar.as_mut() {
@@ -265,23 +316,22 @@ pub async fn wait(
     }
 }
 
-/// Cancels a job: workers drop its remaining mini-batches.
-pub async fn cancel(fleet: &Fleet, job: &str) -> Result<Status, String> {
-    let (moved, status) = fleet
-        .ledger
-        .transition(
-            job,
-            &[JobState::Running, JobState::Finalizing],
-            JobState::Canceled,
-            Some("canceled by the user"),
-        )
+/// Cancels a job for `reason`: workers drop its remaining mini-batches.
+pub async fn cancel(fleet: &Fleet, job: &str, reason: &str) -> Result<Status, String> {
+    let record = record(fleet, job)
+        .await?
+        .ok_or_else(|| format!("no job {job}"))?;
+    let output = job::open_storage(&record.spec.output, &fleet.s3)
         .await
         .map_err(|e| e.to_string())?;
-    if moved && let Some(record) = record(fleet, job).await? {
-        let ctx = context(fleet, job, &record.spec).await?;
-        job::write_job_result(&ctx, &status).await;
-    }
-    Ok(status)
+    let view = job::JobView {
+        id: job,
+        spec: &record.spec,
+        submitted_at: record.submitted_at,
+    };
+    job::cancel(&*fleet.ledger, &*output, view, reason)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 pub async fn record(fleet: &Fleet, job: &str) -> Result<Option<JobRecord>, String> {

@@ -7,9 +7,14 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use fleetrun_common::ledger::JobState;
 use fleetrun_producer::fleet as fleet_cmd;
-use fleetrun_producer::local::{JobReport, RunError, RunOptions, run_local};
+use fleetrun_producer::local::{Interrupt, JobReport, RunError, RunOptions, run_local};
 use fleetrun_worker::job::{Fleet, FleetArgs};
+use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
+
+/// Signal numbers, as exit codes report them (`128 + n`).
+const SIGINT: i32 = 2;
+const SIGTERM: i32 = 15;
 
 /// Exit code for a job file that does not validate.
 const EXIT_BAD_JOB: u8 = 2;
@@ -130,7 +135,7 @@ fn main() -> ExitCode {
             status(fleet, job, watch, interrupt).await
         }),
         Command::Cancel { job, fleet } => on_fleet(fleet, |fleet, _| async move {
-            let status = fleet_cmd::cancel(&fleet, &job).await?;
+            let status = fleet_cmd::cancel(&fleet, &job, "canceled by the user").await?;
             say!("Job {job}: {}.", status.state);
             Ok(ExitCode::SUCCESS)
         }),
@@ -161,13 +166,22 @@ fn run(job: PathBuf, overrides: Vec<String>, processes: Option<usize>, quiet: bo
     };
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     let report = runtime.block_on(async {
-        let interrupt = CancellationToken::new();
+        let interrupt = Interrupt::new();
         let on_signal = interrupt.clone();
+        // SIGINT and SIGTERM alike cancel the job; the exit code says which (130, 143).
+        let (Ok(mut terminate), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return Err(RunError::Other("cannot listen for signals".into()));
+        };
         tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!("Interrupted: stopping the job.");
-                on_signal.cancel();
-            }
+            let number = tokio::select! {
+                _ = int.recv() => SIGINT,
+                _ = terminate.recv() => SIGTERM,
+            };
+            eprintln!("Interrupted: stopping the job.");
+            on_signal.raise(number);
         });
         run_local(
             spec,
@@ -301,6 +315,7 @@ async fn submit(
         output_file: None,
         log_dir: PathBuf::new(),
         elapsed: std::time::Duration::ZERO,
+        signal: None,
     };
     say!(
         "Job {} {}: {} of {} mini-batches, {} items succeeded, {} failed.",

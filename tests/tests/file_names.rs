@@ -85,7 +85,6 @@ fn lines(path: &Path) -> Vec<String> {
 /// in the input leads to the output folder, and also on a second run that finds the first
 /// run's output there.
 #[test]
-#[ignore = "needs run_local to build its input as LocalStorage::new(&input_dir).excluding(&output_dir)"]
 fn an_output_folder_inside_the_input_is_not_input() {
     let job = job_with_output_inside_input();
     let expected: Vec<String> = (0..10).map(|i| format!("f{i}")).collect();

@@ -62,6 +62,11 @@ impl JobLogs {
         }
     }
 
+    /// The file `rel`'s lines go to: on a fleet, this node's copy of a shared file.
+    pub fn file(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.target(rel.as_ref())
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

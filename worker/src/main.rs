@@ -92,6 +92,8 @@ async fn serve(cli: Cli) -> Result<(), String> {
             .cache_dir
             .unwrap_or_else(|| node::default_cache_dir(&temp_dir, &node_id)),
         node_id,
+        warm_job: None,
+        sole_node: false,
     };
     tracing::info!(node = %config.node_id, pool = %fleet.pool, processes = config.processes, "Worker serving.");
     let drain = CancellationToken::new();

@@ -18,6 +18,16 @@ pub const SCRATCH_PREFIX: &str = "fleetrun-";
 /// same bound).
 pub const MAX_PROCESSES: u64 = 1024;
 
+/// CONTRACT §2's default `process_count_per_node`: 1 on a machine with GPUs, else one per
+/// core.
+pub fn default_process_count(gpus: usize) -> usize {
+    if gpus > 0 {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+}
+
 /// Parses a `--processes` flag: 1 to [`MAX_PROCESSES`].
 pub fn processes_parser() -> RangedU64ValueParser<usize> {
     RangedU64ValueParser::new().range(1..=MAX_PROCESSES)

@@ -71,6 +71,8 @@ pub struct AgentConfig {
 pub struct JobContext {
     pub id: String,
     pub spec: JobSpec,
+    /// When the job was submitted, in seconds since the Unix epoch (its record's).
+    pub submitted_at: f64,
     pub input: Arc<dyn Storage>,
     pub output: Arc<dyn Storage>,
     /// Where the mini-batches' output parts wait for the finalizer.
@@ -84,6 +86,7 @@ pub struct JobContext {
     pub finalizing: AtomicBool,
     init_failures: AtomicU32,
     gave_up: AtomicBool,
+    started_noted: AtomicBool,
     last_check: std::sync::Mutex<Instant>,
 }
 
@@ -95,10 +98,13 @@ impl JobContext {
         output: Arc<dyn Storage>,
         parts: Arc<dyn Parts>,
         logs: Arc<JobLogs>,
+        submitted_at: f64,
     ) -> JobContext {
         JobContext {
             id,
             spec,
+            submitted_at,
+            started_noted: AtomicBool::new(false),
             input,
             output,
             parts,
@@ -110,6 +116,23 @@ impl JobContext {
             gave_up: AtomicBool::new(false),
             last_check: std::sync::Mutex::new(Instant::now()),
         }
+    }
+
+    /// The job as its results name it.
+    pub fn view(&self) -> crate::job::JobView<'_> {
+        crate::job::JobView {
+            id: &self.id,
+            spec: &self.spec,
+            submitted_at: self.submitted_at,
+        }
+    }
+
+    /// True once per node and job: the first mini-batch this node starts notes the job
+    /// started in the ledger (`first_task_creation_timeout` is met).
+    pub(crate) fn first_start(&self) -> bool {
+        !self
+            .started_noted
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// True when the last status check is older than [`STATE_RECHECK`] (and claims the next).

@@ -178,6 +178,14 @@ impl Slot {
             // No runner started: run() was not tried, so this was no attempt.
             return Verdict::Settle(Disposition::Return);
         }
+        if ctx.first_start() {
+            let (ledger, job) = (self.shared.agent.ledger.clone(), ctx.id.clone());
+            tokio::spawn(async move {
+                if let Err(e) = ledger.started(&job).await {
+                    warn!(job = %job, error = %e, "Cannot note the job started.");
+                }
+            });
+        }
         self.attempt(&ctx, &batch, delivery.attempt, None, consumer)
             .await
     }

@@ -4,7 +4,6 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::Bytes;
 use fleetrun_common::ledger::{JobState, Ledger, Status};
 use tracing::{info, warn};
 
@@ -91,47 +90,22 @@ async fn finalize_job(ledger: &dyn Ledger, ctx: &JobContext) -> JobState {
     .await
 }
 
-/// Writes `logs/job_result.txt` into the job's output.
+/// Writes the ended job's results into its output's `logs/`.
 pub async fn write_job_result(ctx: &JobContext, status: &Status) {
-    let mut text = format!(
-        "Job: {}\nResult: {}\nMini-batches: {} processed of {}\nItems: {} succeeded, {} failed (error_threshold {})\nMini-batches failed: {}\n",
-        ctx.id,
-        status.state,
-        status.done,
-        status
-            .total
-            .map_or_else(|| "?".to_owned(), |t| t.to_string()),
-        status.items_succeeded,
-        status.items_failed,
-        ctx.spec.error_threshold,
-        status.batches_failed,
-    );
-    if let Some(reason) = &status.reason {
-        text.push_str(&format!("Cause: {reason}\n"));
-    }
-    if let Err(e) = ctx
-        .output
-        .put("logs/job_result.txt", Bytes::from(text))
-        .await
-    {
-        warn!(job = %ctx.id, error = %e, "Cannot write job_result.txt.");
-    }
+    super::results::write_results(&*ctx.output, Some(&ctx.logs), ctx.view(), status).await;
 }
 
 /// Fails a Running job and writes its result, if this call moved it.
 pub(super) async fn fail_job(fleet: &Fleet, ctx: &JobContext, reason: &str) {
-    if let Ok((true, status)) = fleet
-        .ledger
-        .transition(
-            &ctx.id,
-            &[JobState::Running],
-            JobState::Failed,
-            Some(reason),
-        )
-        .await
-    {
-        info!(job = %ctx.id, "Job ended: {reason}.");
-        write_job_result(ctx, &status).await;
+    let failed = super::results::fail(
+        &*fleet.ledger,
+        &*ctx.output,
+        Some(&ctx.logs),
+        ctx.view(),
+        reason,
+    );
+    if let Err(e) = failed.await {
+        warn!(job = %ctx.id, error = %e, "Cannot fail the job.");
     }
 }
 

@@ -14,6 +14,8 @@
 //! - `record`: the job record kept in the registry.
 //! - `code`: shipping a job's code to S3 and staging it on a worker.
 //! - `watch`: serving the pool: the jobs a node follows, adopting orphans, the agent's events.
+//! - `results`: what a job tells its user: its overview while it runs, its result when it
+//!   ends, written the same by whoever ends it.
 //! - `finalize`: concluding a job: its finalization, its result, failing it.
 //! - `dead_letters`: dead-lettered mini-batches, recorded against their job.
 
@@ -22,6 +24,7 @@ mod dead_letters;
 mod driver;
 mod finalize;
 mod record;
+mod results;
 mod settings;
 mod watch;
 
@@ -29,8 +32,9 @@ pub use code::{CODE_PREFIX, ship_code};
 pub use driver::{INIT_FAILURE_GRACE, StopRules, init_failures_fail_job};
 pub use finalize::{conclude, write_job_result};
 pub use record::{JobRecord, unix_now};
+pub use results::{JobView, cancel, fail, overview_text, result_text, write_results};
 pub use settings::{
     DEFAULT_POOL, Fleet, FleetArgs, KEEP_ENDED_JOBS, KEY_PREFIX, POOL_DELIVERY_LIMIT, WorkerConfig,
-    open_storage,
+    open_input, open_storage,
 };
 pub use watch::serve;

@@ -11,7 +11,7 @@ use fleetrun_common::queue::amqp::AmqpQueue;
 use fleetrun_common::queue::{Queue, QueueOptions};
 use fleetrun_common::storage::s3::{S3Settings, S3Storage};
 use fleetrun_common::storage::{LocalStorage, Storage, StorageError};
-use fleetrun_config::Location;
+use fleetrun_config::{JobSpec, Location};
 use serde::{Deserialize, Serialize};
 
 /// The pool both binaries use when none is named.
@@ -142,6 +142,24 @@ pub struct WorkerConfig {
     pub cache_dir: PathBuf,
     /// GPUs on this node.
     pub gpus: usize,
+    /// Start every slot's runner for this job before taking work (`fleetrun run`).
+    pub warm_job: Option<String>,
+    /// This worker is the job's only node (`fleetrun run`): its log files take the names
+    /// CONTRACT §7 gives them, with no node id in them.
+    pub sole_node: bool,
+}
+
+/// The job's input as storage. A local output folder inside a local input folder (or a
+/// link to it) is left out of the input's listings: the job's own logs and parts are never
+/// its input.
+pub async fn open_input(spec: &JobSpec, s3: &S3Settings) -> Result<Arc<dyn Storage>, StorageError> {
+    let fleetrun_config::Input::Files(location) = &spec.input;
+    match (location, &spec.output) {
+        (Location::Local(input), Location::Local(output)) => {
+            Ok(Arc::new(LocalStorage::new(input).excluding(output)))
+        }
+        _ => open_storage(location, s3).await,
+    }
 }
 
 /// Storage for a location: a local folder or an S3 prefix.

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fleetrun_common::ledger::{JobState, Ledger, LedgerError};
+use fleetrun_common::ledger::{JobState, Ledger, LedgerError, Status};
 use fleetrun_common::storage::{LocalStorage, Storage};
 use fleetrun_config::Location;
 use futures::StreamExt;
@@ -16,11 +16,13 @@ use tracing::{info, warn};
 
 use super::code::stage_code;
 use super::dead_letters::record_dead_letters;
+use super::driver::StopRules;
 use super::finalize::{FINALIZE_LEASE, check_init_failures, conclude, fail_job, job_age};
 use super::record::JobRecord;
-use super::settings::{Fleet, KEEP_ENDED_JOBS, WorkerConfig, open_storage};
+use super::results::overview_text;
+use super::settings::{Fleet, KEEP_ENDED_JOBS, WorkerConfig, open_input, open_storage};
 use crate::agent::{self, Agent, AgentConfig, AgentEvent, JobContext, Jobs};
-use crate::logs::JobLogs;
+use crate::logs::{self, JobLogs};
 use crate::parts;
 
 /// How often a worker re-reads the state of each job it serves.
@@ -52,7 +54,7 @@ pub async fn serve(
                 prefetch: config.prefetch,
                 runner_exe: config.runner_exe.clone(),
                 staging_dir: config.cache_dir.join("staging"),
-                warm_job: None,
+                warm_job: config.warm_job.clone(),
                 gpus: config.gpus,
             },
             queue: fleet.queue.clone(),
@@ -106,7 +108,7 @@ async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, event: AgentE
             let Ok(Some(ctx)) = jobs.get(&job).await else {
                 return;
             };
-            if ctx.spec.node_count <= 1 {
+            if ctx.spec.node_count <= 1 || jobs.config.sole_node {
                 fail_job(
                     fleet,
                     &ctx,
@@ -277,8 +279,7 @@ impl FleetJobs {
         };
         let record = JobRecord::decode(&bytes)?;
         let spec = stage_code(record.spec, &self.config.cache_dir, &self.fleet.s3).await?;
-        let fleetrun_config::Input::Files(input_location) = &spec.input;
-        let input = open_storage(input_location, &self.fleet.s3)
+        let input = open_input(&spec, &self.fleet.s3)
             .await
             .map_err(|e| e.to_string())?;
         let output = open_storage(&spec.output, &self.fleet.s3)
@@ -288,7 +289,11 @@ impl FleetJobs {
             Location::Local(dir) => dir.join("logs"),
             Location::S3 { .. } => self.config.cache_dir.join("jobs").join(job).join("logs"),
         };
-        let logs = Arc::new(JobLogs::for_node(log_dir, &self.config.node_id));
+        let logs = Arc::new(if self.config.sole_node {
+            JobLogs::new(log_dir)
+        } else {
+            JobLogs::for_node(log_dir, &self.config.node_id)
+        });
         let parts = parts::for_job(
             output.clone(),
             job,
@@ -301,6 +306,7 @@ impl FleetJobs {
             output,
             parts,
             logs,
+            record.submitted_at,
         ));
         tokio::spawn(watch_job(
             self.fleet.ledger.clone(),
@@ -334,37 +340,111 @@ impl Jobs for FleetJobs {
 }
 
 /// Follows a job's state in the ledger: stops its running attempts on this node as soon as
-/// it no longer runs, flushes its logs now and then, and uploads them at the end.
+/// it no longer runs, takes its finalization over when whoever held it is gone, fails it
+/// when a stop rule says so (every node that serves the job watches them, so the job ends
+/// whichever nodes are left), keeps its overview and flushes its logs now and then, and
+/// uploads them at the end.
 async fn watch_job(
     ledger: Arc<dyn Ledger>,
     ctx: Arc<JobContext>,
     node: String,
     stop: CancellationToken,
 ) {
+    let age = Duration::from_secs_f64((super::record::unix_now() - ctx.submitted_at).max(0.0));
+    let mut rules = StopRules::new(&ctx.spec, age);
+    let mut seen: Option<(JobState, Option<u64>)> = None;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(WATCH_EVERY) => {}
         }
         ctx.logs.flush();
-        match ledger.status(&ctx.id).await {
-            Ok(Some(status)) if status.state == JobState::Finalizing => {
+        let status = match ledger.status(&ctx.id).await {
+            Ok(Some(status)) => status,
+            Ok(None) => continue,
+            Err(e) => {
+                warn!(job = %ctx.id, error = %e, "Cannot read the job's state.");
+                continue;
+            }
+        };
+        note_changes(&ctx, &node, &mut seen, &status);
+        if let Some(reason) = rules.check(&status) {
+            let failed =
+                super::results::fail(&*ledger, &*ctx.output, Some(&ctx.logs), ctx.view(), &reason);
+            if let Err(e) = failed.await {
+                warn!(job = %ctx.id, error = %e, "Cannot fail the job.");
+            }
+            continue;
+        }
+        if !status.state.is_terminal() && ctx.spec.output.as_local().is_some() {
+            // On a local output the log folder is the output's: the overview is in place.
+            ctx.logs
+                .write(logs::PROGRESS_OVERVIEW, &overview_text(&status));
+        }
+        match status.state {
+            JobState::Finalizing => {
                 // Whoever finalizes it may have died: take over once its claim runs out.
                 ctx.stop.cancel();
                 conclude(&*ledger, &ctx, status).await;
             }
-            Ok(Some(status)) if !status.state.accepts_work() => {
+            state if !state.accepts_work() => {
                 ctx.stop.cancel();
-                if status.state.is_terminal() {
+                if state.is_terminal() {
                     ctx.logs.flush();
                     upload_logs(&ctx, &node).await;
                     return;
                 }
             }
-            Ok(_) => {}
-            Err(e) => warn!(job = %ctx.id, error = %e, "Cannot read the job's state."),
+            _ => {}
         }
     }
+}
+
+/// Notes in `sys/master_role.txt` what changed since the watcher last looked: the job
+/// followed, its mini-batches all created, its finalization, its end.
+fn note_changes(
+    ctx: &JobContext,
+    node: &str,
+    seen: &mut Option<(JobState, Option<u64>)>,
+    status: &Status,
+) {
+    let master = |line: &str| ctx.logs.log(logs::MASTER_ROLE, line);
+    let (state, total) = seen.get_or_insert_with(|| {
+        master(&format!(
+            "Job {} followed by node {node}: input {}, output {}; {} created so far.",
+            ctx.id,
+            input_name(&ctx.spec),
+            ctx.spec.output,
+            status.created
+        ));
+        (JobState::Running, None)
+    });
+    if total.is_none()
+        && let Some(all) = status.total
+    {
+        master(&format!("All {all} mini-batches created; total sealed."));
+        *total = Some(all);
+    }
+    if *state != status.state {
+        master(&match status.state {
+            JobState::Finalizing => "Every mini-batch is done; finalizing.".to_owned(),
+            ended => format!(
+                "Job {} ended {ended}{}.",
+                ctx.id,
+                status
+                    .reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            ),
+        });
+        *state = status.state;
+    }
+}
+
+fn input_name(spec: &fleetrun_config::JobSpec) -> String {
+    let fleetrun_config::Input::Files(location) = &spec.input;
+    location.to_string()
 }
 
 /// Copies this node's log files of a job whose output is on S3 under `<output>/logs/`.
