@@ -950,3 +950,178 @@ fn unnamed_pools_meet_on_the_default_and_status_watch_follows_the_job() {
         expected_lines(40, |_| false)
     );
 }
+
+impl Fleet {
+    /// A worker with default settings, as the README starts one: no node id, no cache
+    /// folder; its scratch goes under this test's temp folder.
+    fn default_worker(&mut self, name: &str) {
+        let mut cmd = Command::new(bin("fleetrun-worker"));
+        self.env(&mut cmd);
+        let tmp = self.path("tmp");
+        std::fs::create_dir_all(&tmp).unwrap();
+        let log = std::fs::File::create(self.path(&format!("{name}.log"))).unwrap();
+        cmd.env("TMPDIR", tmp)
+            .env_remove("FLEETRUN_NODE_ID")
+            .env_remove("FLEETRUN_CACHE_DIR")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        self.workers.push((
+            name.to_owned(),
+            cmd.spawn().expect("fleetrun-worker starts"),
+        ));
+    }
+
+    fn text(&self, key: &str) -> String {
+        String::from_utf8_lossy(&self.output(key)).into_owned()
+    }
+}
+
+/// Three workers with default settings on one host (their node ids and scratch folders
+/// their own), one SIGKILLed midway: the output is `fleetrun run`'s, byte for byte.
+#[test]
+fn three_default_workers_on_one_host_one_killed_match_a_local_run() {
+    let mut fleet = Fleet::new(
+        "import time\ndef run(mini_batch):\n    time.sleep(0.01)\n    return [open(p).read() for p in mini_batch]\n",
+    );
+    fleet.inputs(2000);
+    for name in ["a", "b", "c"] {
+        fleet.default_worker(name);
+    }
+    let job = fleet.s3_job("mini_batch_size = 10\nrun_max_try = 3");
+    let mut submit = fleet.spawn_submit(&job);
+    // Kill one worker once the job is well under way.
+    let s3 = fleet.storage("out/_parts");
+    wait_for("parts of the job", Duration::from_secs(120), || {
+        fleet
+            .runtime
+            .block_on(s3.list("").try_collect::<Vec<_>>())
+            .is_ok_and(|parts| parts.len() >= 30)
+    });
+    let (_, victim) = &mut fleet.workers[1];
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    let status = exit_within(&mut submit, Duration::from_secs(300));
+    assert_eq!(status.code(), Some(0));
+    let fleet_bytes = fleet.output("out/parallel_run_step.txt");
+    assert_eq!(lines(&fleet_bytes), expected_lines(2000, |_| false));
+
+    let local = fleet.job("mini_batch_size = 10", "local-in", "local-out");
+    let run = Command::new(bin("fleetrun"))
+        .arg("run")
+        .arg(&local)
+        .arg("--quiet")
+        .output()
+        .unwrap();
+    assert_eq!(code(&run), 0);
+    let local_bytes = std::fs::read(fleet.path("local-out/parallel_run_step.txt")).unwrap();
+    assert_eq!(fleet_bytes, local_bytes);
+    // Each worker logged under a node id of its own.
+    let nodes: std::collections::HashSet<String> = std::fs::read_dir(fleet.path("tmp"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("fleetrun-worker-"))
+        .collect();
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+}
+
+/// No worker serves the pool: the waiting submitter fails the job on
+/// `first_task_creation_timeout`, naming it, and the result says so.
+#[test]
+fn a_job_no_worker_takes_fails_on_first_task_creation_timeout() {
+    let fleet = Fleet::new(ECHO);
+    fleet.inputs(5);
+    let job = fleet.s3_job("first_task_creation_timeout = 3");
+    let started = std::time::Instant::now();
+    let out = fleet.submit(&job, &["--wait"]);
+    assert_eq!(code(&out), 42);
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("first_task_creation_timeout (3s)"),
+        "{stdout}"
+    );
+    let result = fleet.text("out/logs/job_result.txt");
+    assert!(result.contains("Result: Failed"), "{result}");
+    assert!(
+        result.contains("first_task_creation_timeout (3s)"),
+        "{result}"
+    );
+}
+
+/// A script that hangs (well inside `run_invocation_timeout`): the job fails on
+/// `progress_update_timeout`, and the worker goes on to the next job.
+#[test]
+fn a_hanging_job_fails_on_progress_update_timeout_and_the_worker_goes_on() {
+    let script = "import os, time\ndef run(mini_batch):\n    if os.environ.get('HANG'):\n        time.sleep(3600)\n    return [open(p).read() for p in mini_batch]\n";
+    let mut fleet = Fleet::new(script);
+    fleet.inputs(20);
+    fleet.worker("w1", 2);
+    let hanging = fleet.s3_job(
+        "run_invocation_timeout = 600\nprogress_update_timeout = 4\nenvironment_variables = { HANG = \"1\" }",
+    );
+    let out = fleet.submit(&hanging, &["--wait"]);
+    assert_eq!(code(&out), 42);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("progress_update_timeout"), "{stdout}");
+    let result = fleet.text("out/logs/job_result.txt");
+    assert!(result.contains("stalled"), "{result}");
+
+    let next = fleet.job(
+        "mini_batch_size = 5",
+        &format!("s3://{}/in", fleet.bucket),
+        &format!("s3://{}/next", fleet.bucket),
+    );
+    let out = fleet.submit(&next, &["--wait"]);
+    assert_eq!(code(&out), 0);
+    assert_eq!(
+        lines(&fleet.output("next/parallel_run_step.txt")),
+        expected_lines(20, |_| false)
+    );
+}
+
+/// `submit --job-id` is idempotent: a submit killed at a random instant is finished by the
+/// same command again, every line exactly once; a finished job answers at once; the same id
+/// with another job is refused.
+#[test]
+fn a_submit_killed_midway_is_finished_by_the_same_job_id() {
+    let mut fleet = Fleet::new(ECHO);
+    fleet.inputs(300);
+    fleet.worker("w1", 2);
+    let job = fleet.s3_job("mini_batch_size = 1");
+    let id = format!("resumable-{}", random_suffix());
+    let mut cmd = Command::new(bin("fleetrun"));
+    fleet.env(&mut cmd);
+    let mut first = cmd
+        .arg("submit")
+        .arg(&job)
+        .args(["--quiet", "--wait", "--job-id", &id])
+        .spawn()
+        .unwrap();
+    // Somewhere in its publication (or its wait).
+    let instant = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos()
+        % 1300;
+    std::thread::sleep(Duration::from_millis(200 + u64::from(instant)));
+    first.kill().unwrap();
+    first.wait().unwrap();
+
+    let again = fleet.submit(&job, &["--wait", "--job-id", &id]);
+    assert_eq!(code(&again), 0);
+    assert_eq!(
+        lines(&fleet.output("out/parallel_run_step.txt")),
+        expected_lines(300, |_| false)
+    );
+    // Ended: the same submission answers at once with the result.
+    let started = std::time::Instant::now();
+    let done = fleet.submit(&job, &["--wait", "--job-id", &id]);
+    assert_eq!(code(&done), 0);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // Another job under the same id is refused.
+    let other = fleet.s3_job("mini_batch_size = 2");
+    let refused = fleet.submit(&other, &["--job-id", &id]);
+    assert_eq!(code(&refused), 2);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains(&id));
+}
