@@ -43,6 +43,7 @@ pub async fn serve(
         fleet: fleet.clone(),
         config: config.clone(),
         contexts: Mutex::new(HashMap::new()),
+        unserved: Mutex::new(HashMap::new()),
         loading: tokio::sync::Mutex::new(()),
         stop: abort.clone(),
     });
@@ -223,7 +224,14 @@ async fn look_after(fleet: &Fleet, jobs: &FleetJobs, job: &str) -> Result<(), Le
         // Registered only once in the ledger: gone from it means ended long ago.
         None => {}
         Some(state) if state.is_terminal() => {
+            jobs.unserved
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(job);
             fleet.ledger.retire(job, KEEP_ENDED_JOBS).await?;
+        }
+        Some(JobState::Running) if jobs.cached(job).is_none() => {
+            return watch_unserved(fleet, jobs, job).await;
         }
         Some(JobState::Finalizing) if jobs.cached(job).is_none() => {
             info!(job = %job, "Following a Finalizing job in case its finalizer is gone.");
@@ -240,10 +248,58 @@ async fn look_after(fleet: &Fleet, jobs: &FleetJobs, job: &str) -> Result<(), Le
         .await
 }
 
+/// Checks the stop rules of a Running job this node does not serve, failing it when they
+/// say so (from its record: its spec, its output).
+async fn watch_unserved(fleet: &Fleet, jobs: &FleetJobs, job: &str) -> Result<(), LedgerError> {
+    let Some(status) = fleet.ledger.status(job).await? else {
+        return Ok(());
+    };
+    let Some(bytes) = fleet.registry.record(job).await? else {
+        return Ok(());
+    };
+    let Ok(record) = JobRecord::decode(&bytes) else {
+        return Ok(());
+    };
+    let reason = {
+        let mut unserved = jobs.unserved.lock().unwrap_or_else(|p| p.into_inner());
+        let age =
+            Duration::from_secs_f64((super::record::unix_now() - record.submitted_at).max(0.0));
+        unserved
+            .entry(job.to_owned())
+            .or_insert_with(|| StopRules::new(&record.spec, age))
+            .check(&status)
+    };
+    let Some(reason) = reason else {
+        return Ok(());
+    };
+    let output = match open_storage(&record.spec.output, &fleet.s3).await {
+        Ok(output) => output,
+        Err(e) => {
+            warn!(job = %job, error = %e, "Cannot open the job's output to fail it.");
+            return Ok(());
+        }
+    };
+    let view = super::results::JobView {
+        id: job,
+        spec: &record.spec,
+        submitted_at: record.submitted_at,
+    };
+    super::results::fail(&*fleet.ledger, &*output, None, view, &reason).await?;
+    jobs.unserved
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(job);
+    Ok(())
+}
+
 pub(super) struct FleetJobs {
     fleet: Fleet,
     config: WorkerConfig,
     contexts: Mutex<HashMap<String, Arc<JobContext>>>,
+    /// The stop rules of the pool's Running jobs this node does not serve (none of their
+    /// mini-batches reached it): a job whose submitter died before publishing anything is
+    /// watched too.
+    unserved: Mutex<HashMap<String, StopRules>>,
     /// One job is loaded at a time, so slots asking for the same new job load it once.
     loading: tokio::sync::Mutex<()>,
     stop: CancellationToken,
