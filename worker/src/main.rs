@@ -77,14 +77,7 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let node_id = cli.node_id.unwrap_or_else(node::default_node_id);
     let gpus = fleetrun_worker::gpu::detect_gpus();
     let config = WorkerConfig {
-        // One process per GPU on a GPU machine, one per core otherwise.
-        processes: cli.processes.unwrap_or_else(|| {
-            if gpus > 0 {
-                gpus
-            } else {
-                std::thread::available_parallelism().map_or(1, |n| n.get())
-            }
-        }),
+        processes: cli.processes.unwrap_or_else(|| node::default_slots(gpus)),
         gpus,
         prefetch: cli.prefetch,
         runner_exe: find_runner_exe()?,

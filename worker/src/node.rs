@@ -28,6 +28,16 @@ pub fn default_process_count(gpus: usize) -> usize {
     }
 }
 
+/// A worker's runner slots unless told otherwise: one per GPU on a machine with GPUs (each
+/// runner its own), else one per core.
+pub fn default_slots(gpus: usize) -> usize {
+    if gpus > 0 {
+        gpus
+    } else {
+        default_process_count(0)
+    }
+}
+
 /// Parses a `--processes` flag: 1 to [`MAX_PROCESSES`].
 pub fn processes_parser() -> RangedU64ValueParser<usize> {
     RangedU64ValueParser::new().range(1..=MAX_PROCESSES)
