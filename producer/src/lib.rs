@@ -7,7 +7,9 @@
 //! - [`fleet`]: submitting to, following and canceling jobs on a fleet.
 //! - [`local`]: runs a whole job on this machine on the embedded seams.
 //! - [`progress`]: the terminal's view of a running job.
+//! - [`exit`]: the exit codes of `fleetrun`, in one table.
 
+pub mod exit;
 pub mod fleet;
 pub mod local;
 pub mod partition;

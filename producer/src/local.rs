@@ -25,6 +25,7 @@ use fleetrun_worker::output::OutputGuard;
 use fleetrun_worker::process::find_runner_exe;
 use tokio_util::sync::CancellationToken;
 
+use crate::exit;
 use crate::fleet as fleet_cmd;
 use crate::partition::Produced;
 
@@ -95,17 +96,13 @@ pub struct JobReport {
 impl JobReport {
     /// The command's exit code: 0 completed, 42 failed, `128 + signal` canceled by one (130
     /// by default).
-    pub fn exit_code(&self) -> i32 {
+    pub fn exit_code(&self) -> u8 {
         match self.status.state {
-            JobState::Completed => 0,
-            JobState::Canceled => 128 + self.signal.unwrap_or(libc_sigint()),
-            _ => 42,
+            JobState::Completed => exit::COMPLETED,
+            JobState::Canceled => exit::signaled(self.signal.unwrap_or(exit::SIGINT)),
+            _ => exit::FAILED,
         }
     }
-}
-
-const fn libc_sigint() -> i32 {
-    2
 }
 
 /// A job id: the name, the start time and a few random characters.
@@ -120,8 +117,8 @@ pub fn new_job_id(name: &str) -> String {
 /// The name of a signal, as a result file says it.
 fn signal_name(signal: i32) -> String {
     match signal {
-        2 => "SIGINT".to_owned(),
-        15 => "SIGTERM".to_owned(),
+        exit::SIGINT => "SIGINT".to_owned(),
+        exit::SIGTERM => "SIGTERM".to_owned(),
         n => format!("signal {n}"),
     }
 }
@@ -212,7 +209,7 @@ pub async fn run_local(
     .await
     .map_err(RunError::Other)?;
     if !status.state.is_terminal() {
-        let signal = interrupt.signal().unwrap_or(libc_sigint());
+        let signal = interrupt.signal().unwrap_or(exit::SIGINT);
         let reason = format!("interrupted by {}", signal_name(signal));
         let output = LocalStorage::new(&output_dir);
         status = job::cancel(&*fleet.ledger, &output, registered.view(), &reason)

@@ -6,18 +6,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use fleetrun_common::ledger::JobState;
+use fleetrun_producer::exit;
 use fleetrun_producer::fleet as fleet_cmd;
 use fleetrun_producer::local::{Interrupt, JobReport, RunError, RunOptions, run_local};
 use fleetrun_worker::job::{Fleet, FleetArgs};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
-
-/// Signal numbers, as exit codes report them (`128 + n`).
-const SIGINT: i32 = 2;
-const SIGTERM: i32 = 15;
-
-/// Exit code for a job file that does not validate.
-const EXIT_BAD_JOB: u8 = 2;
 
 /// `println!` that ends quietly when stdout is closed (`fleetrun run job.toml | head -1`):
 /// the reader has what it wanted, and the exit code stays the job's. Says whether stdout is
@@ -124,7 +118,7 @@ fn main() -> ExitCode {
                 Ok(spec) => spec,
                 Err(e) => {
                     eprintln!("error: {e}");
-                    return ExitCode::from(EXIT_BAD_JOB);
+                    return ExitCode::from(exit::REFUSED);
                 }
             };
             on_fleet(fleet, |fleet, interrupt| async move {
@@ -161,7 +155,7 @@ fn run(job: PathBuf, overrides: Vec<String>, processes: Option<usize>, quiet: bo
         Ok(spec) => spec,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::from(EXIT_BAD_JOB);
+            return ExitCode::from(exit::REFUSED);
         }
     };
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
@@ -177,8 +171,8 @@ fn run(job: PathBuf, overrides: Vec<String>, processes: Option<usize>, quiet: bo
         };
         tokio::spawn(async move {
             let number = tokio::select! {
-                _ = int.recv() => SIGINT,
-                _ = terminate.recv() => SIGTERM,
+                _ = int.recv() => exit::SIGINT,
+                _ = terminate.recv() => exit::SIGTERM,
             };
             eprintln!("Interrupted: stopping the job.");
             on_signal.raise(number);
@@ -196,15 +190,15 @@ fn run(job: PathBuf, overrides: Vec<String>, processes: Option<usize>, quiet: bo
     match report {
         Ok(report) => {
             print_report(&report);
-            ExitCode::from(report.exit_code() as u8)
+            ExitCode::from(report.exit_code())
         }
         Err(RunError::Setup(e)) => {
             eprintln!("error: {}: {e}", job.display());
-            ExitCode::from(EXIT_BAD_JOB)
+            ExitCode::from(exit::REFUSED)
         }
         Err(RunError::Other(e)) => {
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(exit::ERROR)
         }
     }
 }
@@ -258,7 +252,7 @@ where
     });
     result.unwrap_or_else(|e| {
         eprintln!("error: {e}");
-        ExitCode::FAILURE
+        ExitCode::from(exit::ERROR)
     })
 }
 
@@ -279,7 +273,7 @@ async fn submit(
         Ok(submitted) => submitted,
         Err(e @ fleet_cmd::SubmitError::Conflict { .. }) => {
             eprintln!("error: {e}");
-            return Ok(ExitCode::from(EXIT_BAD_JOB));
+            return Ok(ExitCode::from(exit::REFUSED));
         }
         Err(e) => return Err(e.to_string()),
     };
@@ -307,7 +301,7 @@ async fn submit(
     .await?;
     if !status.state.is_terminal() {
         eprintln!("Stopped waiting; the job goes on. `fleetrun status {job}` follows it.");
-        return Ok(ExitCode::from(130));
+        return Ok(ExitCode::from(exit::signaled(exit::SIGINT)));
     }
     let report = JobReport {
         job_id: job,
@@ -332,7 +326,7 @@ async fn submit(
     if report.status.state == JobState::Completed {
         say!("Output: {output}");
     }
-    Ok(ExitCode::from(report.exit_code() as u8))
+    Ok(ExitCode::from(report.exit_code()))
 }
 
 /// A job id: what Redis keys and log lines can hold (the job names' alphabet, plus `_` and
