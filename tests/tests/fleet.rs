@@ -1125,3 +1125,29 @@ fn a_submit_killed_midway_is_finished_by_the_same_job_id() {
     assert_eq!(code(&refused), 2);
     assert!(String::from_utf8_lossy(&refused.stderr).contains(&id));
 }
+
+/// A worker with default settings that stops on SIGTERM removes its scratch folder.
+#[test]
+fn a_default_worker_leaves_no_scratch_when_it_stops() {
+    let mut fleet = Fleet::new(ECHO);
+    fleet.inputs(10);
+    fleet.default_worker("w");
+    let out = fleet.submit(&fleet.s3_job("mini_batch_size = 2"), &["--wait"]);
+    assert_eq!(code(&out), 0);
+    let tmp = fleet.path("tmp");
+    let scratch = || -> Vec<String> {
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("fleetrun-"))
+            .collect()
+    };
+    assert_eq!(scratch().len(), 1, "the worker's own scratch while it runs");
+    let (_, worker) = &mut fleet.workers[0];
+    // SAFETY: a signal to a child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(worker.id() as i32, libc::SIGTERM) }, 0);
+    let status = exit_within(worker, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(scratch(), Vec::<String>::new());
+}

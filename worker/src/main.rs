@@ -76,6 +76,8 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let fleet = Fleet::connect(&args).await?;
     let node_id = cli.node_id.unwrap_or_else(node::default_node_id);
     let gpus = fleetrun_worker::gpu::detect_gpus();
+    // A cache folder of our own naming is this process's scratch: removed when it stops.
+    let scratch = cli.cache_dir.is_none();
     let config = WorkerConfig {
         processes: cli.processes.unwrap_or_else(|| node::default_slots(gpus)),
         gpus,
@@ -110,8 +112,15 @@ async fn serve(cli: Cli) -> Result<(), String> {
             abort.cancel();
         })
     };
+    let cache_dir = config.cache_dir.clone();
     job::serve(config, fleet, drain, abort).await;
     signals.abort();
+    if scratch
+        && let Err(e) = std::fs::remove_dir_all(&cache_dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(folder = %cache_dir.display(), error = %e, "Cannot remove the scratch folder.");
+    }
     tracing::info!("Worker stopped.");
     Ok(())
 }
