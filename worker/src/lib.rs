@@ -12,6 +12,7 @@
 //!   that are gone.
 //! - [`gpu`]: one GPU index per runner process (CONTRACT.md §3).
 //! - [`parts`]: where output parts wait for the finalizer, and how it joins them.
+//! - [`scratch`]: the system error of a node's own folder that cannot take its writes.
 //! - [`job`]: serving a pool's jobs from RabbitMQ, Redis and S3: settings, the job
 //!   registry's records, code shipping, watching and adopting jobs, finalizing them, the
 //!   dead-letter recorder.
@@ -26,3 +27,4 @@ pub mod node;
 pub mod output;
 pub mod parts;
 pub mod process;
+pub mod scratch;

@@ -29,15 +29,29 @@ use fleetrun_common::storage::Storage;
 use fleetrun_config::{JobSpec, OutputAction};
 use futures::{StreamExt, TryStreamExt};
 
+use crate::scratch::FolderError;
+
 /// Parts read ahead of the one being written (they are independent objects on S3).
 const READ_AHEAD: usize = 16;
 /// Mini-batches whose part references the finalizer asks the ledger for at once.
 const REFS_PER_CALL: u64 = 1000;
 
+/// Why a part was not stored.
+#[derive(Debug, thiserror::Error)]
+pub enum PartError {
+    /// The local folder of the parts cannot take it (full, read-only, not a folder): a system
+    /// error of the node, which another attempt would meet again.
+    #[error(transparent)]
+    Folder(#[from] FolderError),
+    /// Anything else (a storage error): another attempt may do better.
+    #[error("{0}")]
+    Other(String),
+}
+
 #[async_trait]
 pub trait Parts: Send + Sync {
     /// Stores the part of mini-batch `index`; returns the reference to record with it.
-    async fn put(&self, index: u64, body: Bytes) -> Result<String, String>;
+    async fn put(&self, index: u64, body: Bytes) -> Result<String, PartError>;
     /// Reads back a part stored by any writer of the job.
     async fn get(&self, part: &str) -> Result<Bytes, String>;
     /// Removes every part of the job.
@@ -241,23 +255,25 @@ impl SegmentParts {
 
 #[async_trait]
 impl Parts for SegmentParts {
-    async fn put(&self, _index: u64, body: Bytes) -> Result<String, String> {
+    async fn put(&self, _index: u64, body: Bytes) -> Result<String, PartError> {
         let path = || self.dir.join(&self.segment);
+        let write_error = |e| match FolderError::of_write(&self.dir, e) {
+            Ok(full) => PartError::Folder(full),
+            Err(e) => PartError::Other(format!("{}: {e}", path().display())),
+        };
         let mut own = self.own.lock().unwrap_or_else(|p| p.into_inner());
         if own.is_none() {
-            std::fs::create_dir_all(&self.dir)
-                .map_err(|e| format!("{}: {e}", self.dir.display()))?;
+            std::fs::create_dir_all(&self.dir).map_err(|e| FolderError::new(&self.dir, e))?;
             let file = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .open(path())
-                .map_err(|e| format!("{}: {e}", path().display()))?;
+                .map_err(write_error)?;
             *own = Some((file, 0));
         }
         let (file, len) = own.as_mut().expect("opened above");
         let offset = *len;
-        file.write_all_at(&body, offset)
-            .map_err(|e| format!("{}: {e}", path().display()))?;
+        file.write_all_at(&body, offset).map_err(write_error)?;
         *len += body.len() as u64;
         Ok(format!("{}@{offset}+{}", self.segment, body.len()))
     }
@@ -316,13 +332,13 @@ impl ObjectParts {
 
 #[async_trait]
 impl Parts for ObjectParts {
-    async fn put(&self, index: u64, body: Bytes) -> Result<String, String> {
+    async fn put(&self, index: u64, body: Bytes) -> Result<String, PartError> {
         let n = self.puts.fetch_add(1, Ordering::Relaxed);
         let name = format!("{index:010}.{}.{n}", self.writer);
         self.storage
             .put(&format!("{}{name}", self.prefix), body)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| PartError::Other(e.to_string()))?;
         Ok(name)
     }
 
@@ -436,6 +452,18 @@ mod tests {
             std::fs::read_to_string(dir.path().join("out.txt")).unwrap(),
             ""
         );
+    }
+
+    #[tokio::test]
+    async fn a_parts_folder_that_cannot_be_made_is_the_folders_error() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("file"), "").unwrap();
+        let folder = dir.path().join("file/_parts/j");
+        let parts = SegmentParts::new(folder.clone(), "w");
+        match parts.put(0, Bytes::from("x\n")).await {
+            Err(PartError::Folder(e)) => assert_eq!(e.folder, folder),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[tokio::test]

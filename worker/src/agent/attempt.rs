@@ -1,22 +1,25 @@
 //! One `run()` attempt of a mini-batch and its settlement: the part, the ledger's record,
 //! the report line, and what a failed attempt becomes.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fleetrun_common::ledger::{Ledger, Outcome, Recorded};
+use fleetrun_common::ledger::{JobState, Ledger, Outcome, Recorded, Status};
 use fleetrun_common::protocol::ScriptError;
 use fleetrun_common::queue::{Consumer, Disposition};
 use fleetrun_common::wire::MiniBatch;
 use fleetrun_config::OutputAction;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::slot::{Slot, Verdict};
-use super::stage::Staged;
+use super::stage::{StageError, Staged};
 use super::{AgentEvent, JobContext, Shared};
 use crate::logs::{self, csv_field};
+use crate::parts::PartError;
 use crate::process::{RunOutcome, returncode};
+use crate::scratch::FolderError;
 
 impl Slot {
     /// One `run()` attempt of a mini-batch, and what becomes of the delivery. `sent` holds
@@ -34,7 +37,10 @@ impl Slot {
             Some(staged) => (staged, true),
             None => match self.stage(ctx, batch).await {
                 Ok(s) => (s, false),
-                Err(e) => {
+                Err(StageError::Scratch(e)) => {
+                    return Verdict::Settle(fail_job(&self.shared, ctx, &e).await);
+                }
+                Err(e @ StageError::Input(_)) => {
                     warn!(job = %ctx.id, mini_batch = batch.index, error = %e, "Staging inputs failed.");
                     return self
                         .failed_attempt(ctx, batch, attempt, &format!("staging inputs failed: {e}"))
@@ -120,7 +126,8 @@ impl Slot {
                     let part = match part {
                         Some(body) => match ctx.parts.put(index, body).await {
                             Ok(part) => Some(part),
-                            Err(e) => {
+                            Err(PartError::Folder(e)) => return fail_job(&shared, &ctx, &e).await,
+                            Err(e @ PartError::Other(_)) => {
                                 warn!(job = %ctx.id, mini_batch = index, error = %e, "Writing the output part failed; requeueing.");
                                 return Disposition::Requeue;
                             }
@@ -231,7 +238,7 @@ impl Slot {
     ) -> bool {
         match record_failed_batch(&*self.shared.agent.ledger, ctx, batch, attempts, cause).await {
             Ok(recorded) => {
-                report_recorded(&self.shared, ctx, recorded);
+                report_recorded(&self.shared, ctx, recorded.transitioned, recorded.status);
                 true
             }
             Err(e) => {
@@ -313,7 +320,7 @@ async fn record_outcome(
         .await
     {
         Ok(recorded) => {
-            report_recorded(shared, ctx, recorded);
+            report_recorded(shared, ctx, recorded.transitioned, recorded.status);
             true
         }
         Err(e) => {
@@ -323,18 +330,71 @@ async fn record_outcome(
     }
 }
 
-/// Acts on a recording: stops the job's work if it no longer runs, and hands a state change
-/// to whoever drives the job.
-fn report_recorded(shared: &Shared, ctx: &JobContext, recorded: Recorded) {
-    if !recorded.status.state.accepts_work() {
+/// Acts on a step of the ledger: stops the job's work if it no longer runs, and hands a
+/// state change this node made (`transitioned`) to whoever drives the job.
+fn report_recorded(shared: &Shared, ctx: &JobContext, transitioned: bool, status: Status) {
+    if !status.state.accepts_work() {
         ctx.stop.cancel();
     }
-    if recorded.transitioned {
+    if transitioned {
         let _ = shared.agent.events.send(AgentEvent::Transitioned {
             job: ctx.id.clone(),
-            status: recorded.status,
+            status,
         });
     }
+}
+
+/// Fails the job for a folder of this node's that cannot take its writes: a system error,
+/// which every further attempt would meet, and no item's fault. The job moves to Failed as a
+/// threshold would move it, and whoever drives it hears of it the same way. Returns what
+/// becomes of the delivery in hand: dropped, as the job no longer runs, or handed back
+/// untried (no attempt spent) when the ledger could not be told.
+async fn fail_job(shared: &Shared, ctx: &JobContext, folder: &FolderError) -> Disposition {
+    let reason = system_error(ctx, folder);
+    error!(job = %ctx.id, folder = %folder.folder.display(), error = %folder.source, "A folder of this node cannot take its writes; failing the job.");
+    match shared
+        .agent
+        .ledger
+        .transition(
+            &ctx.id,
+            &[JobState::Running],
+            JobState::Failed,
+            Some(&reason),
+        )
+        .await
+    {
+        Ok((moved, status)) => {
+            report_recorded(shared, ctx, moved, status);
+            Disposition::Ack
+        }
+        Err(e) => {
+            warn!(job = %ctx.id, error = %e, "Cannot fail the job in the ledger; handing the mini-batch back.");
+            Disposition::Return
+        }
+    }
+}
+
+/// The cause of a job failed by a folder of the node's: which folder, what is wrong with it,
+/// and what to do. A folder in the job's output is the output's; any other is scratch.
+fn system_error(ctx: &JobContext, e: &FolderError) -> String {
+    let output = ctx.output.local_path("_parts");
+    let in_output =
+        matches!(output.as_deref().and_then(Path::parent), Some(o) if e.folder.starts_with(o));
+    let hint = match (in_output, e.is_out_of_space()) {
+        (true, true) => "free space there",
+        (true, false) => "make it writable",
+        (false, true) => {
+            "free space there, or set TMPDIR (fleetrun-worker: --cache-dir) to another folder"
+        }
+        (false, false) => "set TMPDIR (fleetrun-worker: --cache-dir) to a writable folder",
+    };
+    format!(
+        "system error: the {} folder {} {}: {}; {hint}",
+        if in_output { "output" } else { "scratch" },
+        e.folder.display(),
+        e.state(),
+        e.source
+    )
 }
 
 /// Records a mini-batch that failed whole (its attempts spent, or dead-lettered): lists its

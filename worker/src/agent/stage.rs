@@ -3,11 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use fleetrun_common::storage::Storage;
+use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_common::wire::MiniBatch;
 
 use super::JobContext;
 use super::slot::Slot;
+use crate::scratch::FolderError;
 
 pub(super) struct Staged {
     pub(super) paths: Vec<PathBuf>,
@@ -22,6 +23,18 @@ impl Staged {
     }
 }
 
+/// Why a mini-batch's inputs were not staged: an item's failure, or the node's.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum StageError {
+    /// An input object cannot be read (missing, refused, not a valid key) or cannot be a
+    /// file under its key: the attempt fails, as the item's failure.
+    #[error(transparent)]
+    Input(#[from] StorageError),
+    /// The node's staging folder cannot take the copies: a system error, not the item's.
+    #[error(transparent)]
+    Scratch(#[from] FolderError),
+}
+
 impl Slot {
     /// Local paths for the mini-batch's items: the files themselves when the input is a local
     /// folder, else copies in a staging folder of their own.
@@ -29,48 +42,198 @@ impl Slot {
         &mut self,
         ctx: &JobContext,
         batch: &MiniBatch,
-    ) -> Result<Staged, String> {
-        let mut staged = Staged {
-            paths: Vec::with_capacity(batch.items.len()),
-            folder: None,
-        };
-        for key in &batch.items {
-            if let Some(path) = ctx.input.local_path(key) {
-                staged.paths.push(path);
-                continue;
-            }
-            let folder = match &staged.folder {
-                Some(folder) => folder,
-                None => {
-                    self.stagings += 1;
-                    let name = format!("{}-slot{}-{}", ctx.id, self.index, self.stagings);
-                    staged.folder.insert(self.config().staging_dir.join(name))
-                }
-            };
-            match stage_one(&*ctx.input, key, folder).await {
-                Ok(path) => staged.paths.push(path),
-                Err(e) => {
-                    staged.clean().await;
-                    return Err(e);
-                }
-            }
+    ) -> Result<Staged, StageError> {
+        let staging = &self.shared.agent.config.staging_dir;
+        let name = format!("{}-slot{}-{}", ctx.id, self.index, self.stagings + 1);
+        let staged = stage(&*ctx.input, &batch.items, staging, &name).await?;
+        if staged.folder.is_some() {
+            self.stagings += 1;
         }
         Ok(staged)
     }
 }
 
-/// Copies the object `key` into `folder`, at the same relative path.
-async fn stage_one(input: &dyn Storage, key: &str, folder: &Path) -> Result<PathBuf, String> {
-    fleetrun_common::storage::check_key(key).map_err(|e| e.to_string())?;
-    let body = input.get(key).await.map_err(|e| e.to_string())?;
-    let path = folder.join(key);
-    if let Some(parent) = path.parent() {
-        tokio::fs::create_dir_all(parent)
-            .await
-            .map_err(|e| e.to_string())?;
+/// Stages `items`: copies of those that are not local files go into `staging/<name>/`.
+async fn stage(
+    input: &dyn Storage,
+    items: &[String],
+    staging: &Path,
+    name: &str,
+) -> Result<Staged, StageError> {
+    let mut staged = Staged {
+        paths: Vec::with_capacity(items.len()),
+        folder: None,
+    };
+    for key in items {
+        if let Some(path) = input.local_path(key) {
+            staged.paths.push(path);
+            continue;
+        }
+        let folder = match &staged.folder {
+            Some(folder) => folder,
+            None => {
+                let folder = staging.join(name);
+                if let Err(e) = tokio::fs::create_dir_all(&folder).await {
+                    return Err(FolderError::new(staging, e).into());
+                }
+                staged.folder.insert(folder)
+            }
+        };
+        match stage_one(input, key, folder, staging).await {
+            Ok(path) => staged.paths.push(path),
+            Err(e) => {
+                staged.clean().await;
+                return Err(e);
+            }
+        }
     }
-    tokio::fs::write(&path, &body)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(path)
+    Ok(staged)
+}
+
+/// Copies the object `key` into `folder`, at the same relative path.
+async fn stage_one(
+    input: &dyn Storage,
+    key: &str,
+    folder: &Path,
+    staging: &Path,
+) -> Result<PathBuf, StageError> {
+    fleetrun_common::storage::check_key(key)?;
+    let body = input.get(key).await?;
+    let path = folder.join(key);
+    let written = async {
+        if let Some(parent) = path.parent() {
+            tokio::fs::create_dir_all(parent).await?;
+        }
+        tokio::fs::write(&path, &body).await
+    };
+    match written.await {
+        Ok(()) => Ok(path),
+        Err(e) => match FolderError::of_write(staging, e) {
+            Ok(full) => Err(full.into()),
+            // Not a file there: `a` and `a/b` are both objects, say.
+            Err(source) => Err(StorageError::Io {
+                key: key.to_owned(),
+                source,
+            }
+            .into()),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use bytes::Bytes;
+    use fleetrun_common::storage::{ObjectMeta, ObjectWriter};
+    use futures::stream::BoxStream;
+
+    use super::*;
+
+    /// A remote store of objects: every item is copied.
+    struct Objects(HashMap<String, Bytes>);
+
+    impl Objects {
+        fn new(objects: &[(&str, &str)]) -> Objects {
+            Objects(
+                objects
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), Bytes::from(v.to_string())))
+                    .collect(),
+            )
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Storage for Objects {
+        fn list<'a>(&'a self, _: &'a str) -> BoxStream<'a, Result<ObjectMeta, StorageError>> {
+            unimplemented!()
+        }
+        async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
+            self.0
+                .get(key)
+                .cloned()
+                .ok_or_else(|| StorageError::NotFound(key.to_owned()))
+        }
+        async fn get_range(&self, _: &str, _: u64, _: u64) -> Result<Bytes, StorageError> {
+            unimplemented!()
+        }
+        async fn put(&self, _: &str, _: Bytes) -> Result<(), StorageError> {
+            unimplemented!()
+        }
+        async fn writer(&self, _: &str) -> Result<Box<dyn ObjectWriter>, StorageError> {
+            unimplemented!()
+        }
+        async fn delete_prefix(&self, _: &str) -> Result<(), StorageError> {
+            unimplemented!()
+        }
+        fn local_path(&self, _: &str) -> Option<PathBuf> {
+            None
+        }
+    }
+
+    fn items(keys: &[&str]) -> Vec<String> {
+        keys.iter().map(|k| (*k).to_owned()).collect()
+    }
+
+    #[tokio::test]
+    async fn copies_land_in_a_folder_of_their_own_and_go_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = Objects::new(&[("a/x.txt", "x")]);
+        let staging = dir.path().join("staging");
+        let staged = stage(&input, &items(&["a/x.txt"]), &staging, "b1")
+            .await
+            .unwrap();
+        assert_eq!(staged.paths, [staging.join("b1/a/x.txt")]);
+        assert_eq!(std::fs::read(&staged.paths[0]).unwrap(), b"x");
+        staged.clean().await;
+        assert!(!staging.join("b1").exists());
+    }
+
+    #[tokio::test]
+    async fn a_missing_input_is_the_items_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = Objects::new(&[("here.txt", "x")]);
+        let staging = dir.path().join("staging");
+        let e = stage(&input, &items(&["here.txt", "gone.txt"]), &staging, "b1")
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            matches!(e, StageError::Input(StorageError::NotFound(_))),
+            "{e:?}"
+        );
+        assert!(!staging.join("b1").exists(), "what was staged is removed");
+    }
+
+    #[tokio::test]
+    async fn an_object_that_cannot_be_a_file_there_is_the_items_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        // On S3 `a` and `a/b` may both exist; a file system cannot hold both.
+        let input = Objects::new(&[("a", "file a"), ("a/b", "file a/b")]);
+        let e = stage(&input, &items(&["a", "a/b"]), &dir.path().join("s"), "b1")
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            matches!(&e, StageError::Input(StorageError::Io { key, .. }) if key == "a/b"),
+            "{e:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unusable_staging_folder_is_the_nodes_error_and_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = Objects::new(&[("x.txt", "x")]);
+        std::fs::write(dir.path().join("file"), "").unwrap();
+        let staging = dir.path().join("file/staging");
+        match stage(&input, &items(&["x.txt"]), &staging, "b1").await {
+            Err(StageError::Scratch(e)) => {
+                assert_eq!(e.folder, staging);
+                assert_eq!(e.source.raw_os_error(), Some(libc::ENOTDIR));
+            }
+            Err(e) => panic!("{e:?}"),
+            Ok(_) => panic!("staged under a file"),
+        }
+    }
 }

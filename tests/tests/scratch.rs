@@ -1,0 +1,167 @@
+//! `fleetrun run` with a scratch folder (`TMPDIR`) that cannot take what the node writes: a
+//! system error of the node that fails the job (exit 42) and names the folder, with no item
+//! blamed.
+//!
+//! With a local input nothing is staged: the agent hands the runner the input files' own
+//! paths. What `fleetrun run` writes into scratch is the `append_row` parts' segment,
+//! `$TMPDIR/fleetrun-<job>/parts/local.seg`; a `summary_only` job writes nothing there.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use fleetrun_tests::{JobDir, code};
+
+/// Every element 100 KB: the first part is larger than the room a full scratch has left.
+const BIG_ROWS: &str = r#"
+def init():
+    pass
+
+def run(mini_batch):
+    return ["x" * 100_000 for _ in mini_batch]
+"#;
+
+/// A scratch folder that is full: a small tmpfs filled to the last block when this process
+/// may mount one (real ENOSPC), else a file size limit on `fleetrun` (EFBIG on any write
+/// past 64 KB, SIGXFSZ ignored), which needs no privilege.
+enum FullScratch {
+    Tmpfs(PathBuf),
+    FileSizeLimit(PathBuf),
+}
+
+impl FullScratch {
+    fn new(job: &JobDir) -> FullScratch {
+        let dir = job.path("full");
+        std::fs::create_dir_all(&dir).unwrap();
+        let c_dir = std::ffi::CString::new(dir.to_str().unwrap()).unwrap();
+        // SAFETY: NUL-terminated strings for mount(2).
+        let mounted = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                c_dir.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                c"size=64k".as_ptr().cast(),
+            )
+        } == 0;
+        if !mounted {
+            return FullScratch::FileSizeLimit(dir);
+        }
+        let full = FullScratch::Tmpfs(dir.clone());
+        let mut filler = std::fs::File::create(dir.join("filler")).unwrap();
+        let block = [0u8; 4096];
+        while std::io::Write::write_all(&mut filler, &block).is_ok() {}
+        full
+    }
+
+    fn dir(&self) -> &Path {
+        match self {
+            FullScratch::Tmpfs(dir) | FullScratch::FileSizeLimit(dir) => dir,
+        }
+    }
+
+    /// `fleetrun run` with this folder as its `TMPDIR`.
+    fn run(&self, job: &JobDir, args: &[&str]) -> Output {
+        let mut cmd = job.command(args);
+        cmd.env("TMPDIR", self.dir());
+        if let FullScratch::FileSizeLimit(_) = self {
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(|| {
+                    let limit = libc::rlimit {
+                        rlim_cur: 64 * 1024,
+                        rlim_max: 64 * 1024,
+                    };
+                    libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                    if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        show(cmd.output().expect("fleetrun runs"))
+    }
+}
+
+impl Drop for FullScratch {
+    fn drop(&mut self) {
+        if let FullScratch::Tmpfs(dir) = self {
+            let c_dir = std::ffi::CString::new(dir.to_str().unwrap()).unwrap();
+            // SAFETY: a NUL-terminated path.
+            unsafe { libc::umount2(c_dir.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
+fn show(out: Output) -> Output {
+    eprintln!(
+        "--- fleetrun stdout\n{}--- stderr\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The job failed as a system error naming `folder`, and no item was counted as failed.
+fn assert_system_error(job: &JobDir, out: &Output, folder: &Path, what: &str) {
+    assert_eq!(code(out), 42, "a system error fails the job");
+    let result = job.log("job_result.txt");
+    assert!(result.contains("Result: Failed"), "{result}");
+    let cause = result
+        .lines()
+        .find_map(|l| l.strip_prefix("Cause: "))
+        .unwrap_or_else(|| panic!("no cause in {result}"));
+    assert!(cause.starts_with("system error: "), "{cause}");
+    assert!(cause.contains(what), "{cause}");
+    assert!(
+        cause.contains(&folder.display().to_string()),
+        "the cause names the folder {}: {cause}",
+        folder.display()
+    );
+    assert!(result.contains(" 0 failed"), "no item is blamed: {result}");
+    let failed_items = job.path("out/logs/failed_items.csv");
+    assert!(
+        !failed_items.exists(),
+        "{}",
+        std::fs::read_to_string(&failed_items).unwrap_or_default()
+    );
+}
+
+#[test]
+fn a_full_scratch_folder_fails_the_job_as_a_system_error() {
+    let job = JobDir::new(BIG_ROWS, "mini_batch_size = 2\nerror_threshold = -1");
+    job.inputs(6);
+    let full = FullScratch::new(&job);
+    let out = full.run(&job, &[]);
+    let what = match full {
+        FullScratch::Tmpfs(_) => "is full",
+        FullScratch::FileSizeLimit(_) => "File too large",
+    };
+    assert_system_error(&job, &out, full.dir(), what);
+}
+
+#[test]
+fn a_scratch_folder_that_cannot_be_made_fails_the_job_and_is_named() {
+    let job = JobDir::new(BIG_ROWS, "mini_batch_size = 2\nerror_threshold = -1");
+    job.inputs(6);
+    // A folder under a regular file: even root cannot create it (ENOTDIR).
+    std::fs::write(job.path("not-a-folder"), "").unwrap();
+    let tmp = job.path("not-a-folder/tmp");
+    let out = show(job.command(&[]).env("TMPDIR", &tmp).output().unwrap());
+    assert_system_error(&job, &out, &tmp, "Not a directory");
+}
+
+#[test]
+fn a_summary_only_job_writes_nothing_into_scratch() {
+    let job = JobDir::new(BIG_ROWS, "mini_batch_size = 2");
+    job.inputs(6);
+    let full = FullScratch::new(&job);
+    let out = full.run(&job, &["--set", "output_action=\"summary_only\""]);
+    assert_eq!(
+        code(&out),
+        0,
+        "local inputs are not staged, and no part is kept"
+    );
+    assert!(job.log("job_result.txt").contains("Result: Completed"));
+}
