@@ -1,10 +1,10 @@
-//! `fleetrun run` with a scratch folder (`TMPDIR`) that cannot take what the node writes: a
-//! system error of the node that fails the job (exit 42) and names the folder, with no item
-//! blamed.
+//! `fleetrun run` with folders that cannot take what the node writes: a system error of the
+//! node that fails the job (exit 42) and names the folder, with no item blamed.
 //!
 //! With a local input nothing is staged: the agent hands the runner the input files' own
-//! paths. What `fleetrun run` writes into scratch is the `append_row` parts' segment,
-//! `$TMPDIR/fleetrun-<job>/parts/local.seg`; a `summary_only` job writes nothing there.
+//! paths, and the `append_row` parts' segment goes to the output folder's `_parts/` (removed
+//! at the end). So `fleetrun run` needs nothing of its scratch folder (`TMPDIR`), and a full
+//! output folder is what fails it.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -21,9 +21,9 @@ def run(mini_batch):
     return ["x" * 100_000 for _ in mini_batch]
 "#;
 
-/// A scratch folder that is full: a small tmpfs filled to the last block when this process
-/// may mount one (real ENOSPC), else a file size limit on `fleetrun` (EFBIG on any write
-/// past 64 KB, SIGXFSZ ignored), which needs no privilege.
+/// A folder that is nearly full: a small tmpfs filled but for 128 KB when this process may
+/// mount one (real ENOSPC on a larger write), else a file size limit on `fleetrun` (EFBIG
+/// on any write past 64 KB, SIGXFSZ ignored), which needs no privilege.
 enum FullScratch {
     Tmpfs(PathBuf),
     FileSizeLimit(PathBuf),
@@ -41,7 +41,7 @@ impl FullScratch {
                 c_dir.as_ptr(),
                 c"tmpfs".as_ptr(),
                 0,
-                c"size=64k".as_ptr().cast(),
+                c"size=512k".as_ptr().cast(),
             )
         } == 0;
         if !mounted {
@@ -51,6 +51,9 @@ impl FullScratch {
         let mut filler = std::fs::File::create(dir.join("filler")).unwrap();
         let block = [0u8; 4096];
         while std::io::Write::write_all(&mut filler, &block).is_ok() {}
+        // Room for the guard's files and the logs, not for a part of 200 KB.
+        let size = filler.metadata().unwrap().len();
+        filler.set_len(size.saturating_sub(128 * 1024)).unwrap();
         full
     }
 
@@ -104,9 +107,9 @@ fn show(out: Output) -> Output {
 }
 
 /// The job failed as a system error naming `folder`, and no item was counted as failed.
-fn assert_system_error(job: &JobDir, out: &Output, folder: &Path, what: &str) {
+fn assert_system_error(out: &Output, out_dir: &Path, folder: &Path, what: &str) {
     assert_eq!(code(out), 42, "a system error fails the job");
-    let result = job.log("job_result.txt");
+    let result = std::fs::read_to_string(out_dir.join("logs/job_result.txt")).unwrap();
     assert!(result.contains("Result: Failed"), "{result}");
     let cause = result
         .lines()
@@ -120,36 +123,42 @@ fn assert_system_error(job: &JobDir, out: &Output, folder: &Path, what: &str) {
         folder.display()
     );
     assert!(result.contains(" 0 failed"), "no item is blamed: {result}");
-    let failed_items = job.path("out/logs/failed_items.csv");
-    assert!(
-        !failed_items.exists(),
-        "{}",
-        std::fs::read_to_string(&failed_items).unwrap_or_default()
-    );
+    assert!(!out_dir.join("logs/failed_items.csv").exists());
 }
 
 #[test]
-fn a_full_scratch_folder_fails_the_job_as_a_system_error() {
+fn a_full_output_folder_fails_the_job_as_a_system_error() {
     let job = JobDir::new(BIG_ROWS, "mini_batch_size = 2\nerror_threshold = -1");
     job.inputs(6);
     let full = FullScratch::new(&job);
+    let toml = std::fs::read_to_string(job.path("job.toml")).unwrap();
+    let out_dir = full.dir().join("out");
+    std::fs::write(
+        job.path("job.toml"),
+        toml.replace(
+            "path = \"out\"",
+            &format!("path = {:?}", out_dir.display().to_string()),
+        ),
+    )
+    .unwrap();
     let out = full.run(&job, &[]);
     let what = match full {
         FullScratch::Tmpfs(_) => "is full",
         FullScratch::FileSizeLimit(_) => "File too large",
     };
-    assert_system_error(&job, &out, full.dir(), what);
+    assert_system_error(&out, &out_dir, full.dir(), what);
 }
 
 #[test]
-fn a_scratch_folder_that_cannot_be_made_fails_the_job_and_is_named() {
-    let job = JobDir::new(BIG_ROWS, "mini_batch_size = 2\nerror_threshold = -1");
+fn a_local_run_needs_no_scratch_folder() {
+    let job = JobDir::new(BIG_ROWS, "mini_batch_size = 2");
     job.inputs(6);
     // A folder under a regular file: even root cannot create it (ENOTDIR).
     std::fs::write(job.path("not-a-folder"), "").unwrap();
     let tmp = job.path("not-a-folder/tmp");
     let out = show(job.command(&[]).env("TMPDIR", &tmp).output().unwrap());
-    assert_system_error(&job, &out, &tmp, "Not a directory");
+    assert_eq!(code(&out), 0);
+    assert_eq!(job.output_lines().len(), 6);
 }
 
 #[test]

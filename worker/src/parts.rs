@@ -273,7 +273,12 @@ impl Parts for SegmentParts {
         }
         let (file, len) = own.as_mut().expect("opened above");
         let offset = *len;
-        file.write_all_at(&body, offset).map_err(write_error)?;
+        if let Err(e) = file.write_all_at(&body, offset) {
+            // Give back what a part written halfway took: on a full disk, the job's results
+            // still need the room.
+            let _ = file.set_len(offset);
+            return Err(write_error(e));
+        }
         *len += body.len() as u64;
         Ok(format!("{}@{offset}+{}", self.segment, body.len()))
     }

@@ -51,7 +51,13 @@ pub fn result_text(job: JobView<'_>, status: &Status) -> String {
     if let Some(reason) = &status.reason {
         text.push_str(&format!("Cause: {reason}\n"));
     }
-    if status.state == JobState::Failed {
+    let system = status
+        .reason
+        .as_deref()
+        .is_some_and(|r| r.starts_with("system error"));
+    if status.state == JobState::Failed && system {
+        text.push_str("Where to look: the cause above; it is the node's, not the script's.\n");
+    } else if status.state == JobState::Failed {
         text.push_str("Where to look: user/error.txt (script errors), user/error/ (full tracebacks), sys/node/*/_main.txt (processes), failed_items.csv.\n");
     }
     text
