@@ -284,7 +284,7 @@ pub async fn wait(
             }
             return Ok(status);
         }
-        if let Some(reason) = rules.check(&status) {
+        if let Some(reason) = rules.check(&status, job::serving(fleet, &status).await) {
             let output = job::open_storage(&record.spec.output, &fleet.s3)
                 .await
                 .map_err(|e| e.to_string())?;

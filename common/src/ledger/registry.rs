@@ -35,6 +35,11 @@ pub trait JobRegistry: Send + Sync {
     async fn add_init_failure(&self, job: &str) -> Result<u64, LedgerError>;
     /// The job's runner init failures so far (0 for a job that has none, or is unknown).
     async fn init_failures(&self, job: &str) -> Result<u64, LedgerError>;
+    /// Says that `node` serves `pool` for `ttl` from now (every worker calls it well within
+    /// that time while it runs).
+    async fn beat(&self, pool: &str, node: &str, ttl: Duration) -> Result<(), LedgerError>;
+    /// The nodes whose last beat for `pool` has not run out.
+    async fn nodes(&self, pool: &str) -> Result<u64, LedgerError>;
 }
 
 /// The in-process registry.
@@ -42,6 +47,8 @@ pub trait JobRegistry: Send + Sync {
 pub struct MemoryRegistry {
     /// Jobs in registration order.
     jobs: Mutex<Vec<String>>,
+    /// Each pool's nodes, and until when each serves it.
+    nodes: Mutex<BTreeMap<(String, String), Instant>>,
     records: Mutex<BTreeMap<String, Registered>>,
 }
 
@@ -147,6 +154,21 @@ impl JobRegistry for MemoryRegistry {
     async fn init_failures(&self, job: &str) -> Result<u64, LedgerError> {
         Ok(self.records().get(job).map_or(0, |r| r.init_failures))
     }
+
+    async fn beat(&self, pool: &str, node: &str, ttl: Duration) -> Result<(), LedgerError> {
+        self.nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((pool.to_owned(), node.to_owned()), Instant::now() + ttl);
+        Ok(())
+    }
+
+    async fn nodes(&self, pool: &str) -> Result<u64, LedgerError> {
+        let now = Instant::now();
+        let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        nodes.retain(|_, until| *until > now);
+        Ok(nodes.keys().filter(|(p, _)| p == pool).count() as u64)
+    }
 }
 
 /// The registry on Redis: `<prefix>:jobs` (a sorted set scored by registration time),
@@ -198,6 +220,10 @@ impl RedisRegistry {
         format!("{}:pool:{pool}:unfinished", self.prefix)
     }
 
+    fn nodes_key(&self, pool: &str) -> String {
+        format!("{}:pool:{pool}:nodes", self.prefix)
+    }
+
     fn retired_key(&self) -> String {
         format!("{}:retired", self.prefix)
     }
@@ -226,6 +252,31 @@ local n = redis.call('INCR', KEYS[1])
 local ttl = redis.call('PTTL', KEYS[2])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
 return n
+"#,
+    )
+});
+
+/// KEYS: the pool's nodes. ARGV: node, ttl (ms). Keeps each node's expiry, in the server's
+/// milliseconds, as its score; drops the nodes whose time has run out.
+static BEAT: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+return 1
+"#,
+    )
+});
+
+/// KEYS: the pool's nodes. Counts the nodes whose time has not run out.
+static NODES: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
 "#,
     )
 });
@@ -376,5 +427,33 @@ impl JobRegistry for RedisRegistry {
         })
         .await?;
         Ok(count.unwrap_or(0))
+    }
+
+    async fn beat(&self, pool: &str, node: &str, ttl: Duration) -> Result<(), LedgerError> {
+        let key = self.nodes_key(pool);
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX).max(1);
+        retrying("beat", "", || {
+            let mut conn = self.conn.clone();
+            let key = &key;
+            async move {
+                BEAT.key(key)
+                    .arg(node)
+                    .arg(ttl_ms)
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn nodes(&self, pool: &str) -> Result<u64, LedgerError> {
+        let key = self.nodes_key(pool);
+        retrying("count the nodes", "", || {
+            let mut conn = self.conn.clone();
+            let key = &key;
+            async move { NODES.key(key).invoke_async(&mut conn).await }
+        })
+        .await
     }
 }

@@ -17,7 +17,7 @@ macro_rules! registry_conformance {
         $crate::registry_conformance!(@cases $make;
             a_record_is_written_once, jobs_are_listed_oldest_first,
             unfinished_jobs_are_the_pools_until_retired, init_failures_are_counted_per_job,
-            a_retired_job_is_forgotten_in_its_time);
+            a_retired_job_is_forgotten_in_its_time, a_pools_nodes_are_counted_while_they_beat);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -124,4 +124,23 @@ where
     assert!(r.record("k").await.unwrap().is_some());
     assert!(r.record("x").await.unwrap().is_some());
     assert_eq!(r.unfinished("q").await.unwrap(), ["x"]);
+}
+
+/// A node counts for its pool while its last beat lasts; pools are apart.
+pub async fn a_pools_nodes_are_counted_while_they_beat<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn JobRegistry>>,
+{
+    let r = make().await;
+    assert_eq!(r.nodes("p").await.unwrap(), 0);
+    r.beat("p", "a", HOUR).await.unwrap();
+    r.beat("p", "b", Duration::from_millis(300)).await.unwrap();
+    // A node that beats again counts once.
+    r.beat("p", "a", HOUR).await.unwrap();
+    r.beat("q", "c", HOUR).await.unwrap();
+    assert_eq!(r.nodes("p").await.unwrap(), 2);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(r.nodes("p").await.unwrap(), 1, "b's beat ran out");
+    assert_eq!(r.nodes("q").await.unwrap(), 1);
 }

@@ -8,12 +8,13 @@
 //! its clocks late: it can only fail a job later than the rule says, never sooner.
 //!
 //! - `first_task_creation_timeout`: no runner has started any mini-batch that long after
-//!   the job was submitted (nobody serves the pool, or no mini-batch was ever created).
+//!   the job was submitted, and no node serves the pool. A job that waits behind others on a
+//!   busy pool waits: its nodes are alive, and it starts when its turn comes.
 //! - creation stopped: the job is not sealed, every mini-batch created so far is done, and
 //!   no new one was created for `first_task_creation_timeout`: the submitter died while it
 //!   published (submitting again with the same job id finishes it).
-//! - `progress_update_timeout`: work is outstanding and no mini-batch was created or
-//!   completed for that long.
+//! - `progress_update_timeout`: the job has started, work is outstanding, and no mini-batch
+//!   was created or completed for that long.
 
 use std::time::Duration;
 
@@ -57,8 +58,10 @@ impl StopRules {
         self.age_when_seen + self.seen.elapsed()
     }
 
-    /// Looks at the job's status now: the reason to fail it, if a rule says so.
-    pub fn check(&mut self, status: &Status) -> Option<String> {
+    /// Looks at the job's status now: the reason to fail it, if a rule says so. `serving` is
+    /// how many nodes serve the job's pool, when the caller could tell (it needs asking only
+    /// while the job has not started).
+    pub fn check(&mut self, status: &Status, serving: Option<u64>) -> Option<String> {
         let counts = (status.created, status.done);
         if counts != self.last_counts {
             self.last_counts = counts;
@@ -68,9 +71,9 @@ impl StopRules {
             return None;
         }
         let still = self.last_change.elapsed();
-        if !status.started && self.age() >= self.first_task {
+        if !status.started && serving == Some(0) && self.age() >= self.first_task {
             return Some(format!(
-                "no mini-batch was started within first_task_creation_timeout ({}s): {} created; is any worker serving the pool?",
+                "no mini-batch was started within first_task_creation_timeout ({}s) and no worker serves the job's pool; {} created",
                 self.first_task.as_secs(),
                 status.created
             ));
@@ -84,7 +87,7 @@ impl StopRules {
             ));
         }
         let outstanding = status.total.is_none_or(|total| status.done < total);
-        if outstanding && still >= self.progress {
+        if status.started && outstanding && still >= self.progress {
             return Some(format!(
                 "stalled: no mini-batch created or completed for {}s (progress_update_timeout); {} of {} done",
                 self.progress.as_secs(),
@@ -150,9 +153,12 @@ mod tests {
         let mut rules = StopRules::new(&spec(60, 300), Duration::from_secs(10));
         let waiting = status(4, 0, Some(4), false);
         advance(49).await;
-        assert_eq!(rules.check(&waiting), None);
+        assert_eq!(rules.check(&waiting, Some(0)), None);
         advance(1).await;
-        let reason = rules.check(&waiting).expect("60s after submission");
+        let reason = rules
+            .check(&waiting, Some(0))
+            .expect("60s after submission");
+        assert!(reason.contains("no worker serves"), "{reason}");
         assert!(
             reason.contains("first_task_creation_timeout (60s)"),
             "{reason}"
@@ -160,21 +166,31 @@ mod tests {
         // Started in time: the rule is met for good.
         let mut rules = StopRules::new(&spec(60, 300), Duration::ZERO);
         advance(61).await;
-        assert_eq!(rules.check(&status(4, 0, Some(4), true)), None);
+        assert_eq!(rules.check(&status(4, 0, Some(4), true), Some(0)), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_job_waiting_on_a_busy_pool_waits() {
+        let mut rules = StopRules::new(&spec(60, 300), Duration::ZERO);
+        let queued = status(4, 0, Some(4), false);
+        advance(3600).await;
+        // Nodes serve the pool (busy with other jobs), or the caller could not tell.
+        assert_eq!(rules.check(&queued, Some(2)), None);
+        assert_eq!(rules.check(&queued, None), None);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_submitter_that_died_mid_publish_fails_the_job_on_first_task_creation_timeout() {
         let mut rules = StopRules::new(&spec(60, 300), Duration::ZERO);
-        assert_eq!(rules.check(&status(3, 1, None, true)), None);
+        assert_eq!(rules.check(&status(3, 1, None, true), Some(1)), None);
         advance(50).await;
         // Work remains: the rule waits for it (progress is another rule's business).
-        assert_eq!(rules.check(&status(3, 3, None, true)), None);
+        assert_eq!(rules.check(&status(3, 3, None, true), Some(1)), None);
         advance(59).await;
-        assert_eq!(rules.check(&status(3, 3, None, true)), None);
+        assert_eq!(rules.check(&status(3, 3, None, true), Some(1)), None);
         advance(1).await;
         let reason = rules
-            .check(&status(3, 3, None, true))
+            .check(&status(3, 3, None, true), Some(1))
             .expect("creation stopped");
         assert!(reason.contains("creation stopped"), "{reason}");
         assert!(reason.contains("--job-id"), "{reason}");
@@ -184,16 +200,16 @@ mod tests {
     async fn no_progress_for_progress_update_timeout_is_a_stall() {
         let mut rules = StopRules::new(&spec(600, 300), Duration::ZERO);
         let running = status(10, 4, Some(10), true);
-        assert_eq!(rules.check(&running), None);
+        assert_eq!(rules.check(&running, Some(1)), None);
         advance(299).await;
-        assert_eq!(rules.check(&running), None);
+        assert_eq!(rules.check(&running, Some(1)), None);
         // A completion restarts the clock.
         let moved = status(10, 5, Some(10), true);
-        assert_eq!(rules.check(&moved), None);
+        assert_eq!(rules.check(&moved, Some(1)), None);
         advance(299).await;
-        assert_eq!(rules.check(&moved), None);
+        assert_eq!(rules.check(&moved, Some(1)), None);
         advance(1).await;
-        let reason = rules.check(&moved).expect("stalled");
+        let reason = rules.check(&moved, Some(1)).expect("stalled");
         assert!(reason.contains("progress_update_timeout"), "{reason}");
         assert!(reason.contains("5 of 10 done"), "{reason}");
     }
@@ -206,9 +222,9 @@ mod tests {
             ..status(2, 2, Some(2), true)
         };
         advance(10).await;
-        assert_eq!(rules.check(&finalizing), None);
+        assert_eq!(rules.check(&finalizing, Some(0)), None);
         let all_done_running = status(2, 2, Some(2), true);
-        assert_eq!(rules.check(&all_done_running), None);
+        assert_eq!(rules.check(&all_done_running, Some(0)), None);
     }
 
     #[test]

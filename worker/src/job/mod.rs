@@ -37,4 +37,4 @@ pub use settings::{
     DEFAULT_POOL, Fleet, FleetArgs, KEEP_ENDED_JOBS, KEY_PREFIX, POOL_DELIVERY_LIMIT, WorkerConfig,
     open_input, open_storage,
 };
-pub use watch::serve;
+pub use watch::{serve, serving};

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fleetrun_common::ledger::{JobState, Ledger, LedgerError, Status};
+use fleetrun_common::ledger::{JobState, LedgerError, Status};
 use fleetrun_common::storage::{LocalStorage, Storage};
 use fleetrun_config::Location;
 use futures::StreamExt;
@@ -27,6 +27,9 @@ use crate::parts;
 
 /// How often a worker re-reads the state of each job it serves.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a node's word that it serves its pool lasts (renewed every third of it).
+const BEAT_TTL: Duration = Duration::from_secs(15);
 
 /// How often a worker looks over its pool's unfinished jobs for one nobody looks after.
 const ADOPT_EVERY: Duration = FINALIZE_LEASE;
@@ -72,6 +75,7 @@ pub async fn serve(
         drain.clone(),
     ));
     let adopter = tokio::spawn(adopt_orphans(fleet.clone(), jobs.clone(), drain.clone()));
+    let beater = tokio::spawn(beat(fleet.clone(), config.node_id.clone(), drain.clone()));
     let mut finisher = {
         let (fleet, jobs, node) = (fleet.clone(), jobs.clone(), config.node_id.clone());
         tokio::spawn(async move {
@@ -83,6 +87,7 @@ pub async fn serve(
     let _ = agent.await;
     recorder.abort();
     adopter.abort();
+    beater.abort();
     // The agent is gone, and with it the events' sender: the finisher ends once it has
     // finalized a job this node saw complete (nobody else would), unless told to stop now.
     tokio::select! {
@@ -92,6 +97,20 @@ pub async fn serve(
     for ctx in jobs.all() {
         ctx.logs.flush();
         upload_logs(&ctx, &config.node_id).await;
+    }
+}
+
+/// Says, while the node serves its pool, that it does (until it drains): a job that waits for
+/// a busy pool waits, one whose pool nobody serves fails on `first_task_creation_timeout`.
+async fn beat(fleet: Fleet, node: String, drain: CancellationToken) {
+    loop {
+        if let Err(e) = fleet.registry.beat(&fleet.pool, &node, BEAT_TTL).await {
+            warn!(error = %e, "Cannot say this node serves its pool.");
+        }
+        tokio::select! {
+            _ = drain.cancelled() => return,
+            _ = tokio::time::sleep(BEAT_TTL / 3) => {}
+        }
     }
 }
 
@@ -248,6 +267,15 @@ async fn look_after(fleet: &Fleet, jobs: &FleetJobs, job: &str) -> Result<(), Le
         .await
 }
 
+/// How many nodes serve the pool, asked only while the job has not started (the stop rules
+/// need it only then); `None` if the registry cannot tell.
+pub async fn serving(fleet: &Fleet, status: &Status) -> Option<u64> {
+    if status.started {
+        return None;
+    }
+    fleet.registry.nodes(&fleet.pool).await.ok()
+}
+
 /// Checks the stop rules of a Running job this node does not serve, failing it when they
 /// say so (from its record: its spec, its output).
 async fn watch_unserved(fleet: &Fleet, jobs: &FleetJobs, job: &str) -> Result<(), LedgerError> {
@@ -260,6 +288,7 @@ async fn watch_unserved(fleet: &Fleet, jobs: &FleetJobs, job: &str) -> Result<()
     let Ok(record) = JobRecord::decode(&bytes) else {
         return Ok(());
     };
+    let serving = serving(fleet, &status).await;
     let reason = {
         let mut unserved = jobs.unserved.lock().unwrap_or_else(|p| p.into_inner());
         let age =
@@ -267,7 +296,7 @@ async fn watch_unserved(fleet: &Fleet, jobs: &FleetJobs, job: &str) -> Result<()
         unserved
             .entry(job.to_owned())
             .or_insert_with(|| StopRules::new(&record.spec, age))
-            .check(&status)
+            .check(&status, serving)
     };
     let Some(reason) = reason else {
         return Ok(());
@@ -365,7 +394,7 @@ impl FleetJobs {
             record.submitted_at,
         ));
         tokio::spawn(watch_job(
-            self.fleet.ledger.clone(),
+            self.fleet.clone(),
             ctx.clone(),
             self.config.node_id.clone(),
             self.stop.clone(),
@@ -400,13 +429,9 @@ impl Jobs for FleetJobs {
 /// when a stop rule says so (every node that serves the job watches them, so the job ends
 /// whichever nodes are left), keeps its overview and flushes its logs now and then, and
 /// uploads them at the end.
-async fn watch_job(
-    ledger: Arc<dyn Ledger>,
-    ctx: Arc<JobContext>,
-    node: String,
-    stop: CancellationToken,
-) {
+async fn watch_job(fleet: Fleet, ctx: Arc<JobContext>, node: String, stop: CancellationToken) {
     let age = Duration::from_secs_f64((super::record::unix_now() - ctx.submitted_at).max(0.0));
+    let ledger = fleet.ledger.clone();
     let mut rules = StopRules::new(&ctx.spec, age);
     let mut seen: Option<(JobState, Option<u64>)> = None;
     loop {
@@ -424,7 +449,7 @@ async fn watch_job(
             }
         };
         note_changes(&ctx, &node, &mut seen, &status);
-        if let Some(reason) = rules.check(&status) {
+        if let Some(reason) = rules.check(&status, serving(&fleet, &status).await) {
             let failed =
                 super::results::fail(&*ledger, &*ctx.output, Some(&ctx.logs), ctx.view(), &reason);
             if let Err(e) = failed.await {
