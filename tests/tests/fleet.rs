@@ -13,7 +13,9 @@ use fleetrun_common::queue::{Queue, QueueOptions};
 use fleetrun_common::storage::Storage;
 use fleetrun_common::storage::s3::{S3Settings, S3Storage};
 use fleetrun_common::testing::random_suffix;
-use fleetrun_tests::{PrivateRabbitMq, bin, code, expected_lines, services, wait_for};
+use fleetrun_tests::{
+    PrivateRabbitMq, PrivateRedis, bin, code, expected_lines, services, wait_for,
+};
 use futures::TryStreamExt;
 
 fn management_url() -> String {
@@ -25,6 +27,7 @@ fn management_url() -> String {
 struct Fleet {
     pool: String,
     amqp_url: String,
+    redis_url: String,
     /// `None` on a broker without the management plugin.
     management_url: Option<String>,
     bucket: String,
@@ -53,6 +56,7 @@ impl Fleet {
         let fleet = Fleet {
             pool,
             amqp_url: services::amqp_url(),
+            redis_url: services::redis_url(),
             management_url: Some(management_url()),
             bucket: format!("fleet-{}", random_suffix()),
             dir: tempfile::tempdir().unwrap(),
@@ -96,11 +100,14 @@ impl Fleet {
         });
     }
 
+    /// A job file named, like the job, with a random suffix: job ids start with the name, so
+    /// no two tests' jobs share ledger keys on the shared Redis.
     fn job(&self, settings: &str, input: &str, output: &str) -> std::path::PathBuf {
+        let suffix = random_suffix();
         let toml = format!(
-            "name = \"fleet-e2e\"\nentry_script = \"score.py\"\nsource_directory = \"code\"\noutput_action = \"append_row\"\n{settings}\n[input]\nfiles = \"{input}\"\n[output]\npath = \"{output}\"\n"
+            "name = \"fleet-{suffix}\"\nentry_script = \"score.py\"\nsource_directory = \"code\"\noutput_action = \"append_row\"\n{settings}\n[input]\nfiles = \"{input}\"\n[output]\npath = \"{output}\"\n"
         );
-        let path = self.path(&format!("job-{}.toml", random_suffix()));
+        let path = self.path(&format!("job-{suffix}.toml"));
         std::fs::write(&path, toml).unwrap();
         path
     }
@@ -129,7 +136,7 @@ impl Fleet {
 
     fn env(&self, cmd: &mut Command) {
         cmd.env("FLEETRUN_AMQP_URL", &self.amqp_url)
-            .env("FLEETRUN_REDIS_URL", services::redis_url())
+            .env("FLEETRUN_REDIS_URL", &self.redis_url)
             .env("AWS_ENDPOINT_URL", services::s3_endpoint())
             .env("AWS_ACCESS_KEY_ID", "test")
             .env("AWS_SECRET_ACCESS_KEY", "test")
@@ -910,7 +917,11 @@ fn a_job_whose_only_worker_died_finalizing_is_finished_by_a_new_one() {
 #[test]
 fn unnamed_pools_meet_on_the_default_and_status_watch_follows_the_job() {
     let script = "import time\ndef run(mini_batch):\n    time.sleep(0.3)\n    return [open(p).read() for p in mini_batch]\n";
-    let mut fleet = Fleet::on_pool(script, DEFAULT_POOL.to_owned());
+    // A broker and a Redis of the test's own: on the shared ones, the default pool's queue
+    // and unfinished jobs would be every run's that leaves its pool unnamed.
+    let (broker, redis) = (PrivateRabbitMq::start(), PrivateRedis::start());
+    let mut fleet = Fleet::on_broker(script, broker.url());
+    (fleet.pool, fleet.redis_url) = (DEFAULT_POOL.to_owned(), redis.url());
     fleet.inputs(40);
     fleet.worker("w1", 1);
     let job = fleet.s3_job("mini_batch_size = 2");
