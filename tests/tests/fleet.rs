@@ -379,14 +379,20 @@ fn kill_a_worker_mid_job(make_job: impl Fn(&Fleet) -> PathBuf) -> (Fleet, tempfi
 
 #[test]
 fn threshold_stops_every_worker_and_leaves_nothing_queued() {
-    let script = "import time\ndef run(mini_batch):\n    time.sleep(0.05)\n    raise RuntimeError('bad model')\n";
-    let mut fleet = Fleet::new(script);
+    let markers = tempfile::tempdir().unwrap();
+    let runs = markers.path().join("runs");
+    let script = format!(
+        "import time\nRUNS = {:?}\ndef run(mini_batch):\n    with open(RUNS, 'a') as f:\n        f.write(f'{{time.time()}}\\n')\n    time.sleep(0.05)\n    raise RuntimeError('bad model')\n",
+        runs.display().to_string()
+    );
+    let mut fleet = Fleet::new(&script);
     fleet.inputs(300);
     for node in ["w1", "w2", "w3"] {
         fleet.worker(node, 1);
     }
     let job = fleet.s3_job("mini_batch_size = 1\nrun_max_try = 1\nerror_threshold = 4");
     let out = fleet.submit(&job, &["--wait"]);
+    let failed_at = std::time::SystemTime::now();
     assert_eq!(code(&out), 42);
     assert!(String::from_utf8_lossy(&out.stdout).contains("error_threshold exceeded"));
     let queue = fleet.queue();
@@ -400,7 +406,21 @@ fn threshold_stops_every_worker_and_leaves_nothing_queued() {
     );
     let result = String::from_utf8_lossy(&fleet.output("out/logs/job_result.txt")).into_owned();
     assert!(result.contains("Result: Failed"), "{result}");
-    // Promptly: far fewer than the 300 mini-batches were attempted.
+    // Promptly: with nothing left queued or held, no mini-batch started more than a few
+    // seconds after `submit --wait` saw the job fail, and far fewer than the 300 ran.
+    let failed_at = failed_at.duration_since(std::time::UNIX_EPOCH).unwrap();
+    let started: Vec<f64> = std::fs::read_to_string(&runs)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let last = started.iter().copied().fold(0.0, f64::max);
+    let late = last - failed_at.as_secs_f64();
+    assert!(
+        late < 3.0,
+        "a mini-batch started {late:.1} s after the job failed"
+    );
+    assert!(started.len() < 100, "{} mini-batches ran", started.len());
     let status = Command::new(bin("fleetrun"))
         .args(["status"])
         .envs([
