@@ -10,7 +10,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use fleetrun_tests::{JobDir, code};
+use fleetrun_tests::{JobDir, RUN_LIMIT, code, output_within};
 
 /// Every element 100 KB: the first part is larger than the room a full scratch has left.
 const BIG_ROWS: &str = r#"
@@ -80,7 +80,7 @@ impl FullScratch {
                 });
             }
         }
-        show(cmd.output().expect("fleetrun runs"))
+        show(output_within(&mut cmd, RUN_LIMIT))
     }
 }
 
@@ -148,7 +148,10 @@ fn a_scratch_folder_that_cannot_be_made_fails_the_job_and_is_named() {
     // A folder under a regular file: even root cannot create it (ENOTDIR).
     std::fs::write(job.path("not-a-folder"), "").unwrap();
     let tmp = job.path("not-a-folder/tmp");
-    let out = show(job.command(&[]).env("TMPDIR", &tmp).output().unwrap());
+    let out = show(output_within(
+        job.command(&[]).env("TMPDIR", &tmp),
+        RUN_LIMIT,
+    ));
     assert_system_error(&job, &out, &tmp, "Not a directory");
 }
 
