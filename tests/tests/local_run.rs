@@ -300,8 +300,9 @@ def run(mini_batch):
     );
 }
 
-/// The node stops starting processes after 3 × process_count_per_node = 6 init failures
-/// (CONTRACT §5 rule 1), and the job fails.
+/// The node starts no process once 3 × process_count_per_node = 6 init failures are in
+/// (CONTRACT §5 rule 1), and the job fails: 6 inits fail, or 7 when the other process was
+/// already starting again as the sixth failure came.
 #[test]
 fn init_that_always_fails_fails_the_job() {
     let script =
@@ -313,11 +314,8 @@ fn init_that_always_fails_fails_the_job() {
     let result = job.log("job_result.txt");
     assert!(result.contains("ImportError: no model file"), "{result}");
     let errors = job.log("user/error.txt");
-    assert_eq!(
-        errors.lines().filter(|l| l.contains(" init: ")).count(),
-        6,
-        "{errors}"
-    );
+    let inits = errors.lines().filter(|l| l.contains(" init: ")).count();
+    assert!((6..=7).contains(&inits), "{inits} init failures:\n{errors}");
 }
 
 #[test]
