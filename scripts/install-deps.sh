@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs beyond the Rust toolchain and CPython, when missing:
 # RabbitMQ and Redis servers and Debian's docker-compose (one `apt-get update`, then one
-# `apt-get install`), moto's S3 server (>= 5.2.5) and PyYAML (pip).
+# `apt-get install`), moto's S3 server (>= 5.2.5) and PyYAML (pip), and cargo-nextest (the
+# test runner scripts/test.sh uses; built from crates.io, a few minutes).
 set -euo pipefail
 
 # The Python the project uses (pyenv's on the dev and CI machines); PYTHON overrides it.
@@ -27,4 +28,11 @@ if ! "$PYTHON" -c 'import moto, sys; sys.exit(tuple(map(int, moto.__version__.sp
     echo "[install-deps] pip failed for $("$PYTHON" -c 'import sys; print(sys.executable)'); set PYTHON to a Python that pip may install into (the one fleetrun-runner is built against)" >&2
     exit 1
   fi
+fi
+
+# nextest runs each test in a process of its own and kills one that outlives its limit
+# (.config/nextest.toml); `cargo test` would wait forever on a hung test.
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "[install-deps] cargo install --locked cargo-nextest" >&2
+  cargo install --locked cargo-nextest
 fi

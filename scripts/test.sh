@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test tier, the way CI runs it: formatting, lints, then unit, flow, end-to-end and
 # real-server tests (RabbitMQ, Redis and an S3 server installed when missing by
-# scripts/install-deps.sh and started on loopback by scripts/services.sh).
+# scripts/install-deps.sh and started on loopback by scripts/services.sh), run by
+# cargo-nextest (installed by the same script).
 #
 #   scripts/test.sh                 # everything
 #   FLEETRUN_KEEP_SERVICES=1 scripts/test.sh   # leave the servers running afterwards
@@ -30,9 +31,6 @@ cargo clippy --workspace --all-targets --features fleetrun-tests/services -- -D 
 say "cargo build"
 cargo build --workspace
 
+# nextest (installed by scripts/install-deps.sh) kills a test that outlives its limit.
 say "tests"
-if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --features fleetrun-tests/services --no-fail-fast
-else
-  cargo test --workspace --features fleetrun-tests/services --no-fail-fast
-fi
+cargo nextest run --workspace --features fleetrun-tests/services --no-fail-fast

@@ -1,9 +1,17 @@
-//! Helpers for fleetrun's end-to-end tests: a job folder with a script and inputs, and the
-//! built binaries to run it with.
+//! Helpers for fleetrun's end-to-end tests: a job folder with a script and inputs, the built
+//! binaries to run it with, bounded waits on what they do, and servers of a test's own for
+//! faults that would disturb the shared ones.
 
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+/// How long one `fleetrun run` of a test may take: well under the suite's per-test limit
+/// (`.config/nextest.toml`), so a hung run fails its test with this crate's message and is
+/// killed, rather than being found by the harness.
+pub const RUN_LIMIT: Duration = Duration::from_secs(180);
 
 /// A built workspace binary (`cargo build` puts them beside the test's `deps` folder).
 pub fn bin(name: &str) -> PathBuf {
@@ -64,8 +72,9 @@ impl JobDir {
         cmd
     }
 
+    /// Runs the job to its end, bounded by [`RUN_LIMIT`].
     pub fn run(&self, args: &[&str]) -> Output {
-        let out = self.command(args).output().expect("fleetrun runs");
+        let out = output_within(&mut self.command(args), RUN_LIMIT);
         eprintln!(
             "--- fleetrun stdout\n{}--- stderr\n{}",
             String::from_utf8_lossy(&out.stdout),
@@ -88,11 +97,84 @@ impl JobDir {
 }
 
 /// Waits for a condition that a running process brings about, bounded by `limit`.
-pub fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+pub fn wait_for(what: &str, limit: Duration, done: impl FnMut() -> bool) {
+    assert!(poll(limit, done), "timed out waiting for {what}");
+}
+
+/// Whether `done` came to hold within `limit`, asked every 20 ms.
+fn poll(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How `child` exited, waiting at most `limit`: past it the child is killed (a failed test
+/// leaves it neither running nor waited on forever) and the test fails.
+pub fn exit_within(child: &mut Child, limit: Duration) -> ExitStatus {
+    let mut exit = None;
+    if !poll(limit, || {
+        exit = child.try_wait().expect("wait for a child process");
+        exit.is_some()
+    }) {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("process {} still ran after {limit:?}: killed", child.id());
+    }
+    exit.unwrap()
+}
+
+/// `Command::output` bounded by `limit`: stdout and stderr captured, stdin empty; past the
+/// limit the process is killed and the test fails.
+pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd:?} starts: {e}"));
+    wait_with_output_within(child, limit)
+}
+
+/// `Child::wait_with_output` bounded by `limit` (the pipes the caller asked for are read,
+/// the others read as empty); past the limit the child is killed and the test fails. A pipe
+/// still open 10 s after the child exited (something it started holds it) fails the test too.
+pub fn wait_with_output_within(mut child: Child, limit: Duration) -> Output {
+    fn drain(pipe: Option<impl Read + Send + 'static>) -> mpsc::Receiver<Vec<u8>> {
+        let (sent, received) = mpsc::channel();
+        if let Some(mut pipe) = pipe {
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                let _ = pipe.read_to_end(&mut bytes);
+                let _ = sent.send(bytes);
+            });
+        } else {
+            let _ = sent.send(Vec::new());
+        }
+        received
+    }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let status = exit_within(&mut child, limit);
+    let read = |pipe: mpsc::Receiver<Vec<u8>>, name: &str| {
+        pipe.recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the {name} of process {} stayed open after it exited",
+                    child.id()
+                )
+            })
+    };
+    Output {
+        status,
+        stdout: read(stdout, "stdout"),
+        stderr: read(stderr, "stderr"),
     }
 }
 
@@ -232,6 +314,76 @@ impl PrivateRabbitMq {
 impl Drop for PrivateRabbitMq {
     fn drop(&mut self) {
         self.ctl(&["stop"]);
+    }
+}
+
+/// A Redis server of one test's own, for faults that would disturb every other test on the
+/// shared one (`CLIENT KILL`, `CLIENT PAUSE`). Lives in a temporary folder, listens on a free
+/// loopback port, keeps nothing on disk; killed on drop.
+pub struct PrivateRedis {
+    dir: tempfile::TempDir,
+    server: Child,
+    port: u16,
+}
+
+impl PrivateRedis {
+    pub fn start() -> PrivateRedis {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let [port] = free_ports();
+        let server = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .arg("--logfile")
+            .arg(dir.path().join("redis.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server runs (scripts/install-deps.sh installs it)");
+        let mut redis = PrivateRedis { dir, server, port };
+        let answers = poll(Duration::from_secs(30), || {
+            // Another process can take the port between `free_ports` and the server's bind.
+            if let Some(exit) = redis.server.try_wait().unwrap() {
+                panic!("redis-server exited ({exit}):\n{}", redis.log());
+            }
+            redis.answers()
+        });
+        assert!(
+            answers,
+            "the private Redis never answered:\n{}",
+            redis.log()
+        );
+        redis
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Whether the server answers a `PING`.
+    fn answers(&self) -> bool {
+        let ping = || -> std::io::Result<bool> {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+            let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+            stream.set_read_timeout(Some(Duration::from_secs(1)))?;
+            stream.write_all(b"PING\r\n")?;
+            let mut reply = [0; 7];
+            stream.read_exact(&mut reply)?;
+            Ok(&reply == b"+PONG\r\n")
+        };
+        ping().unwrap_or(false)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
     }
 }
 

@@ -17,6 +17,7 @@ use fleetrun_common::queue::{
     Consumer, Delivery, Depth, Disposition, Queue, QueueError, QueueOptions,
 };
 use fleetrun_common::testing::random_suffix;
+use fleetrun_tests::output_within;
 use fleetrun_tests::services::amqp_url;
 use futures::StreamExt;
 
@@ -127,11 +128,12 @@ async fn wait_depth(q: &AmqpQueue, done: impl Fn(&Depth) -> bool) -> Depth {
 }
 
 fn rabbitmqctl(args: &[&str]) -> String {
-    let out = Command::new("rabbitmqctl")
-        .args(["-n", NODE, "--quiet"])
-        .args(args)
-        .output()
-        .expect("rabbitmqctl runs");
+    let out = output_within(
+        Command::new("rabbitmqctl")
+            .args(["-n", NODE, "--quiet"])
+            .args(args),
+        PATIENCE * 3,
+    );
     assert!(
         out.status.success(),
         "rabbitmqctl {args:?}: {}",
@@ -450,9 +452,15 @@ async fn a_refused_publish_is_retried_until_the_queue_takes_it() {
 /// Waits until the management API shows `policy` applied to `queue`.
 async fn wait_for_policy(queue: &str, policy: &str) {
     let url = format!("{}/api/queues/%2F/{queue}", management_url());
+    let client = reqwest::Client::builder()
+        .timeout(PATIENCE)
+        .build()
+        .unwrap();
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        let shown: serde_json::Value = reqwest::get(&url)
+        let shown: serde_json::Value = client
+            .get(&url)
+            .send()
             .await
             .unwrap()
             .error_for_status()

@@ -13,7 +13,9 @@ use fleetrun_common::queue::{Queue, QueueOptions};
 use fleetrun_common::storage::Storage;
 use fleetrun_common::storage::s3::{S3Settings, S3Storage};
 use fleetrun_common::testing::random_suffix;
-use fleetrun_tests::{PrivateRabbitMq, bin, code, expected_lines, services, wait_for};
+use fleetrun_tests::{
+    PrivateRabbitMq, PrivateRedis, bin, code, expected_lines, services, wait_for,
+};
 use futures::TryStreamExt;
 
 fn management_url() -> String {
@@ -25,6 +27,7 @@ fn management_url() -> String {
 struct Fleet {
     pool: String,
     amqp_url: String,
+    redis_url: String,
     /// `None` on a broker without the management plugin.
     management_url: Option<String>,
     bucket: String,
@@ -53,6 +56,7 @@ impl Fleet {
         let fleet = Fleet {
             pool,
             amqp_url: services::amqp_url(),
+            redis_url: services::redis_url(),
             management_url: Some(management_url()),
             bucket: format!("fleet-{}", random_suffix()),
             dir: tempfile::tempdir().unwrap(),
@@ -96,11 +100,14 @@ impl Fleet {
         });
     }
 
+    /// A job file named, like the job, with a random suffix: job ids start with the name, so
+    /// no two tests' jobs share ledger keys on the shared Redis.
     fn job(&self, settings: &str, input: &str, output: &str) -> std::path::PathBuf {
+        let suffix = random_suffix();
         let toml = format!(
-            "name = \"fleet-e2e\"\nentry_script = \"score.py\"\nsource_directory = \"code\"\noutput_action = \"append_row\"\n{settings}\n[input]\nfiles = \"{input}\"\n[output]\npath = \"{output}\"\n"
+            "name = \"fleet-{suffix}\"\nentry_script = \"score.py\"\nsource_directory = \"code\"\noutput_action = \"append_row\"\n{settings}\n[input]\nfiles = \"{input}\"\n[output]\npath = \"{output}\"\n"
         );
-        let path = self.path(&format!("job-{}.toml", random_suffix()));
+        let path = self.path(&format!("job-{suffix}.toml"));
         std::fs::write(&path, toml).unwrap();
         path
     }
@@ -129,7 +136,7 @@ impl Fleet {
 
     fn env(&self, cmd: &mut Command) {
         cmd.env("FLEETRUN_AMQP_URL", &self.amqp_url)
-            .env("FLEETRUN_REDIS_URL", services::redis_url())
+            .env("FLEETRUN_REDIS_URL", &self.redis_url)
             .env("AWS_ENDPOINT_URL", services::s3_endpoint())
             .env("AWS_ACCESS_KEY_ID", "test")
             .env("AWS_SECRET_ACCESS_KEY", "test")
@@ -372,14 +379,20 @@ fn kill_a_worker_mid_job(make_job: impl Fn(&Fleet) -> PathBuf) -> (Fleet, tempfi
 
 #[test]
 fn threshold_stops_every_worker_and_leaves_nothing_queued() {
-    let script = "import time\ndef run(mini_batch):\n    time.sleep(0.05)\n    raise RuntimeError('bad model')\n";
-    let mut fleet = Fleet::new(script);
+    let markers = tempfile::tempdir().unwrap();
+    let runs = markers.path().join("runs");
+    let script = format!(
+        "import time\nRUNS = {:?}\ndef run(mini_batch):\n    with open(RUNS, 'a') as f:\n        f.write(f'{{time.time()}}\\n')\n    time.sleep(0.05)\n    raise RuntimeError('bad model')\n",
+        runs.display().to_string()
+    );
+    let mut fleet = Fleet::new(&script);
     fleet.inputs(300);
     for node in ["w1", "w2", "w3"] {
         fleet.worker(node, 1);
     }
     let job = fleet.s3_job("mini_batch_size = 1\nrun_max_try = 1\nerror_threshold = 4");
     let out = fleet.submit(&job, &["--wait"]);
+    let failed_at = std::time::SystemTime::now();
     assert_eq!(code(&out), 42);
     assert!(String::from_utf8_lossy(&out.stdout).contains("error_threshold exceeded"));
     let queue = fleet.queue();
@@ -393,7 +406,21 @@ fn threshold_stops_every_worker_and_leaves_nothing_queued() {
     );
     let result = String::from_utf8_lossy(&fleet.output("out/logs/job_result.txt")).into_owned();
     assert!(result.contains("Result: Failed"), "{result}");
-    // Promptly: far fewer than the 300 mini-batches were attempted.
+    // Promptly: with nothing left queued or held, no mini-batch started more than a few
+    // seconds after `submit --wait` saw the job fail, and far fewer than the 300 ran.
+    let failed_at = failed_at.duration_since(std::time::UNIX_EPOCH).unwrap();
+    let started: Vec<f64> = std::fs::read_to_string(&runs)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let last = started.iter().copied().fold(0.0, f64::max);
+    let late = last - failed_at.as_secs_f64();
+    assert!(
+        late < 3.0,
+        "a mini-batch started {late:.1} s after the job failed"
+    );
+    assert!(started.len() < 100, "{} mini-batches ran", started.len());
     let status = Command::new(bin("fleetrun"))
         .args(["status"])
         .envs([
@@ -910,7 +937,11 @@ fn a_job_whose_only_worker_died_finalizing_is_finished_by_a_new_one() {
 #[test]
 fn unnamed_pools_meet_on_the_default_and_status_watch_follows_the_job() {
     let script = "import time\ndef run(mini_batch):\n    time.sleep(0.3)\n    return [open(p).read() for p in mini_batch]\n";
-    let mut fleet = Fleet::on_pool(script, DEFAULT_POOL.to_owned());
+    // A broker and a Redis of the test's own: on the shared ones, the default pool's queue
+    // and unfinished jobs would be every run's that leaves its pool unnamed.
+    let (broker, redis) = (PrivateRabbitMq::start(), PrivateRedis::start());
+    let mut fleet = Fleet::on_broker(script, broker.url());
+    (fleet.pool, fleet.redis_url) = (DEFAULT_POOL.to_owned(), redis.url());
     fleet.inputs(40);
     fleet.worker("w1", 1);
     let job = fleet.s3_job("mini_batch_size = 2");

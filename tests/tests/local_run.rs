@@ -36,19 +36,40 @@ fn completes_with_every_line_once_in_input_order() {
         1 + 36,
         "a header and one row per mini-batch"
     );
-    // The script's prints and its EntryScript logger land in the per-process files.
-    let prints = std::fs::read_dir(job.path("out/logs/user/stdout/0"))
-        .unwrap()
-        .count();
-    assert!(prints >= 1);
-    let entry_logs = std::fs::read_dir(job.path("out/logs/user/entry_script_log/0"))
-        .unwrap()
-        .count();
-    assert!(entry_logs >= 1);
+    // The script's prints and its EntryScript logger land in the per-process files: one
+    // print per mini-batch, and an init line from each process that ran one (the other may
+    // still have been in init when the job ended).
+    let stdout = process_logs(&job, "stdout", "stdout.txt");
+    let prints = |text: &str| text.matches("batch of").count();
+    assert_eq!(
+        stdout.iter().map(|(_, text)| prints(text)).sum::<usize>(),
+        36
+    );
+    let entry_logs = process_logs(&job, "entry_script_log", "log.txt");
+    for (process, _) in stdout.iter().filter(|(_, text)| prints(text) > 0) {
+        let log = entry_logs.iter().find(|(p, _)| p == process);
+        assert!(
+            log.is_some_and(|(_, text)| text.contains(&format!("init in {process}"))),
+            "{process}'s init line: {entry_logs:?}"
+        );
+    }
     assert!(
         !job.path("out/_parts").exists(),
         "parts are removed once joined"
     );
+}
+
+/// The per-process files `out/logs/user/<folder>/0/<process>.<suffix>`: process name and text.
+fn process_logs(job: &JobDir, folder: &str, suffix: &str) -> Vec<(String, String)> {
+    std::fs::read_dir(job.path(&format!("out/logs/user/{folder}/0")))
+        .unwrap()
+        .map(|entry| {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let process = name.strip_suffix(&format!(".{suffix}")).unwrap().to_owned();
+            (process, std::fs::read_to_string(&path).unwrap())
+        })
+        .collect()
 }
 
 #[test]
@@ -279,6 +300,9 @@ def run(mini_batch):
     );
 }
 
+/// The node starts no process once 3 × process_count_per_node = 6 init failures are in
+/// (CONTRACT §5 rule 1), and the job fails: 6 inits fail, or 7 when the other process was
+/// already starting again as the sixth failure came.
 #[test]
 fn init_that_always_fails_fails_the_job() {
     let script =
@@ -289,7 +313,9 @@ fn init_that_always_fails_fails_the_job() {
     assert_eq!(code(&out), 42);
     let result = job.log("job_result.txt");
     assert!(result.contains("ImportError: no model file"), "{result}");
-    assert!(job.log("user/error.txt").contains("init"));
+    let errors = job.log("user/error.txt");
+    let inits = errors.lines().filter(|l| l.contains(" init: ")).count();
+    assert!((6..=7).contains(&inits), "{inits} init failures:\n{errors}");
 }
 
 #[test]

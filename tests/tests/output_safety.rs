@@ -6,7 +6,9 @@
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use fleetrun_tests::{JobDir, code, expected_lines, wait_for};
+use fleetrun_tests::{
+    JobDir, RUN_LIMIT, code, exit_within, expected_lines, wait_for, wait_with_output_within,
+};
 
 /// Returns each file's content.
 const ECHO: &str = "def run(mini_batch):\n    return [open(p).read() for p in mini_batch]\n";
@@ -90,7 +92,7 @@ fn a_rerun_killed_midway_leaves_the_previous_output_whole() {
     let job = JobDir::new(SLOW, "mini_batch_size = 1\nprocess_count_per_node = 1");
     job.inputs(20);
     let tmp = tempfile::tempdir().unwrap();
-    let first = spawn(&job, tmp.path()).wait_with_output().unwrap();
+    let first = wait_with_output_within(spawn(&job, tmp.path()), RUN_LIMIT);
     assert_eq!(code(&first), 0);
     let before = std::fs::read(job.path("out/parallel_run_step.txt")).unwrap();
     assert_eq!(job.output_lines(), expected_lines(20, |_| false));
@@ -99,14 +101,14 @@ fn a_rerun_killed_midway_leaves_the_previous_output_whole() {
     let mut again = spawn(&job, tmp.path());
     wait_started(&job);
     signal(&again, libc::SIGKILL);
-    again.wait().unwrap();
+    exit_within(&mut again, RUN_LIMIT);
     assert_eq!(
         std::fs::read(job.path("out/parallel_run_step.txt")).unwrap(),
         before,
         "the previous output is untouched"
     );
     // The killed run's scratch is swept by the next run, which completes.
-    let third = spawn(&job, tmp.path()).wait_with_output().unwrap();
+    let third = wait_with_output_within(spawn(&job, tmp.path()), RUN_LIMIT);
     assert_eq!(code(&third), 0);
     assert_eq!(scratch_left(tmp.path()), Vec::<String>::new());
     assert_eq!(job.output_lines(), expected_lines(20, |_| false));
@@ -127,7 +129,7 @@ fn a_second_run_on_a_folder_in_use_is_refused_at_once() {
         "{stderr}"
     );
     assert!(first.try_wait().unwrap().is_none(), "the first run goes on");
-    let first = first.wait_with_output().unwrap();
+    let first = wait_with_output_within(first, RUN_LIMIT);
     assert_eq!(code(&first), 0);
     assert_eq!(job.output_lines(), expected_lines(10, |_| false));
 }
@@ -140,7 +142,7 @@ fn sigterm_cancels_the_job_writes_its_result_and_leaves_no_scratch() {
     let child = spawn(&job, tmp.path());
     wait_started(&job);
     signal(&child, libc::SIGTERM);
-    let out = child.wait_with_output().unwrap();
+    let out = wait_with_output_within(child, RUN_LIMIT);
     assert_eq!(code(&out), 143);
     let result = job.log("job_result.txt");
     assert!(result.contains("Result: Canceled"), "{result}");
@@ -160,7 +162,7 @@ fn sigint_cancels_the_job_with_exit_130() {
     let child = spawn(&job, tmp.path());
     wait_started(&job);
     signal(&child, libc::SIGINT);
-    let out = child.wait_with_output().unwrap();
+    let out = wait_with_output_within(child, RUN_LIMIT);
     assert_eq!(code(&out), 130);
     assert!(job.log("job_result.txt").contains("SIGINT"));
 }

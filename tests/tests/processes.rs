@@ -5,7 +5,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use fleetrun_tests::{JobDir, bin, code, expected_lines, wait_for};
+use fleetrun_tests::{
+    JobDir, RUN_LIMIT, bin, code, expected_lines, output_within, wait_for, wait_with_output_within,
+};
 
 /// The pids of the processes a script started, as it wrote them to `children.txt`; killed on
 /// drop, so a failing test leaves nothing running.
@@ -117,7 +119,7 @@ fn processes_flags_are_bounded() {
     let job = JobDir::new(ECHO, "");
     job.inputs(1);
     for value in ["0", "1025"] {
-        let out = job.command(&["--processes", value]).output().unwrap();
+        let out = output_within(&mut job.command(&["--processes", value]), RUN_LIMIT);
         assert_eq!(code(&out), 2, "fleetrun run --processes {value}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
@@ -126,10 +128,10 @@ fn processes_flags_are_bounded() {
         );
         assert!(!job.path("out").exists(), "nothing ran");
 
-        let out = Command::new(bin("fleetrun-worker"))
-            .env("FLEETRUN_PROCESSES", value)
-            .output()
-            .unwrap();
+        let out = output_within(
+            Command::new(bin("fleetrun-worker")).env("FLEETRUN_PROCESSES", value),
+            RUN_LIMIT,
+        );
         assert_eq!(
             code(&out),
             2,
@@ -157,12 +159,12 @@ fn fleetrun_logs_to_a_pipe_without_colour() {
         "run_max_try = 1\nerror_threshold = -1",
     );
     job.inputs(1);
-    let out = job
-        .command(&[])
-        .env("FLEETRUN_LOG", "debug")
-        .env_remove("NO_COLOR")
-        .output()
-        .unwrap();
+    let out = output_within(
+        job.command(&[])
+            .env("FLEETRUN_LOG", "debug")
+            .env_remove("NO_COLOR"),
+        RUN_LIMIT,
+    );
     assert_eq!(code(&out), 0);
     assert_plain_logs(&out.stderr, "DEBUG");
 }
@@ -184,10 +186,10 @@ fn worker_sweeps_stale_scratch_at_start_and_logs_without_colour() {
     std::fs::create_dir_all(stale.join("staging")).unwrap();
     let unrelated = temp.path().join(format!("other-pid{gone_pid}-1"));
     std::fs::create_dir(&unrelated).unwrap();
-    let out = worker_without_settings(temp.path())
-        .env("FLEETRUN_LOG", "info")
-        .output()
-        .unwrap();
+    let out = output_within(
+        worker_without_settings(temp.path()).env("FLEETRUN_LOG", "info"),
+        RUN_LIMIT,
+    );
     assert_eq!(code(&out), 1, "no RabbitMQ URL");
     assert_plain_logs(&out.stderr, "Removed a stale scratch folder.");
     assert!(!stale.exists());
@@ -217,7 +219,14 @@ fn a_closed_stdout_ends_the_report_quietly() {
     job.inputs(3);
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let out = job.command(&[]).stdout(writer).output().unwrap();
+    let child = job
+        .command(&[])
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_with_output_within(child, RUN_LIMIT);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(&out), 0, "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");

@@ -3,9 +3,9 @@
 //! conformance suites, and what only a server brings: dropped connections, lost replies, keys
 //! shared by many jobs.
 //!
-//! Each test keeps its keys under a random prefix. Two tests disturb every client of the
-//! server for a moment (`CLIENT KILL`, `CLIENT PAUSE`); the ledger's retries carry the other
-//! tests through that.
+//! Each test keeps its keys under a random prefix. The tests that disturb every client of
+//! their server (`CLIENT KILL`, `CLIENT PAUSE`) run on a Redis of their own, so no other test
+//! is disturbed.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use fleetrun_common::ledger::redis::RedisLedger;
 use fleetrun_common::ledger::{JobState, Ledger, LedgerError, Limits, Outcome};
 use fleetrun_common::testing::random_suffix;
 use fleetrun_tests::services::redis_url;
+use fleetrun_tests::{PrivateRedis, output_within};
 
 fleetrun_common::ledger_conformance!(|| async {
     Arc::new(
@@ -49,18 +50,18 @@ const FAILED: Outcome = Outcome {
     batch_failed: true,
 };
 
-async fn ledger(prefix: &str) -> RedisLedger {
-    RedisLedger::connect(&redis_url(), prefix).await.unwrap()
+async fn ledger(url: &str) -> RedisLedger {
+    RedisLedger::connect(url, &format!("test-{}", random_suffix()))
+        .await
+        .unwrap()
 }
 
-/// Runs `redis-cli` against the test server and returns what it printed.
-fn redis_cli(args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .arg("-u")
-        .arg(redis_url())
-        .args(args)
-        .output()
-        .expect("redis-cli runs");
+/// Runs `redis-cli` against the server at `url` and returns what it printed.
+fn redis_cli(url: &str, args: &[&str]) -> String {
+    let out = output_within(
+        Command::new("redis-cli").arg("-u").arg(url).args(args),
+        Duration::from_secs(30),
+    );
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success() && !stdout.starts_with("ERR"),
@@ -70,27 +71,15 @@ fn redis_cli(args: &[&str]) -> String {
     stdout
 }
 
-/// Lifts a `CLIENT PAUSE` even when the test fails.
-struct Unpause;
-
-impl Drop for Unpause {
-    fn drop(&mut self) {
-        let _ = Command::new("redis-cli")
-            .arg("-u")
-            .arg(redis_url())
-            .args(["CLIENT", "UNPAUSE"])
-            .output();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn survives_a_dropped_connection() {
-    let l = ledger(&format!("test-{}", random_suffix())).await;
+    let redis = PrivateRedis::start();
+    let l = ledger(&redis.url()).await;
     let j = "job-1";
     l.create(j, Limits::NONE).await.unwrap();
     l.record(j, 0, OK, None).await.unwrap();
 
-    let killed = redis_cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+    let killed = redis_cli(&redis.url(), &["CLIENT", "KILL", "TYPE", "normal"]);
     let killed: u64 = killed.trim().parse().expect("CLIENT KILL answers a count");
     assert!(killed >= 1, "the ledger's connection was killed");
 
@@ -108,12 +97,13 @@ async fn survives_a_dropped_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_registry_survives_a_dropped_connection() {
     use fleetrun_common::ledger::{JobRegistry, RedisRegistry};
-    let r = RedisRegistry::connect(&redis_url(), &format!("test-{}", random_suffix()))
+    let redis = PrivateRedis::start();
+    let r = RedisRegistry::connect(&redis.url(), &format!("test-{}", random_suffix()))
         .await
         .unwrap();
     r.register("j", "p", b"record").await.unwrap();
 
-    let killed = redis_cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+    let killed = redis_cli(&redis.url(), &["CLIENT", "KILL", "TYPE", "normal"]);
     let killed: u64 = killed.trim().parse().expect("CLIENT KILL answers a count");
     assert!(killed >= 1, "the registry's connection was killed");
 
@@ -128,7 +118,7 @@ async fn the_registry_survives_a_dropped_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_keep_to_their_own_hash_tagged_keys() {
     let prefix = format!("test-{}", random_suffix());
-    let l = ledger(&prefix).await;
+    let l = RedisLedger::connect(&redis_url(), &prefix).await.unwrap();
     let strict = Limits {
         error_threshold: 0,
         ..Limits::NONE
@@ -151,10 +141,13 @@ async fn jobs_keep_to_their_own_hash_tagged_keys() {
     assert_eq!((a.state, a.total, a.done), (JobState::Failed, None, 1));
     assert!(a.reason.unwrap().starts_with("error_threshold exceeded"));
 
-    let mut keys: Vec<String> = redis_cli(&["--scan", "--pattern", &format!("{prefix}:*")])
-        .lines()
-        .map(str::to_owned)
-        .collect();
+    let mut keys: Vec<String> = redis_cli(
+        &redis_url(),
+        &["--scan", "--pattern", &format!("{prefix}:*")],
+    )
+    .lines()
+    .map(str::to_owned)
+    .collect();
     keys.sort();
     let expected: Vec<String> = ["a", "b"]
         .iter()
@@ -168,13 +161,13 @@ async fn jobs_keep_to_their_own_hash_tagged_keys() {
 /// lose the transition the first attempt made, nor find their own job "already created".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_whose_replies_were_lost_answer_as_the_first_time() {
-    let l = ledger(&format!("test-{}", random_suffix())).await;
+    let redis = PrivateRedis::start();
+    let l = ledger(&redis.url()).await;
     l.create("sealed", Limits::NONE).await.unwrap();
     l.seal("sealed", 1).await.unwrap();
     l.create("running", Limits::NONE).await.unwrap();
 
-    let _unpause = Unpause;
-    redis_cli(&["CLIENT", "PAUSE", "12000", "WRITE"]);
+    redis_cli(&redis.url(), &["CLIENT", "PAUSE", "12000", "WRITE"]);
     let start = Instant::now();
     let (recorded, created, moved) = tokio::join!(
         l.record("sealed", 0, OK, None),
@@ -215,8 +208,8 @@ async fn calls_whose_replies_were_lost_answer_as_the_first_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefixes_keep_ledgers_apart() {
-    let l = ledger(&format!("test-{}", random_suffix())).await;
-    let other = ledger(&format!("test-{}", random_suffix())).await;
+    let l = ledger(&redis_url()).await;
+    let other = ledger(&redis_url()).await;
     l.create("j", Limits::NONE).await.unwrap();
     other.create("j", Limits::NONE).await.unwrap();
     l.record("j", 0, OK, None).await.unwrap();

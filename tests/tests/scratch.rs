@@ -10,7 +10,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use fleetrun_tests::{JobDir, code};
+use fleetrun_tests::{JobDir, RUN_LIMIT, code, output_within};
 
 /// Every element 100 KB: the first part is larger than the room a full scratch has left.
 const BIG_ROWS: &str = r#"
@@ -83,7 +83,7 @@ impl FullScratch {
                 });
             }
         }
-        show(cmd.output().expect("fleetrun runs"))
+        show(output_within(&mut cmd, RUN_LIMIT))
     }
 }
 
@@ -156,7 +156,10 @@ fn a_local_run_needs_no_scratch_folder() {
     // A folder under a regular file: even root cannot create it (ENOTDIR).
     std::fs::write(job.path("not-a-folder"), "").unwrap();
     let tmp = job.path("not-a-folder/tmp");
-    let out = show(job.command(&[]).env("TMPDIR", &tmp).output().unwrap());
+    let out = show(output_within(
+        job.command(&[]).env("TMPDIR", &tmp),
+        RUN_LIMIT,
+    ));
     assert_eq!(code(&out), 0);
     assert_eq!(job.output_lines().len(), 6);
 }
