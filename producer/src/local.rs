@@ -75,6 +75,11 @@ impl Interrupt {
         self.token.cancel();
     }
 
+    /// Cancelled once a signal came.
+    pub fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+
     pub fn signal(&self) -> Option<i32> {
         Some(self.signal.load(Ordering::SeqCst)).filter(|&s| s != 0)
     }

@@ -11,7 +11,6 @@ use fleetrun_producer::fleet as fleet_cmd;
 use fleetrun_producer::local::{Interrupt, JobReport, RunError, RunOptions, run_local};
 use fleetrun_worker::job::{Fleet, FleetArgs};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio_util::sync::CancellationToken;
 
 /// `println!` that ends quietly when stdout is closed (`fleetrun run job.toml | head -1`):
 /// the reader has what it wanted, and the exit code stays the job's. Says whether stdout is
@@ -160,23 +159,10 @@ fn run(job: PathBuf, overrides: Vec<String>, processes: Option<usize>, quiet: bo
     };
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     let report = runtime.block_on(async {
-        let interrupt = Interrupt::new();
-        let on_signal = interrupt.clone();
-        // SIGINT and SIGTERM alike cancel the job; the exit code says which (130, 143).
-        let (Ok(mut terminate), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            return Err(RunError::Other("cannot listen for signals".into()));
+        let interrupt = match on_signals() {
+            Ok(interrupt) => interrupt,
+            Err(e) => return Err(RunError::Other(e)),
         };
-        tokio::spawn(async move {
-            let number = tokio::select! {
-                _ = int.recv() => exit::SIGINT,
-                _ = terminate.recv() => exit::SIGTERM,
-            };
-            eprintln!("Interrupted: stopping the job.");
-            on_signal.raise(number);
-        });
         run_local(
             spec,
             RunOptions {
@@ -201,6 +187,27 @@ fn run(job: PathBuf, overrides: Vec<String>, processes: Option<usize>, quiet: bo
             ExitCode::from(exit::ERROR)
         }
     }
+}
+
+/// SIGINT and SIGTERM alike stop what the command does; the exit code says which (130, 143).
+fn on_signals() -> Result<Interrupt, String> {
+    let interrupt = Interrupt::new();
+    let on_signal = interrupt.clone();
+    let (Ok(mut terminate), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return Err("cannot listen for signals".into());
+    };
+    tokio::spawn(async move {
+        let number = tokio::select! {
+            _ = int.recv() => exit::SIGINT,
+            _ = terminate.recv() => exit::SIGTERM,
+        };
+        eprintln!("Interrupted.");
+        on_signal.raise(number);
+    });
+    Ok(interrupt)
 }
 
 fn print_report(r: &JobReport) {
@@ -234,21 +241,14 @@ fn print_report(r: &JobReport) {
 /// Runs a fleet command: resolves the settings, connects, maps errors to exit code 1.
 fn on_fleet<F, Fut>(args: FleetArgs, command: F) -> ExitCode
 where
-    F: FnOnce(Fleet, CancellationToken) -> Fut,
+    F: FnOnce(Fleet, Interrupt) -> Fut,
     Fut: std::future::Future<Output = Result<ExitCode, String>>,
 {
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     let result = runtime.block_on(async {
         let args = args.resolve()?;
         let fleet = Fleet::connect(&args).await?;
-        let interrupt = CancellationToken::new();
-        let on_signal = interrupt.clone();
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                on_signal.cancel();
-            }
-        });
-        command(fleet, interrupt).await
+        command(fleet, on_signals()?).await
     });
     result.unwrap_or_else(|e| {
         eprintln!("error: {e}");
@@ -262,7 +262,7 @@ async fn submit(
     job_id: Option<String>,
     wait: bool,
     progress: bool,
-    interrupt: CancellationToken,
+    interrupt: Interrupt,
 ) -> Result<ExitCode, String> {
     let output = fleet_cmd::output_file(&spec);
     let submitted = match fleet_cmd::submit(spec, &fleet, job_id.as_deref(), |id| {
@@ -296,12 +296,14 @@ async fn submit(
         &record,
         Some(&submitted.produced),
         progress,
-        &interrupt,
+        interrupt.token(),
     )
     .await?;
     if !status.state.is_terminal() {
         eprintln!("Stopped waiting; the job goes on. `fleetrun status {job}` follows it.");
-        return Ok(ExitCode::from(exit::signaled(exit::SIGINT)));
+        return Ok(ExitCode::from(exit::signaled(
+            interrupt.signal().unwrap_or(exit::SIGINT),
+        )));
     }
     let report = JobReport {
         job_id: job,
@@ -348,7 +350,7 @@ async fn status(
     fleet: Fleet,
     job: Option<String>,
     watch: bool,
-    interrupt: CancellationToken,
+    interrupt: Interrupt,
 ) -> Result<ExitCode, String> {
     let Some(job) = job else {
         let jobs = fleet.registry.jobs().await.map_err(|e| e.to_string())?;
@@ -388,7 +390,7 @@ async fn status(
             return Ok(ExitCode::SUCCESS);
         }
         tokio::select! {
-            _ = interrupt.cancelled() => return Ok(ExitCode::SUCCESS),
+            _ = interrupt.token().cancelled() => return Ok(ExitCode::SUCCESS),
             _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
         }
     }

@@ -23,7 +23,7 @@ pub const PROGRESS_OVERVIEW: &str = "job_progress_overview.txt";
 pub const MASTER_ROLE: &str = "sys/master_role.txt";
 
 /// Files every node of a job appends to; on a fleet each node keeps its own copy.
-const SHARED: [&str; 3] = [REPORT_CSV, FAILED_ITEMS_CSV, USER_ERROR];
+const SHARED: [&str; 4] = [REPORT_CSV, FAILED_ITEMS_CSV, USER_ERROR, MASTER_ROLE];
 
 pub struct JobLogs {
     dir: PathBuf,
