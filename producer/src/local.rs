@@ -178,6 +178,7 @@ pub async fn run_local(
         processes,
         prefetch: agent::DEFAULT_PREFETCH,
         runner_exe,
+        launcher: fleetrun_worker::process::ProcessLauncher::shared(),
         cache_dir: scratch.clone(),
         gpus,
         warm_job: Some(job_id.clone()),

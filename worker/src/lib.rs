@@ -6,7 +6,7 @@
 //!   records outcomes in the ledger, settles deliveries. A slot's loop, one attempt, the
 //!   runner's lifecycle, the look-ahead and input staging each have a file of their own.
 //! - [`process`]: one runner process from the agent's side (spawn, init, run with a timeout,
-//!   kill, restart).
+//!   kill, restart), behind the `Launcher` and `Runner` traits the agent drives.
 //! - [`logs`]: the job's log folder (CONTRACT.md §7).
 //! - [`node`]: this node's id, its scratch folder, and the sweep of scratch left by processes
 //!   that are gone.

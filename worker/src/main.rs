@@ -83,6 +83,7 @@ async fn serve(cli: Cli) -> Result<(), String> {
         gpus,
         prefetch: cli.prefetch,
         runner_exe: find_runner_exe()?,
+        launcher: fleetrun_worker::process::ProcessLauncher::shared(),
         cache_dir: cli
             .cache_dir
             .unwrap_or_else(|| node::default_cache_dir(&temp_dir, &node_id)),

@@ -1,6 +1,10 @@
 //! One runner process as the agent sees it: spawned with its channel on fd 3 and its stdout
 //! and stderr in the job's user log files, driven request by reply, killed when it overruns.
 //!
+//! The agent drives runners through two small traits, [`Launcher`] and [`Runner`]:
+//! [`ProcessLauncher`] starts real `fleetrun-runner` processes; the flow tests start
+//! in-process fakes (`crate::testing`) whose timeouts run on paused time.
+//!
 //! Each runner leads a process group of its own, which the processes the script starts
 //! (`subprocess.Popen` in `init()` or `run()`) join. Whenever the runner ends (killed,
 //! shut down, crashed, or its value dropped) the whole group is killed, so nothing the script
@@ -10,8 +14,10 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use fleetrun_common::protocol::{self, InitParams, ReadyInfo, Reply, Request, ScriptError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -96,6 +102,78 @@ pub enum InitOutcome {
     Failed(ScriptError),
     TimedOut,
     Died(ExitStatus),
+}
+
+/// Starts a slot's runner: sends it `Init` and returns once it is ready or has failed.
+#[async_trait]
+pub trait Launcher: Send + Sync + std::fmt::Debug {
+    async fn start(
+        &self,
+        launch: &Launch,
+        params: InitParams,
+        timeout: Duration,
+    ) -> Result<(Option<Box<dyn Runner>>, InitOutcome), ProcessError>;
+}
+
+/// A started runner, driven request by reply (see [`RunnerProcess`] for the rules).
+#[async_trait]
+pub trait Runner: Send + Sync {
+    fn pid(&self) -> u32;
+    /// Sends a mini-batch; it runs once those sent before it have returned.
+    async fn submit(&mut self, mini_batch: u64, items: Vec<PathBuf>) -> std::io::Result<()>;
+    /// How the oldest mini-batch sent and not yet answered ended, waiting at most `timeout`.
+    async fn outcome(&mut self, timeout: Duration) -> RunOutcome;
+    /// Asks the runner to call `shutdown()` and exit.
+    async fn shutdown(self: Box<Self>) -> ExitStatus;
+    /// Kills the runner and whatever it started.
+    async fn kill(&mut self);
+}
+
+/// Starts real `fleetrun-runner` processes: the launcher of every worker.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessLauncher;
+
+impl ProcessLauncher {
+    /// The launcher workers use, as configurations hold it.
+    pub fn shared() -> Arc<dyn Launcher> {
+        Arc::new(ProcessLauncher)
+    }
+}
+
+#[async_trait]
+impl Launcher for ProcessLauncher {
+    async fn start(
+        &self,
+        launch: &Launch,
+        params: InitParams,
+        timeout: Duration,
+    ) -> Result<(Option<Box<dyn Runner>>, InitOutcome), ProcessError> {
+        let (process, outcome) = RunnerProcess::start(launch, params, timeout).await?;
+        Ok((process.map(|p| Box::new(p) as Box<dyn Runner>), outcome))
+    }
+}
+
+#[async_trait]
+impl Runner for RunnerProcess {
+    fn pid(&self) -> u32 {
+        RunnerProcess::pid(self)
+    }
+
+    async fn submit(&mut self, mini_batch: u64, items: Vec<PathBuf>) -> std::io::Result<()> {
+        RunnerProcess::submit(self, mini_batch, items).await
+    }
+
+    async fn outcome(&mut self, timeout: Duration) -> RunOutcome {
+        RunnerProcess::outcome(self, timeout).await
+    }
+
+    async fn shutdown(self: Box<Self>) -> ExitStatus {
+        RunnerProcess::shutdown(*self).await
+    }
+
+    async fn kill(&mut self) {
+        RunnerProcess::kill(self).await;
+    }
 }
 
 pub struct RunnerProcess {

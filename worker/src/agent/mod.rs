@@ -32,6 +32,7 @@ use tracing::warn;
 use crate::gpu::GpuPool;
 use crate::logs::JobLogs;
 use crate::parts::Parts;
+use crate::process::Launcher;
 
 mod ahead;
 mod attempt;
@@ -58,6 +59,8 @@ pub struct AgentConfig {
     /// Unsettled deliveries each slot may hold.
     pub prefetch: u16,
     pub runner_exe: PathBuf,
+    /// Starts the runners: real processes, or a flow test's fakes.
+    pub launcher: Arc<dyn Launcher>,
     /// Where inputs that are not local files are staged.
     pub staging_dir: PathBuf,
     /// Start every slot's runner for this job before taking work (one-job runs).

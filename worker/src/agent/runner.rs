@@ -13,12 +13,12 @@ use super::slot::Slot;
 use super::{AgentEvent, JobContext};
 use crate::gpu::{GPU_COUNT_VAR, GpuLease};
 use crate::logs;
-use crate::process::{InitOutcome, Launch, RunnerProcess, returncode};
+use crate::process::{InitOutcome, Launch, Runner, returncode};
 
 pub(super) struct Active {
     pub(super) job: String,
     pub(super) name: String,
-    pub(super) process: RunnerProcess,
+    pub(super) process: Box<dyn Runner>,
     /// The job's stop signal: once it fires the runner (its model, its GPU) is released.
     pub(super) job_stop: CancellationToken,
     /// Its GPU, released when the process is dropped.
@@ -88,7 +88,8 @@ impl Slot {
         };
         let init_timeout = Duration::from_secs(3 * spec.run_invocation_timeout + 30);
         let main_log = logs::JobLogs::node_main(&node);
-        let failure = match RunnerProcess::start(&launch, params, init_timeout).await {
+        let started = self.config().launcher.start(&launch, params, init_timeout);
+        let failure = match started.await {
             Ok((Some(process), InitOutcome::Ready(info))) => {
                 ctx.logs.log(
                     &main_log,

@@ -138,6 +138,8 @@ pub struct WorkerConfig {
     pub processes: usize,
     pub prefetch: u16,
     pub runner_exe: PathBuf,
+    /// Starts the runners ([`crate::process::ProcessLauncher`] but in flow tests).
+    pub launcher: Arc<dyn crate::process::Launcher>,
     /// Staged code, inputs and (for S3 outputs) logs before upload.
     pub cache_dir: PathBuf,
     /// GPUs on this node.

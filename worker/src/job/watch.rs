@@ -57,6 +57,7 @@ pub async fn serve(
                 processes: config.processes,
                 prefetch: config.prefetch,
                 runner_exe: config.runner_exe.clone(),
+                launcher: config.launcher.clone(),
                 staging_dir: config.cache_dir.join("staging"),
                 warm_job: config.warm_job.clone(),
                 gpus: config.gpus,
