@@ -16,6 +16,7 @@
 //! - [`job`]: serving a pool's jobs from RabbitMQ, Redis and S3: settings, the job
 //!   registry's records, code shipping, watching and adopting jobs, finalizing them, the
 //!   dead-letter recorder.
+//! - [`shutdown`]: a worker's stop on signals: drain first, then stop at once.
 //!
 //! The runner process itself (embedded Python) is the `fleetrun-runner` crate.
 
@@ -28,3 +29,4 @@ pub mod output;
 pub mod parts;
 pub mod process;
 pub mod scratch;
+pub mod shutdown;

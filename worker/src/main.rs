@@ -12,6 +12,7 @@ use fleetrun_worker::agent;
 use fleetrun_worker::job::{self, Fleet, FleetArgs, WorkerConfig};
 use fleetrun_worker::node;
 use fleetrun_worker::process::find_runner_exe;
+use fleetrun_worker::shutdown;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
@@ -94,25 +95,22 @@ async fn serve(cli: Cli) -> Result<(), String> {
     tracing::info!(node = %config.node_id, pool = %fleet.pool, processes = config.processes, "Worker serving.");
     let drain = CancellationToken::new();
     let abort = CancellationToken::new();
-    let signals = {
-        let (drain, abort) = (drain.clone(), abort.clone());
-        let grace = Duration::from_secs(cli.drain_timeout);
-        tokio::spawn(async move {
+    let (signalled, signals) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        loop {
             tokio::select! { _ = terminate.recv() => {}, _ = interrupt.recv() => {} }
-            tracing::info!(
-                grace_s = grace.as_secs(),
-                "Draining: finishing the mini-batches in hand."
-            );
-            drain.cancel();
-            tokio::select! {
-                _ = terminate.recv() => {}
-                _ = interrupt.recv() => {}
-                _ = tokio::time::sleep(grace) => {}
+            if signalled.send(()).await.is_err() {
+                return;
             }
-            tracing::warn!("Stopping now; unfinished mini-batches go back to the queue.");
-            abort.cancel();
-        })
-    };
+        }
+    });
+    let grace = Duration::from_secs(cli.drain_timeout);
+    let signals = tokio::spawn(shutdown::stop_on_signals(
+        signals,
+        grace,
+        drain.clone(),
+        abort.clone(),
+    ));
     let cache_dir = config.cache_dir.clone();
     job::serve(config, fleet, drain, abort).await;
     signals.abort();
