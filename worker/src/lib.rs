@@ -17,6 +17,7 @@
 //!   registry's records, code shipping, watching and adopting jobs, finalizing them, the
 //!   dead-letter recorder.
 //! - [`shutdown`]: a worker's stop on signals: drain first, then stop at once.
+//! - `testing` (tests, and the `testing` feature): a fake runner for the flow tests.
 //!
 //! The runner process itself (embedded Python) is the `fleetrun-runner` crate.
 
@@ -30,3 +31,5 @@ pub mod parts;
 pub mod process;
 pub mod scratch;
 pub mod shutdown;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

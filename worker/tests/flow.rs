@@ -1,0 +1,564 @@
+//! The flow tier: a worker (`job::serve`: the agent, the job watchers, the dead-letter
+//! recorder) on the embedded queue, ledger and registry, with fake runners and paused time.
+//! The job is registered and published as `fleetrun submit` does; each test scripts what
+//! `init()` and `run()` do and checks what the job comes to: its counts, its state and
+//! reason, its log files. Hours of job time pass in moments.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetrun_common::ledger::{JobState, Limits, MemoryLedger, MemoryRegistry, Status};
+use fleetrun_common::queue::{MemoryQueue, QueueOptions};
+use fleetrun_common::storage::s3::S3Settings;
+use fleetrun_common::wire::MiniBatch;
+use fleetrun_config::MiniBatchSize;
+use fleetrun_worker::agent::DEFAULT_PREFETCH;
+use fleetrun_worker::job::{self, Fleet, JobRecord, WorkerConfig};
+use fleetrun_worker::logs;
+use fleetrun_worker::testing::{FakeLauncher, Init, Run};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+const NODE: &str = "0";
+const POOL: &str = "flow";
+const JOB: &str = "flow-job";
+/// Longer than any test's job: a job still running then is a failure.
+const LONGEST: Duration = Duration::from_secs(24 * 3600);
+
+struct Options {
+    /// Runner slots of the worker.
+    processes: usize,
+    /// Start the runners before taking work, as `fleetrun run` does.
+    warm: bool,
+    /// Publish the mini-batches and seal the total.
+    publish: bool,
+    delivery_limit: Option<u32>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            processes: 1,
+            warm: true,
+            publish: true,
+            delivery_limit: None,
+        }
+    }
+}
+
+/// A job served by one worker of an embedded fleet.
+struct Flow {
+    dir: tempfile::TempDir,
+    fleet: Fleet,
+    queue: MemoryQueue,
+    drain: CancellationToken,
+    worker: Option<tokio::task::JoinHandle<()>>,
+    started: Instant,
+}
+
+impl Flow {
+    /// A job over `files` input files (`f00.txt`, …), its job file holding `settings`,
+    /// registered and (unless told otherwise) published, and a worker serving it.
+    async fn start(fake: &FakeLauncher, settings: &str, files: usize, options: Options) -> Flow {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("score.py"), "def run(b): return b\n").unwrap();
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        let names: Vec<String> = (0..files).map(|i| format!("f{i:02}.txt")).collect();
+        for name in &names {
+            std::fs::write(dir.path().join("data").join(name), name).unwrap();
+        }
+        let job_file = dir.path().join("job.toml");
+        std::fs::write(
+            &job_file,
+            format!(
+                "name = \"flow\"\nentry_script = \"score.py\"\noutput_action = \"append_row\"\n{settings}\n[input]\nfiles = \"data\"\n[output]\npath = \"out\"\n"
+            ),
+        )
+        .unwrap();
+        let spec = fleetrun_config::load(&job_file, &[]).unwrap();
+
+        let queue = MemoryQueue::new(QueueOptions {
+            delivery_limit: options.delivery_limit,
+        });
+        let fleet = Fleet {
+            queue: Arc::new(queue.clone()),
+            ledger: Arc::new(MemoryLedger::new()),
+            registry: Arc::new(MemoryRegistry::new()),
+            s3: S3Settings::default(),
+            pool: POOL.to_owned(),
+        };
+        let limits = Limits {
+            error_threshold: spec.error_threshold,
+            allowed_failed_count: spec.allowed_failed_count,
+            allowed_failed_percent: spec.allowed_failed_percent,
+        };
+        fleet.ledger.create(JOB, limits).await.unwrap();
+        let record = JobRecord::new(spec.clone(), POOL);
+        fleet
+            .registry
+            .register(JOB, POOL, &record.encode())
+            .await
+            .unwrap();
+        if options.publish {
+            let MiniBatchSize::Files(size) = spec.mini_batch_size else {
+                unreachable!("a file input")
+            };
+            let batches: Vec<_> = names.chunks(size as usize).collect();
+            for (index, items) in batches.iter().enumerate() {
+                let batch = MiniBatch::new(JOB, index as u64, items.to_vec());
+                fleet.queue.publish(batch.encode()).await.unwrap();
+            }
+            let total = batches.len() as u64;
+            fleet.ledger.created(JOB, total).await.unwrap();
+            fleet.ledger.seal(JOB, total).await.unwrap();
+        }
+
+        let config = WorkerConfig {
+            node_id: NODE.to_owned(),
+            processes: options.processes,
+            prefetch: DEFAULT_PREFETCH,
+            runner_exe: PathBuf::from("fleetrun-runner"),
+            launcher: fake.shared(),
+            cache_dir: dir.path().join("cache"),
+            gpus: 0,
+            warm_job: options.warm.then(|| JOB.to_owned()),
+            sole_node: true,
+        };
+        let drain = CancellationToken::new();
+        let worker = tokio::spawn(job::serve(
+            config,
+            fleet.clone(),
+            drain.clone(),
+            CancellationToken::new(),
+        ));
+        Flow {
+            dir,
+            fleet,
+            queue,
+            drain,
+            worker: Some(worker),
+            started: Instant::now(),
+        }
+    }
+
+    async fn status(&self) -> Status {
+        self.fleet.ledger.status(JOB).await.unwrap().unwrap()
+    }
+
+    /// Waits for the job to end and its results to be written, then drains the worker.
+    /// Returns the job's final status and how long (in virtual time) it took to end.
+    async fn end(&mut self) -> (Status, Duration) {
+        let (status, ended) = loop {
+            let status = self.status().await;
+            if status.state.is_terminal() {
+                break (status, self.started.elapsed());
+            }
+            assert!(self.started.elapsed() < LONGEST, "never ended: {status:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        // Whoever ended the job writes its results just after; the error summary last.
+        while !self.log_path(logs::JOB_ERROR).is_file() {
+            assert!(self.started.elapsed() < LONGEST, "no results: {status:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.drain.cancel();
+        let worker = self.worker.take().unwrap();
+        tokio::time::timeout(Duration::from_secs(600), worker)
+            .await
+            .expect("the worker drains")
+            .unwrap();
+        (status, ended)
+    }
+
+    fn out(&self) -> PathBuf {
+        self.dir.path().join("out")
+    }
+
+    fn log_path(&self, rel: &str) -> PathBuf {
+        self.out().join("logs").join(rel)
+    }
+
+    /// A log file's text.
+    fn log(&self, rel: &str) -> String {
+        let path = self.log_path(rel);
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(self.out().join("parallel_run_step.txt")).unwrap()
+    }
+}
+
+fn assert_contains(text: &str, wanted: &str) {
+    assert!(text.contains(wanted), "{wanted:?} not in:\n{text}");
+}
+
+/// The job failed for `reason`, and its result file gives it as the cause.
+fn assert_failed(flow: &Flow, status: &Status, reason: &str) {
+    assert_eq!(status.state, JobState::Failed, "{status:?}");
+    assert_eq!(status.reason.as_deref(), Some(reason));
+    let result = flow.log(logs::JOB_RESULT);
+    assert_contains(&result, "Result: Failed\n");
+    assert_contains(&result, &format!("Cause: {reason}\n"));
+}
+
+/// The job ended between `from` and `to` seconds (virtual) after the worker started.
+fn assert_ended_within(ended: Duration, from: u64, to: u64) {
+    let window = Duration::from_secs(from)..=Duration::from_secs(to);
+    assert!(window.contains(&ended), "ended after {ended:?}");
+}
+
+fn counts(status: &Status) -> (u64, u64, u64, u64) {
+    (
+        status.done,
+        status.batches_failed,
+        status.items_succeeded,
+        status.items_failed,
+    )
+}
+
+/// A mini-batch raising at every attempt fails whole after exactly `run_max_try`
+/// attempts: its items are listed in `failed_items.csv`, the others' rows are the output,
+/// and the job completes (no threshold is exceeded).
+#[tokio::test(start_paused = true)]
+async fn a_mini_batch_raising_every_time_fails_whole_after_run_max_try_attempts() {
+    let fake = FakeLauncher::new().run(|call| match call.mini_batch {
+        1 => Run::Raise("bad input".into()),
+        _ => Run::Rows,
+    });
+    let settings = "mini_batch_size = 2\nrun_max_try = 3";
+    let mut flow = Flow::start(&fake, settings, 6, Options::default()).await;
+    let (status, _) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(counts(&status), (3, 1, 4, 2));
+    let tries = fake.tries(1);
+    assert_eq!(tries.len(), 3, "{tries:?}");
+    assert!(tries.iter().all(|t| t.result == "raised"), "{tries:?}");
+    assert_eq!(fake.tries(0).len(), 1);
+    assert_eq!(
+        flow.log(logs::FAILED_ITEMS_CSV),
+        format!(
+            "{}\nf02.txt,1,3,bad input\nf03.txt,1,3,bad input\n",
+            logs::FAILED_ITEMS_HEADER
+        )
+    );
+    assert_eq!(flow.output(), "f00.txt\nf01.txt\nf04.txt\nf05.txt\n");
+}
+
+/// A `run()` that hangs is killed at exactly `run_invocation_timeout` and the mini-batch
+/// is tried again, on a new process.
+#[tokio::test(start_paused = true)]
+async fn a_hung_run_is_killed_at_run_invocation_timeout_and_retried() {
+    let fake = FakeLauncher::new().run(|call| match call.try_number {
+        1 => Run::Hang,
+        _ => Run::Rows,
+    });
+    let settings = "mini_batch_size = 1\nrun_invocation_timeout = 60";
+    let mut flow = Flow::start(&fake, settings, 1, Options::default()).await;
+    let (status, ended) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(counts(&status), (1, 0, 1, 0));
+    let tries = fake.tries(0);
+    assert_eq!(tries.len(), 2, "{tries:?}");
+    assert_eq!(tries[0].result, "timed out");
+    assert_eq!(tries[0].ended - tries[0].started, Duration::from_secs(60));
+    assert_eq!(tries[1].result, "rows");
+    assert_ne!(tries[0].call.process, tries[1].call.process);
+    assert_eq!((fake.starts(), fake.kills()), (2, 1));
+    assert!(ended >= Duration::from_secs(60), "{ended:?}");
+    assert_contains(
+        &flow.log(&logs::JobLogs::node_main(NODE)),
+        "process000 killed: mini-batch 0 run() exceeded run_invocation_timeout (60s); the process was killed.",
+    );
+    let report = flow.log(logs::REPORT_CSV);
+    assert_contains(&report, "\n0,1,timeout,1,0,0,0,process000,");
+    assert_contains(&report, "\n0,2,succeeded,1,1,0,0,process001,");
+    assert_eq!(flow.output(), "f00.txt\n");
+}
+
+/// Runs four one-file mini-batches, of which 1 and 2 raise, under `settings`.
+async fn two_of_four_failing(settings: &str) -> (Flow, Status) {
+    let fake = FakeLauncher::new().run(|call| match call.mini_batch {
+        1 | 2 => Run::Raise(format!("bad {}", call.mini_batch)),
+        _ => Run::Rows,
+    });
+    let settings = format!("mini_batch_size = 1\nrun_max_try = 1\n{settings}");
+    let mut flow = Flow::start(&fake, &settings, 4, Options::default()).await;
+    let (status, _) = flow.end().await;
+    (flow, status)
+}
+
+/// `allowed_failed_count` fails the job once more mini-batches than it allows have
+/// failed, with the reason naming the rule; at the limit the job completes.
+#[tokio::test(start_paused = true)]
+async fn allowed_failed_count_fails_the_job_past_its_limit() {
+    let (flow, status) = two_of_four_failing("allowed_failed_count = 1").await;
+    let reason = "allowed_failed_count exceeded: 2 failed mini-batches > 1";
+    assert_failed(&flow, &status, reason);
+    assert_contains(&flow.log(logs::PROGRESS_OVERVIEW), "Result: Failed\n");
+
+    let (_, status) = two_of_four_failing("allowed_failed_count = 2").await;
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(counts(&status), (4, 2, 2, 2));
+}
+
+/// `allowed_failed_percent` fails the job once the failed share of all mini-batches is
+/// over it, with the reason naming the rule; at the limit the job completes.
+#[tokio::test(start_paused = true)]
+async fn allowed_failed_percent_fails_the_job_past_its_limit() {
+    let (flow, status) = two_of_four_failing("allowed_failed_percent = 25").await;
+    let reason = "allowed_failed_percent exceeded: 2 of 4 mini-batches failed (> 25%)";
+    assert_failed(&flow, &status, reason);
+
+    let (_, status) = two_of_four_failing("allowed_failed_percent = 50").await;
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+}
+
+/// Runners that fail to start (init raises, hangs past `3 × run_invocation_timeout + 30`,
+/// or the process exits) cost the mini-batch no attempt: with `run_max_try = 1` it still
+/// runs, once, on the first runner that starts.
+#[tokio::test(start_paused = true)]
+async fn init_failures_cost_no_attempt() {
+    let fake = FakeLauncher::new().init(|start| match start {
+        1 => Init::Fail("no model".into()),
+        2 => Init::Hang,
+        3 => Init::Die(3),
+        _ => Init::Ready,
+    });
+    // Six failures allowed: 3 × 2 processes.
+    let settings = "run_max_try = 1\nrun_invocation_timeout = 20\nprocess_count_per_node = 2";
+    let options = Options {
+        processes: 2,
+        warm: false,
+        ..Options::default()
+    };
+    let mut flow = Flow::start(&fake, settings, 1, options).await;
+    let (status, ended) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(counts(&status), (1, 0, 1, 0));
+    assert_eq!(fake.starts(), 4);
+    let tries = fake.tries(0);
+    assert_eq!(tries.len(), 1, "{tries:?}");
+    assert_eq!(tries[0].call.process, "process003");
+    assert!(ended >= Duration::from_secs(90), "{ended:?}");
+    let main = flow.log(&logs::JobLogs::node_main(NODE));
+    for line in [
+        "process000 failed to start: init() failed: no model",
+        "process001 failed to start: init() did not finish within 90s",
+        "process002 failed to start: the process exited with returncode 3 during init",
+        "process003 started: pid 1004",
+    ] {
+        assert_contains(&main, line);
+    }
+    assert_contains(
+        &flow.log(logs::REPORT_CSV),
+        "\n0,1,succeeded,1,1,0,0,process003,",
+    );
+    assert_contains(&flow.log(logs::USER_ERROR), "0 process000 init: no model");
+    assert_contains(
+        &flow.log(&logs::JobLogs::user_error(NODE, "process000")),
+        "Exception: no model",
+    );
+}
+
+/// A node gives up on a job after `3 × process_count_per_node` init failures; on the job's
+/// only node that fails the job, with the reason naming the node.
+#[tokio::test(start_paused = true)]
+async fn a_node_gives_up_after_three_init_failures_per_process() {
+    let fake = FakeLauncher::new().init(|_| Init::Fail("no model".into()));
+    let options = Options {
+        processes: 2,
+        ..Options::default()
+    };
+    let mut flow = Flow::start(&fake, "process_count_per_node = 2", 4, options).await;
+    let (status, _) = flow.end().await;
+
+    let reason = "no runner process could start: 6 runner processes failed to start on node 0; the last: init() failed: no model";
+    assert_failed(&flow, &status, reason);
+    assert_eq!(fake.starts(), 6);
+    assert!(fake.calls().is_empty());
+    assert_eq!(status.done, 0);
+    assert_contains(
+        &flow.log(&logs::JobLogs::node_main(NODE)),
+        &format!("Giving up on job {JOB}: 6 runner processes failed to start on node 0"),
+    );
+}
+
+/// A job whose runs hang longer than `progress_update_timeout` fails as stalled when that
+/// much time has passed without a mini-batch completing, and its hung run is killed.
+#[tokio::test(start_paused = true)]
+async fn a_job_making_no_progress_fails_at_progress_update_timeout() {
+    let fake = FakeLauncher::new().run(|_| Run::Hang);
+    let settings =
+        "mini_batch_size = 1\nrun_invocation_timeout = 1000\nprogress_update_timeout = 300";
+    let mut flow = Flow::start(&fake, settings, 2, Options::default()).await;
+    let (status, ended) = flow.end().await;
+
+    let reason = "stalled: no mini-batch created or completed for 300s (progress_update_timeout); 0 of 2 done";
+    assert_failed(&flow, &status, reason);
+    // The watcher looks once a second.
+    assert_ended_within(ended, 300, 303);
+    assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+    assert_eq!(fake.kills(), 1, "the hung run is killed once the job stops");
+}
+
+/// A job registered but never published (its submitter died first) fails at
+/// `first_task_creation_timeout`, failed by a worker that never received one of its
+/// mini-batches.
+#[tokio::test(start_paused = true)]
+async fn a_job_nothing_is_published_for_fails_at_first_task_creation_timeout() {
+    let fake = FakeLauncher::new();
+    let options = Options {
+        warm: false,
+        publish: false,
+        ..Options::default()
+    };
+    let mut flow = Flow::start(&fake, "first_task_creation_timeout = 60", 2, options).await;
+    let (status, ended) = flow.end().await;
+
+    let reason = "mini-batch creation stopped: none created for 60s (first_task_creation_timeout) after 0, and all of them are done; submit the job again with the same --job-id to finish it";
+    assert_failed(&flow, &status, reason);
+    // Jobs nobody serves are looked over every 10 s.
+    assert_ended_within(ended, 60, 71);
+    assert_eq!(fake.starts(), 0);
+}
+
+/// A mini-batch the queue dead-letters (here past its delivery limit, before `run_max_try`
+/// is reached) is recorded failed in the ledger, so the job ends instead of stalling.
+#[tokio::test(start_paused = true)]
+async fn a_dead_lettered_mini_batch_is_recorded_failed() {
+    let fake = FakeLauncher::new().run(|call| match call.mini_batch {
+        0 => Run::Raise("poison".into()),
+        _ => Run::Rows,
+    });
+    let options = Options {
+        delivery_limit: Some(1),
+        ..Options::default()
+    };
+    let settings = "mini_batch_size = 1\nrun_max_try = 5";
+    let mut flow = Flow::start(&fake, settings, 2, options).await;
+    let (status, _) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(counts(&status), (2, 1, 1, 1));
+    assert_eq!(
+        fake.tries(0).len(),
+        2,
+        "delivered twice, then dead-lettered"
+    );
+    let failed = flow.log(logs::FAILED_ITEMS_CSV);
+    assert_contains(&failed, "\nf00.txt,0,");
+    assert_contains(&failed, ",dead-lettered by the broker (delivery_limit)\n");
+    use fleetrun_common::queue::Queue;
+    assert_eq!(flow.queue.depth().await.unwrap().dead, 0);
+    assert_eq!(flow.output(), "f01.txt\n");
+}
+
+/// Every log file of CONTRACT.md §7 fleetrun writes (the script's own stdout, stderr and
+/// logger files aside), by content, for a job where one mini-batch succeeds, one raises
+/// once, one's process dies once and one raises at every attempt.
+#[tokio::test(start_paused = true)]
+async fn the_log_files_tell_what_happened() {
+    let fake = FakeLauncher::new().run(|call| match (call.mini_batch, call.try_number) {
+        (1, 1) => Run::Raise("boom-1".into()),
+        (2, 1) => Run::Die,
+        (3, _) => Run::Raise("boom-3".into()),
+        _ => Run::After(Duration::from_secs(2), Box::new(Run::Rows)),
+    });
+    let settings = "mini_batch_size = 2\nrun_max_try = 2";
+    let mut flow = Flow::start(&fake, settings, 8, Options::default()).await;
+    let (status, _) = flow.end().await;
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(counts(&status), (4, 1, 6, 2));
+    assert_eq!(
+        flow.output(),
+        "f00.txt\nf01.txt\nf02.txt\nf03.txt\nf04.txt\nf05.txt\n"
+    );
+
+    let result = flow.log(logs::JOB_RESULT);
+    for line in [
+        &format!("Job: {JOB}\n"),
+        "Result: Completed\n",
+        "Mini-batches: 4 processed of 4\n",
+        "Items: 6 succeeded, 2 failed (error_threshold -1 (failures ignored))\n",
+        "Mini-batches failed: 1\n",
+    ] {
+        assert_contains(&result, line);
+    }
+    let overview = flow.log(logs::PROGRESS_OVERVIEW);
+    for line in [
+        "Mini-batches created: 4 (all)\n",
+        "Mini-batches processed: 4\n",
+        "Items failed: 2\n",
+        "Result: Completed\n",
+    ] {
+        assert_contains(&overview, line);
+    }
+
+    // Script errors: mini-batch 1 once, mini-batch 3 at both attempts.
+    let errors = flow.log(logs::USER_ERROR);
+    assert_eq!(errors.lines().count(), 3, "{errors}");
+    assert_contains(&errors, " mini-batch 1 attempt 1: boom-1\n");
+    assert_contains(&errors, " mini-batch 3 attempt 1: boom-3\n");
+    assert_contains(&errors, " mini-batch 3 attempt 2: boom-3\n");
+    let summary = flow.log(logs::JOB_ERROR);
+    assert!(summary.starts_with("Script errors: 3\n"), "{summary}");
+    assert_contains(&summary, "boom-1");
+
+    let master = flow.log(logs::MASTER_ROLE);
+    assert_contains(
+        &master,
+        &format!("Job {JOB} followed by node {NODE}: input "),
+    );
+
+    // One report row per attempt: mini-batch, attempt, result, items, succeeded, failed,
+    // node, process, …
+    let report = flow.log(logs::REPORT_CSV);
+    let mut rows: Vec<String> = report
+        .lines()
+        .skip(1)
+        .map(|row| row.split(',').take(7).collect::<Vec<_>>().join(","))
+        .collect();
+    rows.sort();
+    assert_eq!(report.lines().next(), Some(logs::REPORT_HEADER));
+    assert_eq!(
+        rows,
+        [
+            "0,1,succeeded,2,2,0,0",
+            "1,1,raised,2,0,0,0",
+            "1,2,succeeded,2,2,0,0",
+            "2,1,died,2,0,0,0",
+            "2,2,succeeded,2,2,0,0",
+            "3,1,raised,2,0,0,0",
+            "3,2,raised,2,0,0,0",
+        ]
+    );
+    let died = report.lines().find(|r| r.starts_with("2,1,died,")).unwrap();
+    let died_on = died.split(',').nth(7).unwrap();
+
+    let main = flow.log(&logs::JobLogs::node_main(NODE));
+    assert_contains(&main, "process000 started: pid 1001, Python 3.12.0 (fake)");
+    assert_contains(&main, &format!("{died_on} exits with returncode -9."));
+    let process = flow.log(&logs::JobLogs::node_process(NODE, "process000"));
+    assert_contains(
+        &process,
+        "mini-batch 0 completed: pid 1001, items 2, succeeded 2, failed 0, started ",
+    );
+    assert_contains(&process, ", run() 2.000s");
+
+    assert_eq!(
+        flow.log(logs::FAILED_ITEMS_CSV),
+        format!(
+            "{}\nf06.txt,3,2,boom-3\nf07.txt,3,2,boom-3\n",
+            logs::FAILED_ITEMS_HEADER
+        )
+    );
+    let raised_on = fake.tries(3)[0].call.process.clone();
+    let tracebacks = flow.log(&logs::JobLogs::user_error(NODE, &raised_on));
+    assert_contains(&tracebacks, " mini-batch 3 attempt 1:\nTraceback");
+    assert_contains(&tracebacks, "Exception: boom-3");
+}
