@@ -514,6 +514,8 @@ async fn the_log_files_tell_what_happened() {
         &master,
         &format!("Job {JOB} followed by node {NODE}: input "),
     );
+    // Noted even though the worker stopped before its watcher looked again.
+    assert_contains(&master, &format!("Job {JOB} ended Completed.\n"));
 
     // One report row per attempt: mini-batch, attempt, result, items, succeeded, failed,
     // node, process, …

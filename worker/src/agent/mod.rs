@@ -90,6 +90,7 @@ pub struct JobContext {
     init_failures: AtomicU32,
     gave_up: AtomicBool,
     started_noted: AtomicBool,
+    end_noted: AtomicBool,
     last_check: std::sync::Mutex<Instant>,
 }
 
@@ -108,6 +109,7 @@ impl JobContext {
             spec,
             submitted_at,
             started_noted: AtomicBool::new(false),
+            end_noted: AtomicBool::new(false),
             input,
             output,
             parts,
@@ -135,6 +137,13 @@ impl JobContext {
     pub(crate) fn first_start(&self) -> bool {
         !self
             .started_noted
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// True once per node and job: the job's end is noted in `sys/master_role.txt`.
+    pub(crate) fn first_end_noted(&self) -> bool {
+        !self
+            .end_noted
             .swap(true, std::sync::atomic::Ordering::Relaxed)
     }
 

@@ -96,6 +96,9 @@ pub async fn serve(
         _ = abort.cancelled() => finisher.abort(),
     }
     for ctx in jobs.all() {
+        if let Ok(Some(status)) = fleet.ledger.status(&ctx.id).await {
+            note_end(&ctx, &status);
+        }
         ctx.logs.flush();
         upload_logs(&ctx, &config.node_id).await;
     }
@@ -508,19 +511,26 @@ fn note_changes(
         *total = Some(all);
     }
     if *state != status.state {
-        master(&match status.state {
-            JobState::Finalizing => "Every mini-batch is done; finalizing.".to_owned(),
-            ended => format!(
-                "Job {} ended {ended}{}.",
-                ctx.id,
-                status
-                    .reason
-                    .as_deref()
-                    .map(|r| format!(": {r}"))
-                    .unwrap_or_default()
-            ),
-        });
+        match status.state {
+            JobState::Finalizing => master("Every mini-batch is done; finalizing."),
+            _ => note_end(ctx, status),
+        }
         *state = status.state;
+    }
+}
+
+/// Notes in `sys/master_role.txt` how the job ended, once per node: by its watcher, or
+/// as the worker stops when the job ended after the watcher last looked.
+fn note_end(ctx: &JobContext, status: &Status) {
+    if status.state.is_terminal() && ctx.first_end_noted() {
+        let reason = status.reason.as_deref().map(|r| format!(": {r}"));
+        let line = format!(
+            "Job {} ended {}{}.",
+            ctx.id,
+            status.state,
+            reason.unwrap_or_default()
+        );
+        ctx.logs.log(logs::MASTER_ROLE, &line);
     }
 }
 
