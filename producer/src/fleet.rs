@@ -11,32 +11,38 @@ use std::time::Duration;
 
 use fleetrun_common::ledger::{JobState, LedgerError, Limits, Status};
 use fleetrun_common::queue::Depth;
+use fleetrun_common::storage::StorageError;
 use fleetrun_config::{JobSpec, Location, MiniBatchSize, OutputAction};
 use fleetrun_worker::agent::JobContext;
-use fleetrun_worker::job::{self, Fleet, JobRecord, StopRules};
+use fleetrun_worker::job::{self, Fleet, JobError, JobRecord, StopRules};
 use fleetrun_worker::logs::JobLogs;
 use fleetrun_worker::parts;
 use tokio_util::sync::CancellationToken;
 
 use crate::local::new_job_id;
-use crate::partition::{Produced, publish_files};
+use crate::partition::{PartitionError, Produced, publish_files};
 use crate::progress::{Figures, Progress};
 
 /// How often a waiting submitter or `status --watch` reads the ledger.
 const POLL: Duration = Duration::from_millis(100);
 
-/// Why a job was not submitted.
+/// What went wrong submitting, following or canceling a job on a fleet.
 #[derive(Debug, thiserror::Error)]
-pub enum SubmitError {
+pub enum FleetError {
     /// The id names a job with another spec or pool: the caller reused an id by mistake.
     #[error(
         "job {job} exists and is not this job (its spec or pool differs); choose another --job-id"
     )]
     Conflict { job: String },
+    /// Listing the input failed: the job is Failed for it.
+    #[error("partitioning the input failed: {0}")]
+    Partition(#[from] PartitionError),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
-    #[error("{0}")]
-    Setup(String),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error(transparent)]
+    Job(#[from] JobError),
 }
 
 /// A registered job: new, or one the same id already named (`attached`).
@@ -66,13 +72,13 @@ const CREATED_EVERY: Duration = Duration::from_secs(1);
 /// with the same id and the same job attaches to it: a publication a dead submitter left
 /// unfinished is finished (mini-batches published twice run twice and count once), and a
 /// sealed or ended job is left as it is. The same id with another job is a
-/// [`SubmitError::Conflict`].
+/// [`FleetError::Conflict`].
 pub async fn submit(
     spec: JobSpec,
     fleet: &Fleet,
     job_id: Option<&str>,
     on_id: impl FnOnce(&str),
-) -> Result<Submitted, SubmitError> {
+) -> Result<Submitted, FleetError> {
     let registered = register(spec, fleet, job_id).await?;
     on_id(&registered.job);
     let produced = Arc::new(Produced::default());
@@ -89,11 +95,9 @@ pub async fn register(
     spec: JobSpec,
     fleet: &Fleet,
     job_id: Option<&str>,
-) -> Result<Registered, SubmitError> {
+) -> Result<Registered, FleetError> {
     let job = job_id.map_or_else(|| new_job_id(&spec.name), str::to_owned);
-    let spec = job::ship_code(spec, &fleet.s3)
-        .await
-        .map_err(SubmitError::Setup)?;
+    let spec = job::ship_code(spec, &fleet.s3).await?;
     let limits = Limits {
         error_threshold: spec.error_threshold,
         allowed_failed_count: spec.allowed_failed_count,
@@ -118,10 +122,7 @@ pub async fn register(
             attached: !entered,
         }),
         Err(LedgerError::JobExists(_)) if job_id.is_some() => {
-            match self::record(fleet, &job)
-                .await
-                .map_err(SubmitError::Setup)?
-            {
+            match self::record(fleet, &job).await? {
                 Some(known) if known.spec == record.spec && known.pool == record.pool => {
                     Ok(Registered {
                         job,
@@ -129,7 +130,7 @@ pub async fn register(
                         attached: true,
                     })
                 }
-                _ => Err(SubmitError::Conflict { job }),
+                _ => Err(FleetError::Conflict { job }),
             }
         }
         Err(e) => Err(e.into()),
@@ -142,7 +143,7 @@ pub async fn publish(
     fleet: &Fleet,
     registered: &Registered,
     produced: &Arc<Produced>,
-) -> Result<(), SubmitError> {
+) -> Result<(), FleetError> {
     let job = &registered.job;
     let spec = &registered.record.spec;
     let status = fleet
@@ -154,9 +155,7 @@ pub async fn publish(
         // Published whole already, or over: nothing to add.
         return Ok(());
     }
-    let input = job::open_input(spec, &fleet.s3)
-        .await
-        .map_err(|e| SubmitError::Setup(e.to_string()))?;
+    let input = job::open_input(spec, &fleet.s3).await?;
     // Stop publishing as soon as the job stops (threshold, cancel); meanwhile tell the
     // ledger how far publication has come.
     let stop = CancellationToken::new();
@@ -202,11 +201,9 @@ pub async fn publish(
         Ok(total) => total,
         Err(e) => {
             let reason = format!("partitioning the input failed: {e}");
-            let output = job::open_storage(&spec.output, &fleet.s3)
-                .await
-                .map_err(|e| SubmitError::Setup(e.to_string()))?;
+            let output = job::open_storage(&spec.output, &fleet.s3).await?;
             job::fail(&*fleet.ledger, &*output, None, registered.view(), &reason).await?;
-            return Err(SubmitError::Setup(reason));
+            return Err(e.into());
         }
     };
     if !stop.is_cancelled() {
@@ -214,9 +211,7 @@ pub async fn publish(
         let sealed = fleet.ledger.seal(job, total).await?;
         if sealed.transitioned && sealed.status.state == JobState::Finalizing {
             // Every mini-batch was done before the seal (or there were none): finalize here.
-            let ctx = context(fleet, job, &registered.record)
-                .await
-                .map_err(SubmitError::Setup)?;
+            let ctx = context(fleet, job, &registered.record).await?;
             job::conclude(&*fleet.ledger, &ctx, sealed.status).await;
         }
     }
@@ -233,14 +228,10 @@ impl Registered {
     }
 }
 
-async fn context(fleet: &Fleet, job: &str, record: &JobRecord) -> Result<JobContext, String> {
+async fn context(fleet: &Fleet, job: &str, record: &JobRecord) -> Result<JobContext, FleetError> {
     let spec = &record.spec;
-    let input = job::open_input(spec, &fleet.s3)
-        .await
-        .map_err(|e| e.to_string())?;
-    let output = job::open_storage(&spec.output, &fleet.s3)
-        .await
-        .map_err(|e| e.to_string())?;
+    let input = job::open_input(spec, &fleet.s3).await?;
+    let output = job::open_storage(&spec.output, &fleet.s3).await?;
     // Its logs are never written: the job's results go to its output.
     let logs = Arc::new(JobLogs::new(
         std::env::temp_dir().join(format!("fleetrun-submit-{job}")),
@@ -267,7 +258,7 @@ pub async fn wait(
     produced: Option<&Produced>,
     progress: bool,
     interrupt: &CancellationToken,
-) -> Result<Status, String> {
+) -> Result<Status, FleetError> {
     let mut bar = progress.then(|| Progress::new(&record.spec.name));
     let age = Duration::from_secs_f64((job::unix_now() - record.submitted_at).max(0.0));
     let mut rules = StopRules::new(&record.spec, age);
@@ -275,9 +266,8 @@ pub async fn wait(
         let status = fleet
             .ledger
             .status(job)
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("job {job} is not in the ledger"))?;
+            .await?
+            .ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
         if status.state.is_terminal() {
             if let Some(b) = &bar {
                 b.finish();
@@ -285,17 +275,13 @@ pub async fn wait(
             return Ok(status);
         }
         if let Some(reason) = rules.check(&status, job::serving(fleet, &status).await) {
-            let output = job::open_storage(&record.spec.output, &fleet.s3)
-                .await
-                .map_err(|e| e.to_string())?;
+            let output = job::open_storage(&record.spec.output, &fleet.s3).await?;
             let view = job::JobView {
                 id: job,
                 spec: &record.spec,
                 submitted_at: record.submitted_at,
             };
-            job::fail(&*fleet.ledger, &*output, None, view, &reason)
-                .await
-                .map_err(|e| e.to_string())?;
+            job::fail(&*fleet.ledger, &*output, None, view, &reason).await?;
             continue;
         }
         if let Some(b) = bar.as_mut() {
@@ -317,31 +303,22 @@ pub async fn wait(
 }
 
 /// Cancels a job for `reason`: workers drop its remaining mini-batches.
-pub async fn cancel(fleet: &Fleet, job: &str, reason: &str) -> Result<Status, String> {
+pub async fn cancel(fleet: &Fleet, job: &str, reason: &str) -> Result<Status, FleetError> {
     let record = record(fleet, job)
         .await?
-        .ok_or_else(|| format!("no job {job}"))?;
-    let output = job::open_storage(&record.spec.output, &fleet.s3)
-        .await
-        .map_err(|e| e.to_string())?;
+        .ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+    let output = job::open_storage(&record.spec.output, &fleet.s3).await?;
     let view = job::JobView {
         id: job,
         spec: &record.spec,
         submitted_at: record.submitted_at,
     };
-    job::cancel(&*fleet.ledger, &*output, view, reason)
-        .await
-        .map_err(|e| e.to_string())
+    Ok(job::cancel(&*fleet.ledger, &*output, view, reason).await?)
 }
 
-pub async fn record(fleet: &Fleet, job: &str) -> Result<Option<JobRecord>, String> {
-    match fleet
-        .registry
-        .record(job)
-        .await
-        .map_err(|e| e.to_string())?
-    {
-        Some(bytes) => JobRecord::decode(&bytes).map(Some),
+pub async fn record(fleet: &Fleet, job: &str) -> Result<Option<JobRecord>, FleetError> {
+    match fleet.registry.record(job).await? {
+        Some(bytes) => Ok(Some(JobRecord::decode(&bytes)?)),
         None => Ok(None),
     }
 }

@@ -21,12 +21,12 @@ use fleetrun_worker::agent;
 use fleetrun_worker::job::{self, Fleet, WorkerConfig};
 use fleetrun_worker::logs::JobLogs;
 use fleetrun_worker::node;
-use fleetrun_worker::output::OutputGuard;
+use fleetrun_worker::output::{OutputError, OutputGuard};
 use fleetrun_worker::process::find_runner_exe;
 use tokio_util::sync::CancellationToken;
 
 use crate::exit;
-use crate::fleet as fleet_cmd;
+use crate::fleet::{self as fleet_cmd, FleetError};
 use crate::partition::Produced;
 
 /// The pool name of the one-process fleet.
@@ -37,13 +37,18 @@ const LOCAL_NODE: &str = "0";
 /// Errors that stop `fleetrun run` before the job starts.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// The job cannot start as written (exit 2): a folder it names is not there, or its
-    /// output would overwrite what fleetrun did not write, or another job holds it.
+    /// The job cannot start as written (exit 2): a folder it names is not there.
     #[error("{0}")]
     Setup(String),
-    /// This machine cannot run it (the runner is missing, the embedded fleet refused it).
+    /// The output folder is not safe to write (exit 2): it holds what fleetrun did not
+    /// write, or another job holds it.
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    /// This machine has no runner to start.
     #[error("{0}")]
-    Other(String),
+    Runner(String),
+    #[error(transparent)]
+    Fleet(#[from] FleetError),
 }
 
 #[derive(Debug, Clone, Default)]
@@ -144,11 +149,10 @@ pub async fn run_local(
         )));
     }
     let output_dir = local_dir(&spec.output, "output.path")?;
-    let runner_exe = find_runner_exe().map_err(RunError::Other)?;
+    let runner_exe = find_runner_exe().map_err(RunError::Runner)?;
     // Held to the end: the output folder is this run's alone, and what it writes there is
     // recorded as fleetrun's.
-    let guard =
-        OutputGuard::claim(&output_dir, &spec).map_err(|e| RunError::Setup(e.to_string()))?;
+    let guard = OutputGuard::claim(&output_dir, &spec)?;
     let temp = std::env::temp_dir();
     node::sweep_stale_scratch(&temp);
 
@@ -170,9 +174,7 @@ pub async fn run_local(
         s3: S3Settings::default(),
         pool: LOCAL_POOL.to_owned(),
     };
-    let registered = fleet_cmd::register(spec, &fleet, Some(&job_id))
-        .await
-        .map_err(|e| RunError::Other(e.to_string()))?;
+    let registered = fleet_cmd::register(spec, &fleet, Some(&job_id)).await?;
     let config = WorkerConfig {
         node_id: LOCAL_NODE.to_owned(),
         processes,
@@ -212,15 +214,14 @@ pub async fn run_local(
         options.progress,
         &interrupt.token,
     )
-    .await
-    .map_err(RunError::Other)?;
+    .await?;
     if !status.state.is_terminal() {
         let signal = interrupt.signal().unwrap_or(exit::SIGINT);
         let reason = format!("interrupted by {}", signal_name(signal));
         let output = LocalStorage::new(&output_dir);
         status = job::cancel(&*fleet.ledger, &output, registered.view(), &reason)
             .await
-            .map_err(|e| RunError::Other(e.to_string()))?;
+            .map_err(FleetError::from)?;
     }
 
     // Stop the work: a completed job's runners call shutdown(); anything else is cut short.

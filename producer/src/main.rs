@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use fleetrun_common::ledger::JobState;
 use fleetrun_producer::exit;
-use fleetrun_producer::fleet as fleet_cmd;
+use fleetrun_producer::fleet::{self as fleet_cmd, FleetError};
 use fleetrun_producer::local::{Interrupt, JobReport, RunError, RunOptions, run_local};
 use fleetrun_worker::job::{Fleet, FleetArgs};
 use tokio::signal::unix::{SignalKind, signal};
@@ -161,9 +161,9 @@ fn run(job: PathBuf, overrides: Vec<String>, processes: Option<usize>, quiet: bo
     let report = runtime.block_on(async {
         let interrupt = match on_signals() {
             Ok(interrupt) => interrupt,
-            Err(e) => return Err(RunError::Other(e)),
+            Err(e) => return Err(anyhow::Error::from(e)),
         };
-        run_local(
+        Ok(run_local(
             spec,
             RunOptions {
                 processes,
@@ -171,34 +171,34 @@ fn run(job: PathBuf, overrides: Vec<String>, processes: Option<usize>, quiet: bo
             },
             interrupt,
         )
-        .await
+        .await)
     });
     match report {
-        Ok(report) => {
+        Ok(Ok(report)) => {
             print_report(&report);
             ExitCode::from(report.exit_code())
         }
-        Err(RunError::Setup(e)) => {
+        Ok(Err(e @ (RunError::Setup(_) | RunError::Output(_)))) => {
             eprintln!("error: {}: {e}", job.display());
             ExitCode::from(exit::REFUSED)
         }
-        Err(RunError::Other(e)) => {
-            eprintln!("error: {e}");
+        Ok(Err(e)) => {
+            eprintln!("error: {:#}", anyhow::Error::from(e));
+            ExitCode::from(exit::ERROR)
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
             ExitCode::from(exit::ERROR)
         }
     }
 }
 
 /// SIGINT and SIGTERM alike stop what the command does; the exit code says which (130, 143).
-fn on_signals() -> Result<Interrupt, String> {
+fn on_signals() -> std::io::Result<Interrupt> {
     let interrupt = Interrupt::new();
     let on_signal = interrupt.clone();
-    let (Ok(mut terminate), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return Err("cannot listen for signals".into());
-    };
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     tokio::spawn(async move {
         let number = tokio::select! {
             _ = int.recv() => exit::SIGINT,
@@ -242,7 +242,7 @@ fn print_report(r: &JobReport) {
 fn on_fleet<F, Fut>(args: FleetArgs, command: F) -> ExitCode
 where
     F: FnOnce(Fleet, Interrupt) -> Fut,
-    Fut: std::future::Future<Output = Result<ExitCode, String>>,
+    Fut: std::future::Future<Output = anyhow::Result<ExitCode>>,
 {
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     let result = runtime.block_on(async {
@@ -250,8 +250,8 @@ where
         let fleet = Fleet::connect(&args).await?;
         command(fleet, on_signals()?).await
     });
-    result.unwrap_or_else(|e| {
-        eprintln!("error: {e}");
+    result.unwrap_or_else(|e: anyhow::Error| {
+        eprintln!("error: {e:#}");
         ExitCode::from(exit::ERROR)
     })
 }
@@ -263,7 +263,7 @@ async fn submit(
     wait: bool,
     progress: bool,
     interrupt: Interrupt,
-) -> Result<ExitCode, String> {
+) -> anyhow::Result<ExitCode> {
     let output = fleet_cmd::output_file(&spec);
     let submitted = match fleet_cmd::submit(spec, &fleet, job_id.as_deref(), |id| {
         say!("{id}");
@@ -271,11 +271,16 @@ async fn submit(
     .await
     {
         Ok(submitted) => submitted,
-        Err(e @ fleet_cmd::SubmitError::Conflict { .. }) => {
+        Err(e @ FleetError::Conflict { .. }) => {
             eprintln!("error: {e}");
             return Ok(ExitCode::from(exit::REFUSED));
         }
-        Err(e) => return Err(e.to_string()),
+        Err(e @ FleetError::Partition(_)) => {
+            // The job is Failed for it.
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(exit::FAILED));
+        }
+        Err(e) => return Err(e.into()),
     };
     let job = submitted.job;
     if !wait {
@@ -289,7 +294,7 @@ async fn submit(
     }
     let record = fleet_cmd::record(&fleet, &job)
         .await?
-        .ok_or_else(|| format!("job {job} is not registered"))?;
+        .ok_or_else(|| anyhow::anyhow!("job {job} is not registered"))?;
     let status = fleet_cmd::wait(
         &fleet,
         &job,
@@ -351,9 +356,9 @@ async fn status(
     job: Option<String>,
     watch: bool,
     interrupt: Interrupt,
-) -> Result<ExitCode, String> {
+) -> anyhow::Result<ExitCode> {
     let Some(job) = job else {
-        let jobs = fleet.registry.jobs().await.map_err(|e| e.to_string())?;
+        let jobs = fleet.registry.jobs().await?;
         if jobs.is_empty() {
             say!("No jobs.");
         }
@@ -362,7 +367,7 @@ async fn status(
             if pool.as_deref() != Some(fleet.pool.as_str()) {
                 continue;
             }
-            if let Some(s) = fleet.ledger.status(&job).await.map_err(|e| e.to_string())? {
+            if let Some(s) = fleet.ledger.status(&job).await? {
                 let total = s.total.map_or_else(|| "?".to_owned(), |t| t.to_string());
                 say!(
                     "{job:<40} {:<10} {:>8}/{total:<8} mini-batches  {} items failed",
@@ -376,14 +381,13 @@ async fn status(
     };
     let record = fleet_cmd::record(&fleet, &job)
         .await?
-        .ok_or_else(|| format!("no job {job}"))?;
+        .ok_or_else(|| anyhow::anyhow!("no job {job}"))?;
     loop {
         let status = fleet
             .ledger
             .status(&job)
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("job {job} is not in the ledger"))?;
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("job {job} is not in the ledger"))?;
         let depth = fleet.queue.depth().await.ok();
         let open = say!("{}", fleet_cmd::describe(&job, &record, &status, depth));
         if !open || !watch || status.state.is_terminal() {

@@ -62,15 +62,15 @@ fn main() -> ExitCode {
     match runtime.block_on(serve(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
 }
 
-async fn serve(cli: Cli) -> Result<(), String> {
-    let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+async fn serve(cli: Cli) -> anyhow::Result<()> {
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
     let temp_dir = std::env::temp_dir();
     node::sweep_stale_scratch(&temp_dir);
     let args = cli.fleet.resolve()?;
@@ -83,7 +83,7 @@ async fn serve(cli: Cli) -> Result<(), String> {
         processes: cli.processes.unwrap_or_else(|| node::default_slots(gpus)),
         gpus,
         prefetch: cli.prefetch,
-        runner_exe: find_runner_exe()?,
+        runner_exe: find_runner_exe().map_err(anyhow::Error::msg)?,
         launcher: fleetrun_worker::process::ProcessLauncher::shared(),
         cache_dir: cli
             .cache_dir

@@ -162,7 +162,7 @@ impl JobContext {
 /// Finds the job a message belongs to.
 #[async_trait]
 pub trait Jobs: Send + Sync {
-    async fn get(&self, job: &str) -> Result<Option<Arc<JobContext>>, String>;
+    async fn get(&self, job: &str) -> Result<Option<Arc<JobContext>>, crate::job::JobError>;
 }
 
 /// What the agent reports to whoever drives the job.

@@ -10,6 +10,8 @@ use fleetrun_config::{JobSpec, Location};
 use futures::TryStreamExt;
 use sha2::{Digest, Sha256};
 
+use super::error::JobError;
+
 /// Where shipped code lives, under the job's output location.
 pub const CODE_PREFIX: &str = "_fleetrun/code";
 
@@ -17,7 +19,7 @@ pub const CODE_PREFIX: &str = "_fleetrun/code";
 /// cannot read the submitter's disk): the source directory (or the entry script alone)
 /// goes under `_fleetrun/code/<sha256>/`, and the spec is rewritten to point there.
 /// Content-addressed: the same code is stored once, whatever number of jobs run it.
-pub async fn ship_code(mut spec: JobSpec, s3: &S3Settings) -> Result<JobSpec, String> {
+pub async fn ship_code(mut spec: JobSpec, s3: &S3Settings) -> Result<JobSpec, JobError> {
     let Location::S3 { bucket, prefix } = &spec.output else {
         return Ok(spec);
     };
@@ -25,10 +27,7 @@ pub async fn ship_code(mut spec: JobSpec, s3: &S3Settings) -> Result<JobSpec, St
         return Ok(spec);
     };
     let (root, files) = match &spec.source_directory {
-        Some(Location::Local(dir)) => (
-            dir.clone(),
-            list_code(dir).map_err(|e| format!("{}: {e}", dir.display()))?,
-        ),
+        Some(Location::Local(dir)) => (dir.clone(), list_code(dir).map_err(JobError::io(dir))?),
         Some(Location::S3 { .. }) => return Ok(spec),
         None => {
             let dir = entry.parent().unwrap_or(Path::new("/")).to_path_buf();
@@ -42,19 +41,16 @@ pub async fn ship_code(mut spec: JobSpec, s3: &S3Settings) -> Result<JobSpec, St
     };
     let rel_entry = entry
         .strip_prefix(&root)
-        .map_err(|_| {
-            format!(
-                "entry_script {} is not inside source_directory {}",
-                entry.display(),
-                root.display()
-            )
+        .map_err(|_| JobError::EntryOutsideSource {
+            entry: entry.clone(),
+            root: root.clone(),
         })?
         .to_string_lossy()
         .replace('\\', "/");
     let mut hasher = Sha256::new();
     let mut contents = Vec::with_capacity(files.len());
     for rel in &files {
-        let body = std::fs::read(root.join(rel)).map_err(|e| format!("{rel}: {e}"))?;
+        let body = std::fs::read(root.join(rel)).map_err(JobError::io(root.join(rel)))?;
         hasher.update(rel.as_bytes());
         hasher.update([0]);
         hasher.update((body.len() as u64).to_be_bytes());
@@ -63,14 +59,9 @@ pub async fn ship_code(mut spec: JobSpec, s3: &S3Settings) -> Result<JobSpec, St
     }
     let hash = format!("{:x}", hasher.finalize());
     let code_prefix = join_key(&join_key(prefix, CODE_PREFIX), &hash);
-    let storage = S3Storage::new(bucket, &code_prefix, s3)
-        .await
-        .map_err(|e| e.to_string())?;
+    let storage = S3Storage::new(bucket, &code_prefix, s3).await?;
     for (rel, body) in files.iter().zip(contents) {
-        storage
-            .put(rel, Bytes::from(body))
-            .await
-            .map_err(|e| format!("shipping {rel}: {e}"))?;
+        storage.put(rel, Bytes::from(body)).await?;
     }
     spec.entry_script = Location::S3 {
         bucket: bucket.clone(),
@@ -113,7 +104,7 @@ pub(super) async fn stage_code(
     mut spec: JobSpec,
     cache: &Path,
     s3: &S3Settings,
-) -> Result<JobSpec, String> {
+) -> Result<JobSpec, JobError> {
     let (
         Location::S3 {
             bucket,
@@ -133,32 +124,26 @@ pub(super) async fn stage_code(
         .unwrap_or(entry_key)
         .trim_start_matches('/');
     if !local_root.join(".complete").exists() {
-        let storage = S3Storage::new(bucket, root_key, s3)
-            .await
-            .map_err(|e| e.to_string())?;
+        let storage = S3Storage::new(bucket, root_key, s3).await?;
         let partial = cache
             .join("code")
             .join(format!("{hash}.partial-{}", std::process::id()));
-        let objects: Vec<_> = storage
-            .list("")
-            .try_collect()
-            .await
-            .map_err(|e| e.to_string())?;
+        let objects: Vec<_> = storage.list("").try_collect().await?;
         for object in objects {
             // An object key never names a path outside the staging folder.
-            check_key(&object.key).map_err(|e| e.to_string())?;
-            let body = storage.get(&object.key).await.map_err(|e| e.to_string())?;
+            check_key(&object.key)?;
+            let body = storage.get(&object.key).await?;
             let path = partial.join(&object.key);
             tokio::fs::create_dir_all(path.parent().unwrap_or(&partial))
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(JobError::io(&partial))?;
             tokio::fs::write(&path, &body)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(JobError::io(&path))?;
         }
         tokio::fs::write(partial.join(".complete"), b"")
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(JobError::io(&partial))?;
         if tokio::fs::rename(&partial, &local_root).await.is_err() {
             // Another slot staged it first.
             let _ = tokio::fs::remove_dir_all(&partial).await;

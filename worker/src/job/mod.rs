@@ -22,6 +22,7 @@
 mod code;
 mod dead_letters;
 mod driver;
+mod error;
 mod finalize;
 mod record;
 mod results;
@@ -30,6 +31,7 @@ mod watch;
 
 pub use code::{CODE_PREFIX, ship_code};
 pub use driver::{INIT_FAILURE_GRACE, StopRules, init_failures_fail_job};
+pub use error::{JobError, SettingsError};
 pub use finalize::{conclude, write_job_result};
 pub use record::{JobRecord, unix_now};
 pub use results::{JobView, cancel, fail, overview_text, result_text, write_results};

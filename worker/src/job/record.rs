@@ -5,6 +5,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use fleetrun_config::JobSpec;
 use serde::{Deserialize, Serialize};
 
+use super::error::JobError;
+
 /// What the registry holds for a job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobRecord {
@@ -28,8 +30,8 @@ impl JobRecord {
         serde_json::to_vec(self).expect("a job record always encodes")
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<JobRecord, String> {
-        serde_json::from_slice(bytes).map_err(|e| format!("job record does not decode: {e}"))
+    pub fn decode(bytes: &[u8]) -> Result<JobRecord, JobError> {
+        serde_json::from_slice(bytes).map_err(JobError::Record)
     }
 }
 

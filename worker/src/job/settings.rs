@@ -14,6 +14,8 @@ use fleetrun_common::storage::{LocalStorage, Storage, StorageError};
 use fleetrun_config::{JobSpec, Location};
 use serde::{Deserialize, Serialize};
 
+use super::error::SettingsError;
+
 /// The pool both binaries use when none is named.
 pub const DEFAULT_POOL: &str = "default";
 /// The prefix of every Redis key fleetrun writes.
@@ -53,7 +55,7 @@ pub struct FleetArgs {
 
 impl FleetArgs {
     /// Fills what flags and environment left unset from the config file.
-    pub fn resolve(self) -> Result<FleetArgs, String> {
+    pub fn resolve(self) -> Result<FleetArgs, SettingsError> {
         let path = std::env::var_os("FLEETRUN_CONFIG")
             .map(PathBuf::from)
             .or_else(|| {
@@ -62,8 +64,12 @@ impl FleetArgs {
         let file = match path {
             Some(p) if p.is_file() => {
                 let text =
-                    std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-                toml::from_str::<FleetArgs>(&text).map_err(|e| format!("{}: {e}", p.display()))?
+                    std::fs::read_to_string(&p).map_err(|source| SettingsError::ReadConfig {
+                        path: p.clone(),
+                        source,
+                    })?;
+                toml::from_str::<FleetArgs>(&text)
+                    .map_err(|source| SettingsError::ParseConfig { path: p, source })?
             }
             _ => FleetArgs::default(),
         };
@@ -101,26 +107,39 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    pub async fn connect(args: &FleetArgs) -> Result<Fleet, String> {
-        let amqp = args.amqp_url.as_deref().ok_or(
-            "no RabbitMQ URL: set FLEETRUN_AMQP_URL, --amqp-url or amqp_url in the config file",
-        )?;
-        let redis = args.redis_url.as_deref().ok_or(
-            "no Redis URL: set FLEETRUN_REDIS_URL, --redis-url or redis_url in the config file",
-        )?;
+    pub async fn connect(args: &FleetArgs) -> Result<Fleet, SettingsError> {
+        let amqp = args.amqp_url.as_deref().ok_or(SettingsError::Missing {
+            service: "RabbitMQ",
+            var: "FLEETRUN_AMQP_URL",
+            flag: "--amqp-url",
+            key: "amqp_url",
+        })?;
+        let redis = args.redis_url.as_deref().ok_or(SettingsError::Missing {
+            service: "Redis",
+            var: "FLEETRUN_REDIS_URL",
+            flag: "--redis-url",
+            key: "redis_url",
+        })?;
+        let redis_error = |source| SettingsError::Redis {
+            url: redis.to_owned(),
+            source,
+        };
         let pool = args.pool().to_owned();
         let options = QueueOptions {
             delivery_limit: Some(POOL_DELIVERY_LIMIT),
         };
         let queue = AmqpQueue::connect(amqp, &pool, options, args.amqp_management_url.as_deref())
             .await
-            .map_err(|e| format!("RabbitMQ at {amqp}: {e}"))?;
+            .map_err(|source| SettingsError::Queue {
+                url: amqp.to_owned(),
+                source,
+            })?;
         let ledger = RedisLedger::connect(redis, KEY_PREFIX)
             .await
-            .map_err(|e| format!("Redis at {redis}: {e}"))?;
+            .map_err(redis_error)?;
         let registry = RedisRegistry::connect(redis, KEY_PREFIX)
             .await
-            .map_err(|e| format!("Redis at {redis}: {e}"))?;
+            .map_err(redis_error)?;
         Ok(Fleet {
             queue: Arc::new(queue),
             ledger: Arc::new(ledger),

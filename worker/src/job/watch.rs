@@ -17,6 +17,7 @@ use tracing::{info, warn};
 use super::code::stage_code;
 use super::dead_letters::record_dead_letters;
 use super::driver::StopRules;
+use super::error::JobError;
 use super::finalize::{FINALIZE_LEASE, check_init_failures, conclude, fail_job, job_age};
 use super::record::JobRecord;
 use super::results::overview_text;
@@ -226,14 +227,9 @@ async fn adopt_orphans(fleet: Fleet, jobs: Arc<FleetJobs>, drain: CancellationTo
     }
 }
 
-async fn adopt_once(fleet: &Fleet, jobs: &FleetJobs) -> Result<(), String> {
+async fn adopt_once(fleet: &Fleet, jobs: &FleetJobs) -> Result<(), LedgerError> {
     let pool = &fleet.pool;
-    for job in fleet
-        .registry
-        .unfinished(pool)
-        .await
-        .map_err(|e| e.to_string())?
-    {
+    for job in fleet.registry.unfinished(pool).await? {
         // One job the ledger cannot answer for holds up none of the others.
         if let Err(e) = look_after(fleet, jobs, &job).await {
             warn!(job = %job, error = %e, "Cannot look after the job.");
@@ -356,24 +352,14 @@ impl FleetJobs {
             .collect()
     }
 
-    async fn load(&self, job: &str) -> Result<Option<Arc<JobContext>>, String> {
-        let Some(bytes) = self
-            .fleet
-            .registry
-            .record(job)
-            .await
-            .map_err(|e| e.to_string())?
-        else {
+    async fn load(&self, job: &str) -> Result<Option<Arc<JobContext>>, JobError> {
+        let Some(bytes) = self.fleet.registry.record(job).await? else {
             return Ok(None);
         };
         let record = JobRecord::decode(&bytes)?;
         let spec = stage_code(record.spec, &self.config.cache_dir, &self.fleet.s3).await?;
-        let input = open_input(&spec, &self.fleet.s3)
-            .await
-            .map_err(|e| e.to_string())?;
-        let output = open_storage(&spec.output, &self.fleet.s3)
-            .await
-            .map_err(|e| e.to_string())?;
+        let input = open_input(&spec, &self.fleet.s3).await?;
+        let output = open_storage(&spec.output, &self.fleet.s3).await?;
         let log_dir = match &spec.output {
             Location::Local(dir) => dir.join("logs"),
             Location::S3 { .. } => self.config.cache_dir.join("jobs").join(job).join("logs"),
@@ -409,7 +395,7 @@ impl FleetJobs {
 
 #[async_trait]
 impl Jobs for FleetJobs {
-    async fn get(&self, job: &str) -> Result<Option<Arc<JobContext>>, String> {
+    async fn get(&self, job: &str) -> Result<Option<Arc<JobContext>>, JobError> {
         if let Some(ctx) = self.cached(job) {
             return Ok(Some(ctx));
         }
