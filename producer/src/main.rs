@@ -157,7 +157,10 @@ fn run(job: PathBuf, overrides: Vec<String>, processes: Option<usize>, quiet: bo
             return ExitCode::from(exit::REFUSED);
         }
     };
-    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
     let report = runtime.block_on(async {
         let interrupt = match on_signals() {
             Ok(interrupt) => interrupt,

@@ -52,7 +52,8 @@ pub async fn publish_files(
     stop: &CancellationToken,
 ) -> Result<u64, PartitionError> {
     let size = size.max(1);
-    let mut listing = input.list(prefix);
+    // Keys alone: a local folder then reads no file's metadata.
+    let mut listing = input.list_keys(prefix);
     let reserve = size.min(ITEMS_RESERVED);
     let mut items = Vec::with_capacity(reserve);
     let mut index = 0u64;
@@ -62,11 +63,10 @@ pub async fn publish_files(
     while !stop.is_cancelled() {
         let next = listing.next().await.transpose()?;
         let exhausted = next.is_none();
-        if let Some(object) = next {
-            let key = object
-                .key
+        if let Some(listed) = next {
+            let key = listed
                 .strip_prefix(prefix)
-                .unwrap_or(&object.key)
+                .unwrap_or(&listed)
                 .trim_start_matches('/');
             items.push(key.to_owned());
             if items.len() < size {

@@ -173,8 +173,15 @@ fn open_append(path: &Path) -> std::io::Result<(File, bool)> {
 
 /// The time as log lines show it.
 pub fn now() -> String {
+    // Parsed once: a log line per mini-batch should not parse the format each time.
+    static FORMAT: std::sync::LazyLock<Vec<chrono::format::Item<'static>>> =
+        std::sync::LazyLock::new(|| {
+            chrono::format::StrftimeItems::new("%Y-%m-%d %H:%M:%S%.3f")
+                .parse_to_owned()
+                .expect("a valid time format")
+        });
     chrono::Utc::now()
-        .format("%Y-%m-%d %H:%M:%S%.3f")
+        .format_with_items(FORMAT.iter())
         .to_string()
 }
 

@@ -101,21 +101,44 @@ fn temp_sibling(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
-#[async_trait]
-impl Storage for LocalStorage {
-    fn list<'a>(&'a self, prefix: &'a str) -> BoxStream<'a, Result<ObjectMeta, StorageError>> {
-        // The walk runs on a blocking thread and hands over batches through a bounded
-        // channel: memory stays flat however large the folder.
+/// Whether a listing reads each file's size (one `stat` each) or only its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sizes {
+    Read,
+    Skip,
+}
+
+impl LocalStorage {
+    /// Walks the folder on a blocking thread, handing over batches through a bounded
+    /// channel: memory stays flat however large the folder.
+    fn walk<'a>(
+        &'a self,
+        prefix: &'a str,
+        sizes: Sizes,
+    ) -> BoxStream<'a, Result<ObjectMeta, StorageError>> {
         let (tx, rx) = mpsc::channel::<Vec<Result<ObjectMeta, StorageError>>>(4);
         let root = self.root.clone();
         let excluded = self.excluded.clone();
         let prefix = prefix.to_owned();
-        tokio::task::spawn_blocking(move || walk(&root, &prefix, &excluded, &tx));
+        tokio::task::spawn_blocking(move || walk(&root, &prefix, &excluded, sizes, &tx));
         stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|batch| (batch, rx))
         })
         .flat_map(stream::iter)
         .boxed()
+    }
+}
+
+#[async_trait]
+impl Storage for LocalStorage {
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxStream<'a, Result<ObjectMeta, StorageError>> {
+        self.walk(prefix, Sizes::Read)
+    }
+
+    fn list_keys<'a>(&'a self, prefix: &'a str) -> BoxStream<'a, Result<String, StorageError>> {
+        self.walk(prefix, Sizes::Skip)
+            .map(|object| object.map(|o| o.key))
+            .boxed()
     }
 
     async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
@@ -250,6 +273,7 @@ fn walk(
     root: &Path,
     prefix: &str,
     excluded: &[PathBuf],
+    sizes: Sizes,
     tx: &mpsc::Sender<Vec<Result<ObjectMeta, StorageError>>>,
 ) {
     let mut batch = Vec::with_capacity(LIST_BATCH);
@@ -279,7 +303,7 @@ fn walk(
         }
     }
     let opened = fs::metadata(&start_dir).and_then(|meta| {
-        let entries = sorted_entries(&start_dir, start)?;
+        let entries = sorted_entries(&start_dir, start, sizes)?;
         Ok((folder_id(&meta), entries))
     });
     // The folders on the path from the start to the one being read, with their entries
@@ -312,7 +336,7 @@ fn walk(
                     tracing::warn!(folder = %path.display(), "Skipping a folder symlink that loops back into its own path.");
                     continue;
                 }
-                match sorted_entries(&path, &folder) {
+                match sorted_entries(&path, &folder, sizes) {
                     Ok(children) => {
                         stack.push((id, children.into_iter()));
                         continue;
@@ -334,16 +358,34 @@ fn walk(
 }
 
 /// A folder's entries, in key order.
-fn sorted_entries(dir: &Path, folder_key: &str) -> std::io::Result<Vec<Entry>> {
+fn sorted_entries(dir: &Path, folder_key: &str, sizes: Sizes) -> std::io::Result<Vec<Entry>> {
     let mut entries = Vec::new();
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         let path = entry.path();
-        let kind = match fs::metadata(&path) {
+        // The entry's own type and metadata come from its folder (readdir, then a stat
+        // relative to the folder); only a symlink is followed by its full path.
+        let file_type = entry.file_type();
+        let symlink = file_type.as_ref().is_ok_and(|t| t.is_symlink());
+        if sizes == Sizes::Skip && file_type.as_ref().is_ok_and(|t| t.is_file()) {
+            let key = format!("{folder_key}{}", key_of(&entry.file_name()));
+            entries.push(Entry {
+                key,
+                path,
+                kind: Ok(Kind::File { size: 0 }),
+            });
+            continue;
+        }
+        let meta = if symlink {
+            fs::metadata(&path)
+        } else {
+            entry.metadata()
+        };
+        let kind = match meta {
             Ok(meta) if meta.is_dir() => Ok(Kind::Folder(folder_id(&meta))),
             Ok(meta) => Ok(Kind::File { size: meta.len() }),
             // A symlink that leads nowhere is an item that fails when opened.
-            Err(_) if entry.file_type().is_ok_and(|t| t.is_symlink()) => Ok(Kind::File { size: 0 }),
+            Err(_) if symlink => Ok(Kind::File { size: 0 }),
             Err(e) => Err(e),
         };
         let key = format!("{folder_key}{}", key_of(&entry.file_name()));
@@ -373,7 +415,11 @@ mod tests {
 
     async fn keys(storage: &LocalStorage, prefix: &str) -> Vec<String> {
         let listed: Vec<ObjectMeta> = storage.list(prefix).try_collect().await.unwrap();
-        listed.into_iter().map(|o| o.key).collect()
+        let keys: Vec<String> = listed.into_iter().map(|o| o.key).collect();
+        // Listing names alone (no file's metadata read) lists the very same keys.
+        let names: Vec<String> = storage.list_keys(prefix).try_collect().await.unwrap();
+        assert_eq!(names, keys, "list_keys and list agree under {prefix:?}");
+        keys
     }
 
     /// Names are bytes: each legal name is listed once, under a key that reads it back and

@@ -42,6 +42,12 @@ pub trait Storage: Send + Sync {
     /// Lists the objects under `prefix` (a key prefix: `"a/"` lists a folder), recursively,
     /// in byte order of their keys, as a stream: listing a million objects holds one page.
     fn list<'a>(&'a self, prefix: &'a str) -> BoxStream<'a, Result<ObjectMeta, StorageError>>;
+    /// The keys of [`Storage::list`] alone, for a caller that needs no sizes (a local folder
+    /// then reads no file's metadata).
+    fn list_keys<'a>(&'a self, prefix: &'a str) -> BoxStream<'a, Result<String, StorageError>> {
+        use futures::StreamExt;
+        self.list(prefix).map(|o| o.map(|o| o.key)).boxed()
+    }
     async fn get(&self, key: &str) -> Result<Bytes, StorageError>;
     /// Reads bytes `start..end` (end exclusive, clamped to the object's size).
     async fn get_range(&self, key: &str, start: u64, end: u64) -> Result<Bytes, StorageError>;
