@@ -4,13 +4,12 @@
 //! reported like any other exception).
 
 use std::ffi::CStr;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyModule, PyString, PyTraceback};
+use pyo3::types::{PyDict, PyList, PyModule, PyString, PyTraceback};
 
 use crate::protocol::{InitParams, ReadyInfo, ScriptError, Timing};
 use crate::rows;
@@ -120,16 +119,12 @@ impl EntryScript {
     }
 }
 
-/// The mini-batch as the script sees it: a `list[str]` of paths, each made from the path's
-/// bytes by `os.fsdecode`, so a name that is not UTF-8 (undecodable bytes become surrogates)
-/// still opens the right file with `open(p)`.
+/// The mini-batch as the script sees it: a `list[str]` of paths, each what `os.fsdecode`
+/// makes of the path's bytes, so a name that is not UTF-8 (undecodable bytes become
+/// surrogates) still opens the right file with `open(p)`. pyo3 converts an `OsStr` the same
+/// way (`PyUnicode_DecodeFSDefault`), without a call into Python for each path.
 fn path_list<'py>(py: Python<'py>, items: &[PathBuf]) -> PyResult<Bound<'py, PyList>> {
-    let fsdecode = py.import("os")?.getattr("fsdecode")?;
-    let paths = items
-        .iter()
-        .map(|p| fsdecode.call1((PyBytes::new(py, p.as_os_str().as_bytes()),)))
-        .collect::<PyResult<Vec<_>>>()?;
-    PyList::new(py, paths)
+    PyList::new(py, items.iter().map(|p| p.as_os_str()))
 }
 
 /// What the agent learns about the interpreter once the script is ready.
@@ -146,7 +141,12 @@ pub fn ready_info(py: Python<'_>) -> PyResult<ReadyInfo> {
 /// Flushes Python's `sys.stdout`/`sys.stderr` and C stdio, so the script's prints reach the
 /// log files before the agent hears back. Errors (a closed or replaced stream) are ignored.
 pub fn flush_stdio(py: Python<'_>) {
-    if let Ok(sys) = py.import("sys") {
+    // Imported once: `sys` is never replaced, only its streams are.
+    static SYS: pyo3::sync::PyOnceLock<Py<PyModule>> = pyo3::sync::PyOnceLock::new();
+    let sys = SYS
+        .get_or_try_init(py, || py.import("sys").map(Bound::unbind))
+        .map(|sys| sys.bind(py));
+    if let Ok(sys) = sys {
         for name in ["stdout", "stderr"] {
             if let Ok(Some(stream)) = sys.getattr_opt(name)
                 && !stream.is_none()
