@@ -281,16 +281,7 @@ fn s3_job_on_three_workers_matches_a_local_run() {
     assert_eq!(code(&out), 0);
     let fleet_bytes = fleet.output("out/parallel_run_step.txt");
 
-    let local = fleet.job("mini_batch_size = 7", "local-in", "local-out");
-    let run = Command::new(bin("fleetrun"))
-        .arg("run")
-        .arg(&local)
-        .arg("--quiet")
-        .output()
-        .unwrap();
-    assert_eq!(code(&run), 0);
-    let local_bytes = std::fs::read(fleet.path("local-out/parallel_run_step.txt")).unwrap();
-    assert_eq!(fleet_bytes, local_bytes);
+    assert_eq!(fleet_bytes, fleet.local_run("mini_batch_size = 7"));
     assert_eq!(lines(&fleet_bytes), expected_lines(120, |_| false));
     // Work was spread: more than one node reports (each uploads its logs as the job ends).
     let s3 = fleet.storage("out/logs");
@@ -1002,6 +993,19 @@ impl Fleet {
         ));
     }
 
+    /// `fleetrun run` of the same job on the local copy of the inputs: its output file.
+    fn local_run(&self, settings: &str) -> Vec<u8> {
+        let local = self.job(settings, "local-in", "local-out");
+        let run = Command::new(bin("fleetrun"))
+            .arg("run")
+            .arg(&local)
+            .arg("--quiet")
+            .output()
+            .unwrap();
+        assert_eq!(code(&run), 0);
+        std::fs::read(self.path("local-out/parallel_run_step.txt")).unwrap()
+    }
+
     fn text(&self, key: &str) -> String {
         String::from_utf8_lossy(&self.output(key)).into_owned()
     }
@@ -1036,16 +1040,7 @@ fn three_default_workers_on_one_host_one_killed_match_a_local_run() {
     let fleet_bytes = fleet.output("out/parallel_run_step.txt");
     assert_eq!(lines(&fleet_bytes), expected_lines(2000, |_| false));
 
-    let local = fleet.job("mini_batch_size = 10", "local-in", "local-out");
-    let run = Command::new(bin("fleetrun"))
-        .arg("run")
-        .arg(&local)
-        .arg("--quiet")
-        .output()
-        .unwrap();
-    assert_eq!(code(&run), 0);
-    let local_bytes = std::fs::read(fleet.path("local-out/parallel_run_step.txt")).unwrap();
-    assert_eq!(fleet_bytes, local_bytes);
+    assert_eq!(fleet_bytes, fleet.local_run("mini_batch_size = 10"));
     // Each worker logged under a node id of its own.
     let nodes: std::collections::HashSet<String> = std::fs::read_dir(fleet.path("tmp"))
         .unwrap()
