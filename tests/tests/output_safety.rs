@@ -3,7 +3,7 @@
 //! previous output whole, a folder in use is refused, and a signal ends the job with its
 //! result written and nothing left behind.
 
-use std::process::{Child, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::time::Duration;
 
 use fleetrun_tests::{
@@ -39,7 +39,7 @@ fn wait_started(job: &JobDir) {
     });
 }
 
-fn signal(child: &Child, signal: i32) {
+fn send(child: &Child, signal: i32) {
     // SAFETY: a signal to a child this test started and has not reaped.
     assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
 }
@@ -100,7 +100,7 @@ fn a_rerun_killed_midway_leaves_the_previous_output_whole() {
     std::fs::remove_file(job.path("started")).unwrap();
     let mut again = spawn(&job, tmp.path());
     wait_started(&job);
-    signal(&again, libc::SIGKILL);
+    send(&again, libc::SIGKILL);
     exit_within(&mut again, RUN_LIMIT);
     assert_eq!(
         std::fs::read(job.path("out/parallel_run_step.txt")).unwrap(),
@@ -134,15 +134,22 @@ fn a_second_run_on_a_folder_in_use_is_refused_at_once() {
     assert_eq!(job.output_lines(), expected_lines(10, |_| false));
 }
 
-#[test]
-fn sigterm_cancels_the_job_writes_its_result_and_leaves_no_scratch() {
+/// A run of 40 slow mini-batches sent `signal` once its first `run()` has started: the job,
+/// the run's output and its `TMPDIR`.
+fn signaled_midway(signal: i32) -> (JobDir, Output, tempfile::TempDir) {
     let job = JobDir::new(SLOW, "mini_batch_size = 1\nprocess_count_per_node = 1");
     job.inputs(40);
     let tmp = tempfile::tempdir().unwrap();
     let child = spawn(&job, tmp.path());
     wait_started(&job);
-    signal(&child, libc::SIGTERM);
+    send(&child, signal);
     let out = wait_with_output_within(child, RUN_LIMIT);
+    (job, out, tmp)
+}
+
+#[test]
+fn sigterm_cancels_the_job_writes_its_result_and_leaves_no_scratch() {
+    let (job, out, tmp) = signaled_midway(libc::SIGTERM);
     assert_eq!(code(&out), 143);
     let result = job.log("job_result.txt");
     assert!(result.contains("Result: Canceled"), "{result}");
@@ -156,13 +163,7 @@ fn sigterm_cancels_the_job_writes_its_result_and_leaves_no_scratch() {
 
 #[test]
 fn sigint_cancels_the_job_with_exit_130() {
-    let job = JobDir::new(SLOW, "mini_batch_size = 1\nprocess_count_per_node = 1");
-    job.inputs(40);
-    let tmp = tempfile::tempdir().unwrap();
-    let child = spawn(&job, tmp.path());
-    wait_started(&job);
-    signal(&child, libc::SIGINT);
-    let out = wait_with_output_within(child, RUN_LIMIT);
+    let (job, out, _tmp) = signaled_midway(libc::SIGINT);
     assert_eq!(code(&out), 130);
     assert!(job.log("job_result.txt").contains("SIGINT"));
 }
