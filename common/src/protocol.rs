@@ -5,6 +5,7 @@
 //! [`CHANNEL_FD`]. The runner's stdout and stderr belong to the user's script and never carry
 //! protocol. One request gets one reply, in order.
 
+use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::path::PathBuf;
 
@@ -27,9 +28,22 @@ pub enum Request {
         mini_batch: u64,
         #[serde(with = "paths_as_bytes")]
         items: Vec<PathBuf>,
+        /// What `run(mini_batch, mini_batch_context)` receives as its second argument.
+        #[serde(default)]
+        context: RunContext,
     },
     /// Call `shutdown()` and exit 0.
     Shutdown,
+}
+
+/// The mini-batch's context (CONTRACT.md §1), for scripts whose `run` takes two parameters.
+/// Its `minibatch_index` is the request's `mini_batch`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunContext {
+    /// The `partition_keys` values this mini-batch holds; `None` without `partition_keys`.
+    pub partition_key_value: Option<BTreeMap<String, String>>,
+    /// What the mini-batch was cut from: the job's input location.
+    pub dataset: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -213,12 +227,15 @@ mod tests {
             &Request::Run {
                 mini_batch: 7,
                 items: paths.clone(),
+                context: RunContext::default(),
             },
         )
         .unwrap();
         let mut r = io::Cursor::new(buf);
         match read_frame::<_, Request>(&mut r).unwrap() {
-            Some(Request::Run { mini_batch, items }) => {
+            Some(Request::Run {
+                mini_batch, items, ..
+            }) => {
                 assert_eq!(mini_batch, 7);
                 assert_eq!(items, paths);
             }

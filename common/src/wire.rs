@@ -1,6 +1,8 @@
 //! Messages on the queue, MessagePack-encoded as named maps so that producers and workers of
 //! different versions can read each other during a rolling deploy.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// The version written into every message. A worker refuses (dead-letters) messages of a
@@ -18,6 +20,10 @@ pub struct MiniBatch {
     pub index: u64,
     /// Object keys of the input files, relative to the job's input location.
     pub items: Vec<String>,
+    /// The `partition_keys` values every item of this mini-batch shares (column or path part
+    /// name → value); `None` when the job has no `partition_keys`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +41,7 @@ impl MiniBatch {
             job: job.into(),
             index,
             items,
+            partition: None,
         }
     }
 

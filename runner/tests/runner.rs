@@ -132,6 +132,7 @@ impl Runner {
         self.request(&Request::Run {
             mini_batch: 1,
             items,
+            context: Default::default(),
         })
     }
 
@@ -272,6 +273,7 @@ fn paths_reach_the_script_as_fsdecoded_str_that_open_the_file() {
     let reply = runner.request(&Request::Run {
         mini_batch: 1,
         items: paths,
+        context: Default::default(),
     });
     let Reply::Done { rows, .. } = reply else {
         panic!("expected Done, got {reply:?}");

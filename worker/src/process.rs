@@ -275,7 +275,12 @@ impl RunnerProcess {
     /// mini-batch sent must have its [`RunnerProcess::outcome`] taken, in order, or the
     /// process be killed.
     pub async fn submit(&mut self, mini_batch: u64, items: Vec<PathBuf>) -> std::io::Result<()> {
-        self.send(&Request::Run { mini_batch, items }).await
+        self.send(&Request::Run {
+            mini_batch,
+            items,
+            context: Default::default(),
+        })
+        .await
     }
 
     /// How the oldest mini-batch sent and not yet answered ended, waiting at most `timeout`.
