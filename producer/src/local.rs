@@ -152,7 +152,7 @@ pub async fn run_local(
     let runner_exe = find_runner_exe().map_err(RunError::Runner)?;
     // Held to the end: the output folder is this run's alone, and what it writes there is
     // recorded as fleetrun's.
-    let guard = OutputGuard::claim(&output_dir, &spec)?;
+    let mut guard = OutputGuard::claim(&output_dir, &spec)?;
     let temp = std::env::temp_dir();
     node::sweep_stale_scratch(&temp);
 
@@ -162,6 +162,7 @@ pub async fn run_local(
         .or(spec.process_count_per_node.map(|n| n as usize))
         .unwrap_or_else(|| node::default_process_count(gpus));
     let job_id = new_job_id(&spec.name);
+    guard.runs_job(&job_id)?;
     let scratch = node::scratch_dir(&temp, &format!("run-{job_id}"));
     let fleet = Fleet {
         // Enough ready mini-batches that no runner waits, few enough that memory stays flat.

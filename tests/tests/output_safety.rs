@@ -39,6 +39,17 @@ fn wait_started(job: &JobDir) {
     });
 }
 
+/// Output parts written so far, over every job.
+fn parts_written(job: &JobDir) -> usize {
+    let Ok(jobs) = std::fs::read_dir(job.path("out/_parts")) else {
+        return 0;
+    };
+    jobs.flatten()
+        .filter_map(|j| std::fs::read_dir(j.path()).ok())
+        .map(|parts| parts.count())
+        .sum()
+}
+
 fn send(child: &Child, signal: i32) {
     // SAFETY: a signal to a child this test started and has not reaped.
     assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
@@ -99,7 +110,9 @@ fn a_rerun_killed_midway_leaves_the_previous_output_whole() {
 
     std::fs::remove_file(job.path("started")).unwrap();
     let mut again = spawn(&job, tmp.path());
-    wait_started(&job);
+    wait_for("a part to be written", Duration::from_secs(30), || {
+        parts_written(&job) > 0
+    });
     send(&again, libc::SIGKILL);
     exit_within(&mut again, RUN_LIMIT);
     assert_eq!(
@@ -111,6 +124,10 @@ fn a_rerun_killed_midway_leaves_the_previous_output_whole() {
     let third = wait_with_output_within(spawn(&job, tmp.path()), RUN_LIMIT);
     assert_eq!(code(&third), 0);
     assert_eq!(scratch_left(tmp.path()), Vec::<String>::new());
+    assert!(
+        !job.path("out/_parts").exists(),
+        "the killed run's parts are removed by the next run"
+    );
     assert_eq!(job.output_lines(), expected_lines(20, |_| false));
 }
 

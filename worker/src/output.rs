@@ -12,7 +12,8 @@
 //!   files, and only those, before it starts.
 //! - `_parts/`: output parts while a job runs on a fleet whose output folder is local. Left as
 //!   they are (a resumed job reads them); a job removes its own `_parts/<job>/` when it
-//!   completes.
+//!   completes. The parts of a job run here (named with [`OutputGuard::runs_job`]) are
+//!   removed by the next claim when its run died: nothing resumes a local run.
 //! - `.fleetrun/`: `lock`, held by the running job, and `manifest.json`, the record of what
 //!   fleetrun wrote here.
 //!
@@ -154,6 +155,7 @@ impl OutputGuard {
                 "The last job on this output folder did not finish; settling what it wrote."
             );
             manifest.settle(dir, &dead)?;
+            manifest.remove_parts(dir, &dead)?;
         }
         manifest.forget_replaced(dir)?;
 
@@ -199,6 +201,7 @@ impl OutputGuard {
             pid: std::process::id(),
             since,
             output: output.clone(),
+            job: None,
         });
         manifest.save(&state)?;
         Ok(OutputGuard {
@@ -207,6 +210,15 @@ impl OutputGuard {
             manifest,
             _lock: lock,
         })
+    }
+
+    /// Records that this run runs job `job`, whose parts (`_parts/<job>/`) nothing else will
+    /// read: if the run dies, the next claim removes them.
+    pub fn runs_job(&mut self, job: &str) -> Result<(), OutputError> {
+        if let Some(run) = &mut self.manifest.run {
+            run.job = Some(job.to_owned());
+        }
+        self.manifest.save(&self.dir.join(STATE_DIR))
     }
 
     /// The output folder.
@@ -295,6 +307,9 @@ struct Run {
     since: i64,
     /// The output file it writes, if any.
     output: Option<String>,
+    /// The job it runs, once named ([`OutputGuard::runs_job`]).
+    #[serde(default)]
+    job: Option<String>,
 }
 
 /// An entry found under a folder: `rel` is `None` when its name is not UTF-8 (fleetrun
@@ -382,6 +397,33 @@ impl Manifest {
                     }
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Removes the parts of the job a dead `run` ran here (fleetrun's, as they appeared during
+    /// that run), and `_parts/` once it is empty.
+    fn remove_parts(&mut self, dir: &Path, run: &Run) -> Result<(), OutputError> {
+        let parts = dir.join(PARTS_DIR);
+        let Some(job) = &run.job else { return Ok(()) };
+        let Some(meta) = lstat(&parts)? else {
+            return Ok(());
+        };
+        if !meta.is_dir() || !self.owns(PARTS_DIR, &meta) {
+            return Ok(());
+        }
+        let held = parts.join(job);
+        if let Some(meta) = lstat(&held)?
+            && meta.is_dir()
+            && appeared(&meta) >= run.since
+        {
+            match fs::remove_dir_all(&held) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_at(&held)(e)),
+                _ => {}
+            }
+        }
+        if fs::remove_dir(&parts).is_ok() {
+            self.entries.remove(PARTS_DIR);
         }
         Ok(())
     }
@@ -755,6 +797,47 @@ mod tests {
         assert_eq!(fs::read_to_string(dir.join(OUT)).unwrap(), "first\n");
         kept(&other_tmp);
         guard.finish().unwrap();
+    }
+
+    #[test]
+    fn the_parts_of_a_dead_run_go_with_the_next_claim_and_no_others() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        // A fleet job's parts, there before: kept for a resume.
+        drop(OutputGuard::claim(dir, &spec(OUT)).unwrap());
+        fs::create_dir_all(dir.join("_parts/fleet-job")).unwrap();
+        fs::write(dir.join("_parts/fleet-job/0.part"), "mine").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        OutputGuard::claim(dir, &spec(OUT))
+            .unwrap()
+            .finish()
+            .unwrap();
+
+        // Killed midway (no finish) while its parts were being written.
+        let mut guard = OutputGuard::claim(dir, &spec(OUT)).unwrap();
+        guard.runs_job("local-job").unwrap();
+        fs::create_dir_all(dir.join("_parts/local-job")).unwrap();
+        fs::write(dir.join("_parts/local-job/3.part"), "half").unwrap();
+        drop(guard);
+
+        OutputGuard::claim(dir, &spec(OUT))
+            .unwrap()
+            .finish()
+            .unwrap();
+        assert!(!dir.join("_parts/local-job").exists());
+        kept(&dir.join("_parts/fleet-job/0.part"));
+
+        // Once the folder holds no job's parts, it goes too.
+        fs::remove_dir_all(dir.join("_parts/fleet-job")).unwrap();
+        let mut guard = OutputGuard::claim(dir, &spec(OUT)).unwrap();
+        guard.runs_job("local-job-2").unwrap();
+        fs::create_dir_all(dir.join("_parts/local-job-2")).unwrap();
+        drop(guard);
+        OutputGuard::claim(dir, &spec(OUT))
+            .unwrap()
+            .finish()
+            .unwrap();
+        assert!(!dir.join("_parts").exists());
     }
 
     /// Marks the run recorded in `dir`'s manifest as process `pid`'s.
