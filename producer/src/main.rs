@@ -81,8 +81,8 @@ enum Command {
     /// Show a job's progress (or the state of every job of the pool, without JOB).
     Status {
         job: Option<String>,
-        /// Refresh until the job ends.
-        #[arg(long)]
+        /// Refresh until the job ends (needs JOB).
+        #[arg(long, requires = "job")]
         watch: bool,
         #[command(flatten)]
         fleet: FleetArgs,
@@ -400,5 +400,19 @@ async fn status(
             _ = interrupt.token().cancelled() => return Ok(ExitCode::SUCCESS),
             _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::Cli;
+
+    #[test]
+    fn status_watch_needs_a_job() {
+        assert!(Cli::try_parse_from(["fleetrun", "status", "--watch"]).is_err());
+        assert!(Cli::try_parse_from(["fleetrun", "status", "job-1", "--watch"]).is_ok());
+        assert!(Cli::try_parse_from(["fleetrun", "status"]).is_ok());
     }
 }
