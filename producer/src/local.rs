@@ -140,11 +140,19 @@ pub async fn run_local(
     interrupt: Interrupt,
 ) -> Result<JobReport, RunError> {
     let started = Instant::now();
-    let Input::Files(input_location) = &spec.input;
-    let input_dir = local_dir(input_location, "input.files")?;
-    if !input_dir.is_dir() {
+    let (input_field, input_found) = match &spec.input {
+        Input::Files(_) => ("input.files", Path::is_dir as fn(&Path) -> bool),
+        Input::Tabular(_) => ("input.tabular", Path::exists as fn(&Path) -> bool),
+    };
+    let input_dir = local_dir(spec.input.location(), input_field)?;
+    if !input_found(&input_dir) {
         return Err(RunError::Setup(format!(
-            "input.files: folder not found (got {:?})",
+            "{input_field}: {} not found (got {:?})",
+            if spec.input.tabular().is_some() {
+                "file or folder"
+            } else {
+                "folder"
+            },
             input_dir.display().to_string()
         )));
     }
