@@ -815,3 +815,113 @@ fn json_line(
     add_range(groups, values, start, start + line.len() as u64);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use fleetrun_common::storage::LocalStorage;
+
+    use super::*;
+
+    async fn file(dir: &tempfile::TempDir, text: &str) -> (LocalStorage, ObjectMeta) {
+        let storage = LocalStorage::new(dir.path());
+        storage
+            .put("t.csv", Bytes::from(text.to_owned()))
+            .await
+            .unwrap();
+        let object = ObjectMeta {
+            key: "t.csv".into(),
+            size: text.len() as u64,
+        };
+        (storage, object)
+    }
+
+    fn ranges(chunks: &[Chunk]) -> Vec<[u64; 2]> {
+        chunks.iter().flat_map(|c| c.ranges.clone()).collect()
+    }
+
+    /// An edge inside a quoted field moves to the first record start after it, whatever
+    /// newlines the quotes hold; the edges' count is the byte arithmetic's.
+    #[tokio::test]
+    async fn csv_edges_inside_quotes_move_to_the_next_record() {
+        let dir = tempfile::tempdir().unwrap();
+        // header 0..2, "a\nb\nc" 2..10, d 10..12, e 12..14.
+        let (input, object) = file(&dir, "h\n\"a\nb\nc\"\nd\ne\n").await;
+        let chunks = plan_csv(&input, &object, 4).await.unwrap();
+        assert_eq!(chunks.len(), 3, "ceil((14 - 2) / 4)");
+        assert_eq!(ranges(&chunks), [[2, 10], [10, 10], [10, 14]]);
+        let rows: Vec<_> = chunks.iter().map(|c| (c.first_row, c.rows)).collect();
+        assert_eq!(
+            rows,
+            [(Some(0), Some(1)), (Some(1), Some(0)), (Some(1), Some(2))]
+        );
+        assert!(
+            chunks
+                .iter()
+                .all(|c| c.header.as_deref() == Some(&b"h\n"[..]))
+        );
+        // Escaped quotes toggle twice: the record after `"x""y"` starts a chunk.
+        let (input, object) = file(&dir, "h\n\"x\"\"\ny\"\nz\n").await;
+        let chunks = plan_csv(&input, &object, 3).await.unwrap();
+        assert_eq!(ranges(&chunks), [[2, 10], [10, 10], [10, 12], [12, 12]]);
+        // A header alone, or nothing, is no chunk.
+        for text in ["h\n", "h", ""] {
+            let (input, object) = file(&dir, text).await;
+            assert!(
+                plan_csv(&input, &object, 4).await.unwrap().is_empty(),
+                "{text:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn json_lines_edges_move_to_the_next_line_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let (input, object) = file(&dir, "{}\n{}\n{}\n").await;
+        let at = |size| {
+            let (input, object) = (&input, &object);
+            async move { ranges(&plan_json_lines(input, object, size).await.unwrap()) }
+        };
+        assert_eq!(
+            at(3).await,
+            [[0, 3], [3, 6], [6, 9]],
+            "edges on line starts"
+        );
+        assert_eq!(at(4).await, [[0, 6], [6, 9], [9, 9]]);
+        assert_eq!(at(100).await, [[0, 9]]);
+    }
+
+    #[tokio::test]
+    async fn partition_keys_group_ranges_and_merge_neighbours() {
+        let dir = tempfile::tempdir().unwrap();
+        // A blank line, a record with a quoted newline, then a, b, a.
+        let text = "k,v\n\n\"a\",\"1\n\"\na,2\nb,3\na,4\n";
+        let (input, object) = file(&dir, text).await;
+        let keys = ["k".to_owned()];
+        let groups = scan_keys(&input, &object, TabularFormat::Csv, b',', &keys)
+            .await
+            .unwrap();
+        let found: Vec<(Vec<String>, Vec<[u64; 2]>)> = groups
+            .into_iter()
+            .map(|(values, chunk)| (values, chunk.ranges))
+            .collect();
+        let a = &found[0];
+        assert_eq!(a.0, ["a"]);
+        assert_eq!(found[1].0, ["b"]);
+        // Each group's bytes, read back, hold exactly its records.
+        let read = |ranges: &[[u64; 2]]| {
+            ranges
+                .iter()
+                .map(|[s, e]| &text[*s as usize..*e as usize])
+                .collect::<String>()
+        };
+        assert_eq!(read(&a.1), "\n\"a\",\"1\n\"\na,2\na,4\n");
+        assert_eq!(a.1.len(), 2, "neighbouring records merge into one range");
+        assert_eq!(read(&found[1].1), "b,3\n");
+        let missing = scan_keys(&input, &object, TabularFormat::Csv, b',', &["x".to_owned()]).await;
+        assert!(matches!(
+            missing,
+            Err(PartitionError::Tabular(TabularError::MissingColumn { .. }))
+        ));
+    }
+}
