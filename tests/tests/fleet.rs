@@ -1181,13 +1181,16 @@ fn a_default_worker_leaves_no_scratch_when_it_stops() {
 // --- Tabular inputs from S3 -------------------------------------------------------------
 
 impl Fleet {
-    /// Uploads the local file `rel` (under the test's folder) to `key` in the test's bucket.
-    fn upload(&self, rel: &str, key: &str) {
+    /// Uploads local files (`rel` under the test's folder) to keys in the test's bucket,
+    /// through one client (making one costs seconds).
+    fn upload(&self, files: &[(&str, &str)]) {
         let s3 = self.storage("");
-        let body = Bytes::from(std::fs::read(self.path(rel)).unwrap());
         self.runtime.block_on(async {
             s3.create_bucket_if_missing().await.unwrap();
-            s3.put(key, body).await.unwrap();
+            for (rel, key) in files {
+                let body = Bytes::from(std::fs::read(self.path(rel)).unwrap());
+                s3.put(key, body).await.unwrap();
+            }
         });
     }
 
@@ -1230,7 +1233,7 @@ fn a_csv_on_s3_gives_every_row_once_in_the_predicted_chunks() {
     let rows = 100_000;
     let header = tabular::write_csv(&fleet.path("gen/rows.csv"), 0..rows);
     let size = std::fs::metadata(fleet.path("gen/rows.csv")).unwrap().len();
-    fleet.upload("gen/rows.csv", "tab/rows.csv");
+    fleet.upload(&[("gen/rows.csv", "tab/rows.csv")]);
     fleet.worker("w1", 2);
     fleet.worker("w2", 1);
     let job = fleet.tabular_job("mini_batch_size = \"64KB\"", "tab/rows.csv", "out");
@@ -1255,12 +1258,14 @@ fn parquet_and_partitioned_json_lines_on_s3() {
     let rows = 20_000;
     let predicted =
         tabular::write_parquet(&fleet.path("gen/p/rows.parquet"), rows, 1_000, 32 << 10);
-    fleet.upload("gen/p/rows.parquet", "pq/rows.parquet");
-    fleet.upload("gen/p/rows.parquet", "pq/_SUCCESS");
     tabular::write_json_lines(&fleet.path("gen/a.jsonl"), 0..1_000);
     tabular::write_json_lines(&fleet.path("gen/b.jsonl"), 1_000..3_000);
-    fleet.upload("gen/a.jsonl", "js/a.jsonl");
-    fleet.upload("gen/b.jsonl", "js/b.jsonl");
+    fleet.upload(&[
+        ("gen/p/rows.parquet", "pq/rows.parquet"),
+        ("gen/p/rows.parquet", "pq/_SUCCESS"),
+        ("gen/a.jsonl", "js/a.jsonl"),
+        ("gen/b.jsonl", "js/b.jsonl"),
+    ]);
     fleet.worker("w1", 2);
 
     let job = fleet.tabular_job("mini_batch_size = \"32KB\"", "pq", "out-pq");

@@ -63,7 +63,10 @@ enum Staging {
 async fn stage_chunk(input: &dyn Storage, chunk: &Chunk, path: &Path) -> Result<(), Staging> {
     fleetrun_common::storage::check_key(&chunk.key).map_err(Staging::Input)?;
     let mut pieces = Vec::with_capacity(chunk.ranges.len() + 1);
-    for &[start, end] in &chunk.ranges {
+    // Ranges close together are fetched as one span (one range GET on S3): a
+    // `partition_keys` chunk may hold a range per record.
+    for span in spans(&chunk.ranges) {
+        let [start, end] = span.whole;
         let bytes = input
             .get_range(&chunk.key, start, end)
             .await
@@ -76,7 +79,10 @@ async fn stage_chunk(input: &dyn Storage, chunk: &Chunk, path: &Path) -> Result<
                 bytes.len()
             ))));
         }
-        pieces.push((start, bytes));
+        for [from, to] in span.ranges {
+            let piece = bytes.slice((from - start) as usize..(to - start) as usize);
+            pieces.push((from, piece));
+        }
     }
     let path = path.to_path_buf();
     let chunk = chunk.clone();
@@ -84,6 +90,33 @@ async fn stage_chunk(input: &dyn Storage, chunk: &Chunk, path: &Path) -> Result<
         .await
         .expect("staging task panicked")
         .map_err(Staging::Write)
+}
+
+/// Bytes of gap between two ranges below which they are read as one span.
+const SPAN_GAP: u64 = 256 << 10;
+
+/// Ranges read together: `whole` covers every one of `ranges`.
+struct Span {
+    whole: [u64; 2],
+    ranges: Vec<[u64; 2]>,
+}
+
+/// `ranges` (in file order) grouped into spans whose gaps stay under [`SPAN_GAP`].
+fn spans(ranges: &[[u64; 2]]) -> Vec<Span> {
+    let mut spans: Vec<Span> = Vec::new();
+    for &range in ranges {
+        match spans.last_mut() {
+            Some(span) if range[0] >= span.whole[1] && range[0] - span.whole[1] <= SPAN_GAP => {
+                span.whole[1] = range[1];
+                span.ranges.push(range);
+            }
+            _ => spans.push(Span {
+                whole: range,
+                ranges: vec![range],
+            }),
+        }
+    }
+    spans
 }
 
 fn write_chunk(path: &Path, chunk: &Chunk, pieces: &[(u64, bytes::Bytes)]) -> std::io::Result<()> {
@@ -130,12 +163,19 @@ pub(super) async fn count_rows(input: &dyn Storage, chunks: &[Chunk]) -> Option<
             rows += counted;
             continue;
         }
-        for &[start, end] in &chunk.ranges {
-            let bytes = input.get_range(&chunk.key, start, end).await.ok()?;
-            rows += bytes
-                .split(|b| *b == b'\n')
-                .filter(|line| !line.iter().all(u8::is_ascii_whitespace))
-                .count() as u64;
+        for span in spans(&chunk.ranges) {
+            let [start, _] = span.whole;
+            let bytes = input
+                .get_range(&chunk.key, start, span.whole[1])
+                .await
+                .ok()?;
+            for [from, to] in span.ranges {
+                let piece = bytes.get((from - start) as usize..(to - start) as usize)?;
+                rows += piece
+                    .split(|b| *b == b'\n')
+                    .filter(|line| !line.iter().all(u8::is_ascii_whitespace))
+                    .count() as u64;
+            }
         }
     }
     Some(rows)
@@ -189,6 +229,17 @@ mod tests {
         );
     }
 
+    #[test]
+    fn close_ranges_are_read_as_one_span() {
+        let far = SPAN_GAP + 10;
+        let grouped: Vec<([u64; 2], usize)> =
+            spans(&[[0, 5], [8, 10], [10 + far, 20 + far], [25 + far, 30 + far]])
+                .into_iter()
+                .map(|s| (s.whole, s.ranges.len()))
+                .collect();
+        assert_eq!(grouped, [([0, 10], 2), ([10 + far, 30 + far], 2)]);
+    }
+
     #[tokio::test]
     async fn uncounted_rows_are_counted_from_the_lines() {
         let dir = tempfile::tempdir().unwrap();
@@ -200,7 +251,7 @@ mod tests {
             )
             .await
             .unwrap();
-        let jsonl = chunk(ChunkFormat::JsonLines, vec![[0, 25]], None);
+        let jsonl = chunk(ChunkFormat::JsonLines, vec![[0, 24]], None);
         assert_eq!(count_rows(&input, &[jsonl]).await, Some(3));
     }
 }
