@@ -15,6 +15,8 @@ pub(super) struct Staged {
     pub(super) paths: Vec<PathBuf>,
     /// A tabular input's chunks, staged (`paths` is then empty).
     pub(super) tables: Vec<StagedTable>,
+    /// What a tabular mini-batch was cut from (its context's `dataset`).
+    dataset: String,
     folder: Option<PathBuf>,
 }
 
@@ -32,7 +34,7 @@ impl Staged {
         }
         let context = RunContext {
             partition_key_value: batch.partition.clone(),
-            dataset: String::new(),
+            dataset: std::mem::take(&mut self.dataset),
         };
         runner
             .submit_tables(batch.index, std::mem::take(&mut self.tables), context)
@@ -84,6 +86,7 @@ impl Slot {
             return Ok(Staged {
                 paths: Vec::new(),
                 tables,
+                dataset: ctx.spec.input.location().to_string(),
                 folder: Some(folder),
             });
         }
@@ -105,6 +108,7 @@ async fn stage(
     let mut staged = Staged {
         paths: Vec::with_capacity(items.len()),
         tables: Vec::new(),
+        dataset: String::new(),
         folder: None,
     };
     for key in items {
