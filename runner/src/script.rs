@@ -135,6 +135,15 @@ impl EntryScript {
             Err(e) => return (Err(script_error(py, &e)), Timing::default(), None),
         };
         let given = frame.len().ok().map(|n| n as u64);
+        if given == Some(0) {
+            // A chunk whose edges fell inside one long record holds no row: `run()` is
+            // never handed an empty DataFrame.
+            let none = Returned {
+                rows: Vec::new(),
+                header: None,
+            };
+            return (Ok(none), Timing::default(), given);
+        }
         let (rows, timing) = self.call_run(py, frame);
         (rows, timing, given)
     }

@@ -121,6 +121,27 @@ fn partition_keys_put_one_key_in_each_mini_batch() {
     assert_eq!(sorted_output(&job), expected);
 }
 
+/// A record longer than `mini_batch_size` leaves the chunks whose edges fall inside it
+/// empty: they still count (the arithmetic holds), and `run()` never gets an empty frame.
+#[test]
+fn a_record_longer_than_a_chunk_leaves_empty_chunks_that_run_never_sees() {
+    let script = "def run(frame):\n    assert len(frame) > 0\n    return [f\"{i} {len(t)}\" for i, t in zip(frame['id'], frame['text'])]\n";
+    let job = tabular_job(
+        script,
+        "mini_batch_size = \"1KB\"\nallowed_failed_count = 0\nrun_max_try = 1",
+        "data/rows.csv",
+        "",
+    );
+    let long = "x".repeat(10_000);
+    let text = format!("id,text\n0,a\n1,\"{long}\n{long}\"\n2,b\n");
+    std::fs::write(job.path("data/rows.csv"), &text).unwrap();
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0);
+    assert_eq!(sorted_output(&job), ["0 1", "1 20001", "2 1"]);
+    let body = (text.len() - "id,text\n".len()) as u64;
+    assert_eq!(mini_batches(&job), tabular::predicted_chunks(body, 1024));
+}
+
 #[test]
 fn a_returned_dataframe_keeps_its_header_and_separator_and_fewer_rows_fail() {
     // Drops the row with id 7: one failed item; the rest are written as CSV records.
