@@ -67,7 +67,9 @@ pub struct JobSpec {
     /// Write the DataFrame header once at the top of the `append_row` file.
     pub append_row_dataframe_header: bool,
     /// The field separator of the rows a returned DataFrame becomes in the `append_row`
-    /// file (one byte; a space by default, as ParallelRunStep writes them).
+    /// file (one byte; a space by default, as ParallelRunStep writes them). A job recorded
+    /// by a submitter before this field reads as the default.
+    #[serde(default = "space")]
     pub append_row_separator: u8,
     /// Seconds from the job's start to its first mini-batch before the job fails.
     pub first_task_creation_timeout: u64,
@@ -77,6 +79,10 @@ pub struct JobSpec {
     /// The Python environment: a virtualenv folder or an interpreter path. `None` = the
     /// active virtualenv if any, else the interpreter fleetrun was built against.
     pub environment: Option<PathBuf>,
+}
+
+const fn space() -> u8 {
+    b' '
 }
 
 /// Where data lives: a local path (absolute) or an S3 prefix.
