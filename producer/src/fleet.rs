@@ -38,6 +38,10 @@ pub enum FleetError {
     /// Listing the input failed: the job is Failed for it.
     #[error("partitioning the input failed: {0}")]
     Partition(#[from] PartitionError),
+    /// The input cannot be read as the job file says (its tabular format cannot be told):
+    /// refused before the job is registered.
+    #[error("{0}")]
+    Refused(String),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
     #[error(transparent)]
@@ -99,7 +103,7 @@ pub async fn register(
 ) -> Result<Registered, FleetError> {
     let job = job_id.map_or_else(|| new_job_id(&spec.name), str::to_owned);
     let mut spec = job::ship_code(spec, &fleet.s3).await?;
-    settle_tabular_format(&mut spec, fleet).await?;
+    settle_tabular_format(&mut spec, &fleet.s3).await?;
     let limits = Limits {
         error_threshold: spec.error_threshold,
         allowed_failed_count: spec.allowed_failed_count,
@@ -241,16 +245,24 @@ pub async fn publish(
 
 /// Settles a tabular input's format before the job is registered: every runner then knows
 /// how to read it (and whether it needs pyarrow).
-async fn settle_tabular_format(spec: &mut JobSpec, fleet: &Fleet) -> Result<(), FleetError> {
+pub async fn settle_tabular_format(
+    spec: &mut JobSpec,
+    s3: &fleetrun_common::storage::s3::S3Settings,
+) -> Result<(), FleetError> {
     let Some(tabular) = spec.input.tabular() else {
         return Ok(());
     };
     if tabular.format.is_some() {
         return Ok(());
     }
-    let input = job::open_input(spec, &fleet.s3).await?;
+    let input = job::open_input(spec, s3).await?;
     let (_, one) = job::tabular_root(&tabular.location);
-    let format = settle_format(tabular, &*input, one.as_deref()).await?;
+    let format = settle_format(tabular, &*input, one.as_deref())
+        .await
+        .map_err(|e| match e {
+            PartitionError::Tabular(e) => FleetError::Refused(e.to_string()),
+            other => FleetError::Partition(other),
+        })?;
     if let fleetrun_config::Input::Tabular(tabular) = &mut spec.input {
         tabular.format = Some(format);
     }

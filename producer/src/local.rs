@@ -135,7 +135,7 @@ fn signal_name(signal: i32) -> String {
 
 /// Runs a job to its end on this machine. `interrupt` cancels it.
 pub async fn run_local(
-    spec: JobSpec,
+    mut spec: JobSpec,
     options: RunOptions,
     interrupt: Interrupt,
 ) -> Result<JobReport, RunError> {
@@ -157,6 +157,11 @@ pub async fn run_local(
         )));
     }
     let output_dir = local_dir(&spec.output, "output.path")?;
+    // Before the output folder is claimed: a tabular input whose format cannot be told is
+    // refused as the job file is.
+    fleet_cmd::settle_tabular_format(&mut spec, &S3Settings::default())
+        .await
+        .map_err(|e| RunError::Setup(e.to_string()))?;
     let runner_exe = find_runner_exe().map_err(RunError::Runner)?;
     // Held to the end: the output folder is this run's alone, and what it writes there is
     // recorded as fleetrun's.

@@ -67,10 +67,12 @@ const PARQUET_TAIL: u64 = 8;
 #[derive(Debug, thiserror::Error)]
 pub enum TabularError {
     #[error(
-        "{key}: cannot tell the format from its extension (.csv, .jsonl, .json, .parquet); set [input] format"
+        "input.tabular: {key}: cannot tell the format from its extension (.csv, .jsonl, .json, .parquet); set input.format"
     )]
     UnknownFormat { key: String },
-    #[error("{key}: is {found}, but the input's format is {expected}; one job reads one format")]
+    #[error(
+        "input.tabular: {key} is {found}, but the input's format is {expected}; one job reads one format"
+    )]
     MixedFormats {
         key: String,
         found: &'static str,

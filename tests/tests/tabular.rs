@@ -223,3 +223,30 @@ fn a_python_without_pandas_fails_the_job_before_any_mini_batch() {
     let main = job.log("sys/node/0/_main.txt");
     assert!(main.matches("failed to start").count() <= 2, "{main}");
 }
+
+/// A file whose format its name does not tell is refused before anything runs (exit 2),
+/// naming the field; nothing is written in the output folder.
+#[test]
+fn a_format_the_extension_does_not_tell_is_refused_before_the_run() {
+    let job = tabular_job("def run(frame):\n    return []\n", "", "data/rows.txt", "");
+    tabular::write_csv(&job.path("data/rows.txt"), 0..10);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("input.tabular: rows.txt: cannot tell the format")
+            && stderr.contains("set input.format"),
+        "{stderr}"
+    );
+    assert!(!job.path("out").exists());
+    // Told the format, the same file runs.
+    let job = tabular_job(
+        "def run(frame):\n    return list(frame['id'])\n",
+        "",
+        "data/rows.txt",
+        "format = \"csv\"\n",
+    );
+    tabular::write_csv(&job.path("data/rows.txt"), 0..10);
+    assert_eq!(code(&job.run(&[])), 0);
+    assert_eq!(job.output_lines().len(), 10);
+}
