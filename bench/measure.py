@@ -29,6 +29,7 @@ import time
 import tomllib
 from typing import Callable, Optional
 
+import gen_csv
 import gen_data
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -47,6 +48,9 @@ class Case:
     command: Optional[Callable[["Case"], list[str]]] = None
     # why this case cannot run here, or None
     skip: Callable[[], Optional[str]] = lambda: None
+    # a tabular case: its input is one CSV of TABULAR_ROWS_PER_FILE x files rows, and its
+    # baseline pandas read_csv chunks in a Pool (pool_tabular.py)
+    tabular: bool = False
 
     def job_path(self) -> str:
         return os.path.join(BENCH, self.job)
@@ -80,6 +84,21 @@ def distributed(c: "Case") -> list[str]:
     return [sys.executable, os.path.join(BENCH, "fleet_run.py"), c.job_path()]
 
 
+# The tabular row: rows per benchmark "file" (1,000,000 rows by default), and the chunk
+# size both sides use (job-tabular.toml's mini_batch_size).
+TABULAR_ROWS_PER_FILE = 50
+TABULAR_CHUNK_BYTES = 256 << 10
+
+
+def tabular_pandas() -> Optional[str]:
+    """Why the tabular row cannot run, or None (it needs pandas here and in the runner's Python)."""
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        return "pandas is not installed (scripts/install-deps.sh installs it)"
+    return None
+
+
 CASES = [
     Case("trivial", "trivial.py", "job-trivial.toml"),
     Case("sleep1ms", "sleep1ms.py", "job-sleep1ms.toml"),
@@ -88,6 +107,8 @@ CASES = [
          command=distributed, skip=broker_reachable),
     Case("sleep1ms-distributed", "sleep1ms.py", "job-sleep1ms-distributed.toml",
          command=distributed, skip=broker_reachable),
+    # A CSV, 1 ms per 100 rows, against pandas read_csv(chunksize=...) in Pool(2).
+    Case("tabular-csv", "sleep_rows.py", "job-tabular.toml", skip=tabular_pandas, tabular=True),
 ]
 
 
@@ -155,6 +176,15 @@ def run_case(case: Case, reps: int, n_files: int, pool_only: bool) -> dict:
     pool_argv = [sys.executable, os.path.join(BENCH, "pool_baseline.py"),
                  "--script", script, "--data", gen_data.DEFAULT_DATA, "--out", pool_out,
                  "--processes", "2", "--mini-batch-size", "10"]
+    mini_batches = -(-n_files // 10)
+    if case.tabular:
+        n_files *= TABULAR_ROWS_PER_FILE  # items are rows
+        csv_path = gen_csv.ensure_csv(n_files)
+        mini_batches = -(-os.path.getsize(csv_path) // TABULAR_CHUNK_BYTES)
+        pool_argv = [sys.executable, os.path.join(BENCH, "pool_tabular.py"),
+                     "--script", script, "--data", csv_path, "--out", pool_out,
+                     "--processes", "2", "--chunk-bytes", str(TABULAR_CHUNK_BYTES),
+                     "--rows", str(n_files)]
     pool_runs: list[Run] = []
     fr_runs: list[Run] = []
     errors: list[str] = []
@@ -191,7 +221,6 @@ def run_case(case: Case, reps: int, n_files: int, pool_only: bool) -> dict:
         if errors:
             break
 
-    mini_batches = -(-n_files // 10)
     row = {"case": case.name, "files": n_files, "mini_batches": mini_batches,
            "reps": max(len(pool_runs), len(fr_runs)), "errors": errors,
            "pool_wall_s": [r.wall_s for r in pool_runs],

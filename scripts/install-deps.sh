@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs beyond the Rust toolchain and CPython, when missing:
 # RabbitMQ and Redis servers and Debian's docker-compose (one `apt-get update`, then one
-# `apt-get install`), moto's S3 server (>= 5.2.5) and PyYAML (pip), and cargo-nextest (the
+# `apt-get install`), moto's S3 server (>= 5.2.5), PyYAML, pandas and pyarrow (pip; the
+# tabular tests read DataFrames in the runner's Python), and cargo-nextest (the
 # test runner scripts/test.sh uses; built from crates.io, a few minutes).
 set -euo pipefail
 
@@ -21,10 +22,11 @@ fi
 
 # moto before 5.2.5 answers CompleteMultipartUpload with the wrong XML root.
 if ! "$PYTHON" -c 'import moto, sys; sys.exit(tuple(map(int, moto.__version__.split(".")[:3])) < (5, 2, 5))' 2>/dev/null \
-   || ! command -v moto_server >/dev/null || ! "$PYTHON" -c 'import yaml' 2>/dev/null; then
-  echo "[install-deps] pip install moto[server]>=5.2.5 pyyaml" >&2
+   || ! command -v moto_server >/dev/null \
+   || ! "$PYTHON" -c 'import yaml, pandas, pyarrow' 2>/dev/null; then
+  echo "[install-deps] pip install moto[server]>=5.2.5 pyyaml pandas pyarrow" >&2
   # A Debian-managed interpreter refuses pip installs (PEP 668): say which one to use.
-  if ! "$PYTHON" -m pip install -q 'moto[server]>=5.2.5' pyyaml; then
+  if ! "$PYTHON" -m pip install -q 'moto[server]>=5.2.5' pyyaml pandas pyarrow; then
     echo "[install-deps] pip failed for $("$PYTHON" -c 'import sys; print(sys.executable)'); set PYTHON to a Python that pip may install into (the one fleetrun-runner is built against)" >&2
     exit 1
   fi

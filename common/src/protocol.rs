@@ -31,6 +31,10 @@ pub enum Request {
         /// What `run(mini_batch, mini_batch_context)` receives as its second argument.
         #[serde(default)]
         context: RunContext,
+        /// A tabular input's mini-batch: the staged chunks the runner reads into one
+        /// DataFrame (`items` is then empty).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tables: Vec<StagedTable>,
     },
     /// Call `shutdown()` and exit 0.
     Shutdown,
@@ -44,6 +48,27 @@ pub struct RunContext {
     pub partition_key_value: Option<BTreeMap<String, String>>,
     /// What the mini-batch was cut from: the job's input location.
     pub dataset: String,
+}
+
+/// One staged chunk of a tabular input, as the runner reads it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StagedTable {
+    /// The local file: a CSV (header first) or JSON Lines file of the chunk's records, or a
+    /// sparse copy of a Parquet file holding the chunk's row groups and the footer.
+    pub path: String,
+    pub format: crate::wire::ChunkFormat,
+    /// Parquet: the row groups to read.
+    #[serde(default)]
+    pub row_groups: Vec<u32>,
+}
+
+/// How a runner reads a tabular input's chunks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TabularInit {
+    /// The CSV field separator.
+    pub separator: u8,
+    /// The job reads Parquet: `pyarrow` must be importable.
+    pub parquet: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -65,6 +90,16 @@ pub struct InitParams {
     pub logging_level: String,
     /// A virtualenv folder or a Python interpreter to run the script with.
     pub environment: Option<String>,
+    /// A tabular input: `run()` gets a pandas DataFrame, and pandas must be importable.
+    #[serde(default)]
+    pub tabular: Option<TabularInit>,
+    /// The separator of a returned DataFrame's values in its rows.
+    #[serde(default = "default_append_row_separator")]
+    pub append_row_separator: u8,
+}
+
+fn default_append_row_separator() -> u8 {
+    b' '
 }
 
 /// Runner → agent.
@@ -75,7 +110,16 @@ pub enum Reply {
     /// Loading the script or `init()` failed. The runner exits after sending this.
     InitFailed(ScriptError),
     /// `run()` returned: one string per returned element.
-    Done { rows: Vec<String>, timing: Timing },
+    Done {
+        rows: Vec<String>,
+        timing: Timing,
+        /// The rows of the DataFrame `run()` was given (a tabular input): its items.
+        #[serde(default)]
+        given: Option<u64>,
+        /// The returned DataFrame's header row, when `run()` returned one.
+        #[serde(default)]
+        header: Option<String>,
+    },
     /// `run()` raised, or returned something that is not a list/array/DataFrame.
     Failed { error: ScriptError, timing: Timing },
 }
@@ -228,6 +272,7 @@ mod tests {
                 mini_batch: 7,
                 items: paths.clone(),
                 context: RunContext::default(),
+                tables: Vec::new(),
             },
         )
         .unwrap();

@@ -5,9 +5,14 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-/// The version written into every message. A worker refuses (dead-letters) messages of a
-/// version it does not know.
+/// The version written into every message of a file input. A worker refuses (dead-letters)
+/// messages of a version it does not know.
 pub const WIRE_VERSION: u32 = 1;
+
+/// The version of a message that carries [`Chunk`]s (a tabular input). A worker built before
+/// tabular inputs refuses it rather than run it as a mini-batch of no files; during a rolling
+/// deploy file jobs keep running on every worker, tabular jobs on the new ones.
+pub const WIRE_VERSION_TABULAR: u32 = 2;
 
 /// One mini-batch of one job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,13 +29,77 @@ pub struct MiniBatch {
     /// name → value); `None` when the job has no `partition_keys`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<BTreeMap<String, String>>,
+    /// A tabular input's mini-batch: the byte ranges of records it holds, one [`Chunk`] per
+    /// file (several only with `partition_keys`). Empty for a file input.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chunks: Vec<Chunk>,
+}
+
+/// The records of one tabular file that belong to a mini-batch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chunk {
+    /// The file's key, relative to the input's folder.
+    pub key: String,
+    /// How its records are written.
+    pub format: ChunkFormat,
+    /// The file's size in bytes.
+    pub size: u64,
+    /// Byte ranges `[start, end)` in file order. CSV and JSON Lines: each starts at a
+    /// record's first byte and ends at the next record's (or the file's end). Parquet: the
+    /// chosen row groups' column chunks, followed by the footer.
+    pub ranges: Vec<[u64; 2]>,
+    /// CSV: the header record's bytes, line end included, put before the ranges.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<Vec<u8>>,
+    /// Parquet: the row groups, by index in the file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub row_groups: Vec<u32>,
+    /// The number of records, when the producer counted them (CSV, Parquet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<u64>,
+    /// The first record's number in the file (0-based, header not counted), when counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_row: Option<u64>,
+}
+
+/// The formats of [`Chunk`]s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ChunkFormat {
+    Csv,
+    JsonLines,
+    Parquet,
+}
+
+impl Chunk {
+    /// `data/a.csv bytes 0-65536` (`rows 10-19` when counted), as logs name the chunk.
+    pub fn describe(&self) -> String {
+        let (start, end) = match (self.ranges.first(), self.ranges.last()) {
+            (Some(first), Some(last)) => (first[0], last[1]),
+            _ => (0, 0),
+        };
+        let mut text = match self.format {
+            ChunkFormat::Parquet => {
+                let groups: Vec<String> = self.row_groups.iter().map(u32::to_string).collect();
+                format!("{} row groups {}", self.key, groups.join(" "))
+            }
+            _ => format!("{} bytes {start}-{end}", self.key),
+        };
+        if let (Some(first), Some(rows)) = (self.first_row, self.rows)
+            && rows > 0
+        {
+            text.push_str(&format!(" rows {first}-{}", first + rows - 1));
+        }
+        text
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
     #[error("message does not decode: {0}")]
     Decode(#[from] rmp_serde::decode::Error),
-    #[error("message has wire version {0}; this build reads version {WIRE_VERSION}")]
+    #[error(
+        "message has wire version {0}; this build reads versions {WIRE_VERSION} and {WIRE_VERSION_TABULAR}"
+    )]
     Version(u32),
 }
 
@@ -42,6 +111,16 @@ impl MiniBatch {
             index,
             items,
             partition: None,
+            chunks: Vec::new(),
+        }
+    }
+
+    /// A tabular input's mini-batch of `chunks`.
+    pub fn tabular(job: impl Into<String>, index: u64, chunks: Vec<Chunk>) -> Self {
+        MiniBatch {
+            v: WIRE_VERSION_TABULAR,
+            chunks,
+            ..MiniBatch::new(job, index, Vec::new())
         }
     }
 
@@ -51,7 +130,7 @@ impl MiniBatch {
 
     pub fn decode(body: &[u8]) -> Result<Self, WireError> {
         let m: MiniBatch = rmp_serde::from_slice(body)?;
-        if m.v != WIRE_VERSION {
+        if m.v != WIRE_VERSION && m.v != WIRE_VERSION_TABULAR {
             return Err(WireError::Version(m.v));
         }
         Ok(m)
@@ -66,6 +145,26 @@ mod tests {
     fn round_trips() {
         let m = MiniBatch::new("j", 3, vec!["a/b.png".into()]);
         assert_eq!(MiniBatch::decode(&m.encode()).unwrap(), m);
+    }
+
+    #[test]
+    fn tabular_mini_batches_round_trip_with_their_own_version() {
+        let chunk = Chunk {
+            key: "a.csv".into(),
+            format: ChunkFormat::Csv,
+            size: 100,
+            ranges: vec![[10, 60]],
+            header: Some(b"x,y\n".to_vec()),
+            row_groups: vec![],
+            rows: Some(5),
+            first_row: Some(0),
+        };
+        let m = MiniBatch::tabular("j", 1, vec![chunk]);
+        assert_eq!(m.v, WIRE_VERSION_TABULAR);
+        assert_eq!(MiniBatch::decode(&m.encode()).unwrap(), m);
+        assert_eq!(m.chunks[0].describe(), "a.csv bytes 10-60 rows 0-4");
+        // A file input's message is what workers before tabular inputs read.
+        assert_eq!(MiniBatch::new("j", 0, vec![]).v, 1);
     }
 
     #[test]

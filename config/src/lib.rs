@@ -39,7 +39,8 @@ pub struct JobSpec {
     pub output_action: OutputAction,
     /// The one `append_row` file in `output`: a plain file name.
     pub append_row_file_name: String,
-    /// For file inputs, files per mini-batch (at least 1).
+    /// Files per mini-batch (file inputs, at least 1), or bytes per mini-batch (tabular
+    /// inputs; `1MB` by default).
     pub mini_batch_size: MiniBatchSize,
     /// Failed items tolerated over the whole input; `-1` ignores all failures.
     pub error_threshold: i64,
@@ -65,6 +66,11 @@ pub struct JobSpec {
     pub environment_variables: BTreeMap<String, String>,
     /// Write the DataFrame header once at the top of the `append_row` file.
     pub append_row_dataframe_header: bool,
+    /// The field separator of the rows a returned DataFrame becomes in the `append_row`
+    /// file (one byte; a space by default, as ParallelRunStep writes them). A job recorded
+    /// by a submitter before this field reads as the default.
+    #[serde(default = "space")]
+    pub append_row_separator: u8,
     /// Seconds from the job's start to its first mini-batch before the job fails.
     pub first_task_creation_timeout: u64,
     /// Seconds without a completion before the job is declared stalled. Defaults to
@@ -73,6 +79,10 @@ pub struct JobSpec {
     /// The Python environment: a virtualenv folder or an interpreter path. `None` = the
     /// active virtualenv if any, else the interpreter fleetrun was built against.
     pub environment: Option<PathBuf>,
+}
+
+const fn space() -> u8 {
+    b' '
 }
 
 /// Where data lives: a local path (absolute) or an S3 prefix.
@@ -106,6 +116,9 @@ impl std::fmt::Display for Location {
 pub enum Input {
     /// A folder or prefix of files; each file is one item (`[input] files = "..."`).
     Files(Location),
+    /// One table file, or a folder or prefix of them, cut into byte ranges of records
+    /// (`[input] tabular = "..."`); each record (row) is one item.
+    Tabular(Tabular),
 }
 
 impl Input {
@@ -113,6 +126,71 @@ impl Input {
     pub fn location(&self) -> &Location {
         match self {
             Input::Files(location) => location,
+            Input::Tabular(tabular) => &tabular.location,
+        }
+    }
+
+    /// The tabular input, when the input is one.
+    pub fn tabular(&self) -> Option<&Tabular> {
+        match self {
+            Input::Files(_) => None,
+            Input::Tabular(tabular) => Some(tabular),
+        }
+    }
+}
+
+/// A tabular input: where it is, how its records are written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tabular {
+    /// One file, or a folder or prefix of files (read recursively, in key order).
+    pub location: Location,
+    /// `[input] format`; `None` = from each file's extension (`.csv`, `.jsonl`/`.json`,
+    /// `.parquet`). The submitter settles it before the job is registered (see
+    /// [`TabularFormat::of_key`]).
+    pub format: Option<TabularFormat>,
+    /// `[input] separator`: the CSV field separator, one byte (default `,`).
+    pub separator: u8,
+}
+
+/// How a tabular file's records are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TabularFormat {
+    /// RFC 4180 CSV with a header line; a newline inside quotes is not a record boundary.
+    Csv,
+    /// One JSON object per line.
+    JsonLines,
+    /// Apache Parquet; a mini-batch is a run of whole row groups.
+    Parquet,
+}
+
+impl TabularFormat {
+    /// The format a file name's extension says (`a/b.CSV` is CSV), if it says one.
+    pub fn of_key(key: &str) -> Option<TabularFormat> {
+        let name = key.rsplit('/').next().unwrap_or(key);
+        let (_, extension) = name.rsplit_once('.')?;
+        match extension.to_ascii_lowercase().as_str() {
+            "csv" => Some(TabularFormat::Csv),
+            "jsonl" | "json" | "ndjson" => Some(TabularFormat::JsonLines),
+            "parquet" | "pq" => Some(TabularFormat::Parquet),
+            _ => None,
+        }
+    }
+
+    /// The name the job file uses for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TabularFormat::Csv => "csv",
+            TabularFormat::JsonLines => "jsonl",
+            TabularFormat::Parquet => "parquet",
+        }
+    }
+
+    /// The extension a staged chunk gets, which tells the runner how to read it.
+    pub fn extension(self) -> &'static str {
+        match self {
+            TabularFormat::Csv => "csv",
+            TabularFormat::JsonLines => "jsonl",
+            TabularFormat::Parquet => "parquet",
         }
     }
 }

@@ -6,8 +6,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use fleetrun_config::{
-    ConfigError, Input, JobSpec, Location, LoggingLevel, MiniBatchSize, OutputAction, load,
-    load_str,
+    ConfigError, Input, JobSpec, Location, LoggingLevel, MiniBatchSize, OutputAction, Tabular,
+    TabularFormat, load, load_str,
 };
 use tempfile::TempDir;
 
@@ -177,6 +177,7 @@ path = "./results/../out"
             ("OMP_NUM_THREADS".into(), "1".into()),
         ]),
         append_row_dataframe_header: true,
+        append_row_separator: b' ',
         first_task_creation_timeout: 30,
         progress_update_timeout: 1000,
         environment: Some(dir.path(".venv")),
@@ -211,6 +212,7 @@ fn a_minimal_job_file_gets_the_defaults() {
         partition_keys: None,
         environment_variables: BTreeMap::new(),
         append_row_dataframe_header: false,
+        append_row_separator: b' ',
         first_task_creation_timeout: 600,
         progress_update_timeout: 300,
         environment: None,
@@ -356,6 +358,7 @@ fn mini_batch_size_rules() {
     for case in [
         r#"mini_batch_size = 0 → mini_batch_size: must be at least 1 (got 0)"#,
         r#"mini_batch_size = "1MB" → mini_batch_size: a file input takes a number of files, not a size (got "1MB")"#,
+        r#"mini_batch_size = "0" → mini_batch_size: must be at least 1 (got "0")"#,
         r#"mini_batch_size = "lots" → mini_batch_size: expected a number of files or a size such as "10MB" (got "lots")"#,
         r#"mini_batch_size = 2.5 → mini_batch_size: expected a number of files or a size such as "10MB", got a float (2.5)"#,
     ] {
@@ -725,5 +728,102 @@ fn every_shipped_example_job_file_loads() {
         .filter(|job_file| job_file.is_file());
     for job_file in job_files {
         load(&job_file, &[]).unwrap_or_else(|err| panic!("{err}"));
+    }
+}
+
+// --- Tabular inputs -------------------------------------------------------------------
+
+/// The minimal job file with a tabular input and `extra` lines under `[input]`.
+fn tabular_job(set: &[(&str, &str)], extra: &str) -> String {
+    job(set).replace(
+        "[input]\nfiles = \"data/images\"\n",
+        &format!("[input]\ntabular = \"data/rows.csv\"\n{extra}"),
+    )
+}
+
+#[test]
+fn mini_batch_size_as_a_string_counts_files() {
+    let dir = JobDir::new();
+    let spec = dir.load(&job(&[("mini_batch_size", r#""5""#)])).unwrap();
+    assert_eq!(spec.mini_batch_size, MiniBatchSize::Files(5));
+    let spec = dir
+        .load_with(&minimal(), &[r#"mini_batch_size="7""#])
+        .unwrap();
+    assert_eq!(spec.mini_batch_size, MiniBatchSize::Files(7));
+}
+
+#[test]
+fn a_tabular_input_and_its_defaults() {
+    let dir = JobDir::new();
+    let spec = dir.load(&tabular_job(&[], "")).unwrap();
+    assert_eq!(
+        spec.input,
+        Input::Tabular(Tabular {
+            location: Location::Local(dir.path("data/rows.csv")),
+            format: None,
+            separator: b',',
+        })
+    );
+    assert_eq!(spec.mini_batch_size, MiniBatchSize::Bytes(1 << 20));
+    assert_eq!(spec.append_row_separator, b' ');
+    let spec = dir
+        .load(&tabular_job(
+            &[
+                ("mini_batch_size", r#""64KB""#),
+                ("partition_keys", r#"["region", "day"]"#),
+                ("append_row_separator", r#"",""#),
+            ],
+            "format = \"CSV\"\nseparator = \"\\t\"\n",
+        ))
+        .unwrap();
+    assert_eq!(spec.mini_batch_size, MiniBatchSize::Bytes(64 << 10));
+    assert_eq!(spec.partition_keys.unwrap(), ["region", "day"]);
+    assert_eq!(spec.append_row_separator, b',');
+    let tabular = spec.input.tabular().unwrap();
+    assert_eq!(tabular.format, Some(TabularFormat::Csv));
+    assert_eq!(tabular.separator, b'\t');
+    for (size, bytes) in [("10", 10), (r#""10MB""#, 10 << 20), (r#""1GB""#, 1 << 30)] {
+        let spec = dir
+            .load(&tabular_job(&[("mini_batch_size", size)], ""))
+            .unwrap();
+        assert_eq!(spec.mini_batch_size, MiniBatchSize::Bytes(bytes), "{size}");
+    }
+}
+
+#[test]
+fn tabular_rules_name_the_field() {
+    let dir = JobDir::new();
+    let cases = [
+        (
+            tabular_job(&[("mini_batch_size", r#""lots""#)], ""),
+            r#"job.toml: mini_batch_size: a tabular input takes a size such as "64KB", "1MB", "1GB" or a number of bytes (KB = 1024 bytes) (got "lots")"#,
+        ),
+        (
+            tabular_job(&[], "format = \"xml\"\n"),
+            r#"job.toml: input.format: must be "csv", "jsonl" or "parquet" (got "xml")"#,
+        ),
+        (
+            tabular_job(&[], "separator = \";;\"\n"),
+            r#"job.toml: input.separator: must be one ASCII character other than a quote or a newline, such as "," or "\t" (got ";;")"#,
+        ),
+        (
+            tabular_job(&[], "files = \"data/images\"\n"),
+            r#"job.toml: input.tabular: set input.files or input.tabular, not both (got "data/rows.csv")"#,
+        ),
+        (
+            job(&[]).replace("[input]\n", "[input]\nseparator = \";\"\n"),
+            r#"job.toml: input.separator: only for input.tabular (got ";")"#,
+        ),
+        (
+            tabular_job(&[("partition_keys", "[]")], ""),
+            "job.toml: partition_keys: must name at least one column, each once (got [])",
+        ),
+        (
+            tabular_job(&[("partition_keys", r#"["a"]"#)], "format = \"parquet\"\n"),
+            r#"job.toml: partition_keys: not yet supported for Parquet inputs (CSV and JSON Lines only) (got ["a"])"#,
+        ),
+    ];
+    for (text, expected) in cases {
+        assert_eq!(dir.error(&text), expected);
     }
 }

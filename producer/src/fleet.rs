@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::local::new_job_id;
 use crate::partition::{PartitionError, Produced, publish_files};
 use crate::progress::{Figures, Progress};
+use crate::tabular::{publish_tabular, settle_format};
 
 /// How often a waiting submitter or `status --watch` reads the ledger.
 const POLL: Duration = Duration::from_millis(100);
@@ -37,6 +38,10 @@ pub enum FleetError {
     /// Listing the input failed: the job is Failed for it.
     #[error("partitioning the input failed: {0}")]
     Partition(#[from] PartitionError),
+    /// The input cannot be read as the job file says (its tabular format cannot be told):
+    /// refused before the job is registered.
+    #[error("{0}")]
+    Refused(String),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
     #[error(transparent)]
@@ -97,7 +102,8 @@ pub async fn register(
     job_id: Option<&str>,
 ) -> Result<Registered, FleetError> {
     let job = job_id.map_or_else(|| new_job_id(&spec.name), str::to_owned);
-    let spec = job::ship_code(spec, &fleet.s3).await?;
+    let mut spec = job::ship_code(spec, &fleet.s3).await?;
+    settle_tabular_format(&mut spec, &fleet.s3).await?;
     let limits = Limits {
         error_threshold: spec.error_threshold,
         allowed_failed_count: spec.allowed_failed_count,
@@ -183,19 +189,38 @@ pub async fn publish(
             }
         })
     };
-    let MiniBatchSize::Files(size) = spec.mini_batch_size else {
-        unreachable!("validated: a file input counts files")
+    let published = match (&spec.input, spec.mini_batch_size) {
+        (fleetrun_config::Input::Tabular(tabular), MiniBatchSize::Bytes(size)) => {
+            let (_, one) = job::tabular_root(&tabular.location);
+            let format = tabular.format.expect("settled when the job was registered");
+            publish_tabular(
+                &*input,
+                one.as_deref(),
+                job,
+                tabular,
+                format,
+                size,
+                spec.partition_keys.as_deref(),
+                &*fleet.queue,
+                produced,
+                &stop,
+            )
+            .await
+        }
+        (_, MiniBatchSize::Files(size)) => {
+            publish_files(
+                &*input,
+                "",
+                job,
+                size as usize,
+                &*fleet.queue,
+                produced,
+                &stop,
+            )
+            .await
+        }
+        (_, MiniBatchSize::Bytes(_)) => unreachable!("validated: a file input counts files"),
     };
-    let published = publish_files(
-        &*input,
-        "",
-        job,
-        size as usize,
-        &*fleet.queue,
-        produced,
-        &stop,
-    )
-    .await;
     watcher.abort();
     let total = match published {
         Ok(total) => total,
@@ -214,6 +239,32 @@ pub async fn publish(
             let ctx = context(fleet, job, &registered.record).await?;
             job::conclude(&*fleet.ledger, &ctx, sealed.status).await;
         }
+    }
+    Ok(())
+}
+
+/// Settles a tabular input's format before the job is registered: every runner then knows
+/// how to read it (and whether it needs pyarrow).
+pub async fn settle_tabular_format(
+    spec: &mut JobSpec,
+    s3: &fleetrun_common::storage::s3::S3Settings,
+) -> Result<(), FleetError> {
+    let Some(tabular) = spec.input.tabular() else {
+        return Ok(());
+    };
+    if tabular.format.is_some() {
+        return Ok(());
+    }
+    let input = job::open_input(spec, s3).await?;
+    let (_, one) = job::tabular_root(&tabular.location);
+    let format = settle_format(tabular, &*input, one.as_deref())
+        .await
+        .map_err(|e| match e {
+            PartitionError::Tabular(e) => FleetError::Refused(e.to_string()),
+            other => FleetError::Partition(other),
+        })?;
+    if let fleetrun_config::Input::Tabular(tabular) = &mut spec.input {
+        tabular.format = Some(format);
     }
     Ok(())
 }

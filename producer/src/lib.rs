@@ -7,6 +7,7 @@
 //! - [`fleet`]: submitting to, following and canceling jobs on a fleet.
 //! - [`local`]: runs a whole job on this machine on the embedded seams.
 //! - [`progress`]: the terminal's view of a running job.
+//! - [`tabular`]: cuts a tabular input (CSV, JSON Lines, Parquet) into byte-range chunks.
 //! - [`exit`]: the exit codes of `fleetrun`, in one table.
 
 pub mod exit;
@@ -14,3 +15,4 @@ pub mod fleet;
 pub mod local;
 pub mod partition;
 pub mod progress;
+pub mod tabular;

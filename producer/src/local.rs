@@ -135,20 +135,33 @@ fn signal_name(signal: i32) -> String {
 
 /// Runs a job to its end on this machine. `interrupt` cancels it.
 pub async fn run_local(
-    spec: JobSpec,
+    mut spec: JobSpec,
     options: RunOptions,
     interrupt: Interrupt,
 ) -> Result<JobReport, RunError> {
     let started = Instant::now();
-    let Input::Files(input_location) = &spec.input;
-    let input_dir = local_dir(input_location, "input.files")?;
-    if !input_dir.is_dir() {
+    let (input_field, input_found) = match &spec.input {
+        Input::Files(_) => ("input.files", Path::is_dir as fn(&Path) -> bool),
+        Input::Tabular(_) => ("input.tabular", Path::exists as fn(&Path) -> bool),
+    };
+    let input_dir = local_dir(spec.input.location(), input_field)?;
+    if !input_found(&input_dir) {
         return Err(RunError::Setup(format!(
-            "input.files: folder not found (got {:?})",
+            "{input_field}: {} not found (got {:?})",
+            if spec.input.tabular().is_some() {
+                "file or folder"
+            } else {
+                "folder"
+            },
             input_dir.display().to_string()
         )));
     }
     let output_dir = local_dir(&spec.output, "output.path")?;
+    // Before the output folder is claimed: a tabular input whose format cannot be told is
+    // refused as the job file is.
+    fleet_cmd::settle_tabular_format(&mut spec, &S3Settings::default())
+        .await
+        .map_err(|e| RunError::Setup(e.to_string()))?;
     let runner_exe = find_runner_exe().map_err(RunError::Runner)?;
     // Held to the end: the output folder is this run's alone, and what it writes there is
     // recorded as fleetrun's.

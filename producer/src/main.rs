@@ -274,7 +274,7 @@ async fn submit(
     .await
     {
         Ok(submitted) => submitted,
-        Err(e @ FleetError::Conflict { .. }) => {
+        Err(e @ (FleetError::Conflict { .. } | FleetError::Refused(_))) => {
             eprintln!("error: {e}");
             return Ok(ExitCode::from(exit::REFUSED));
         }

@@ -16,6 +16,8 @@ pub enum PartitionError {
     List(#[from] StorageError),
     #[error("publishing a mini-batch failed: {0}")]
     Publish(#[from] QueueError),
+    #[error(transparent)]
+    Tabular(#[from] crate::tabular::TabularError),
 }
 
 /// Publishes awaiting their confirmation at once.
@@ -33,7 +35,7 @@ pub struct Produced {
 }
 
 impl Produced {
-    fn confirmed(&self, items: u64) {
+    pub(crate) fn confirmed(&self, items: u64) {
         self.mini_batches.fetch_add(1, Ordering::Relaxed);
         self.items.fetch_add(items, Ordering::Relaxed);
     }

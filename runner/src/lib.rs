@@ -176,11 +176,21 @@ fn serve_script(
                 script::flush_stdio(py);
                 return Ok(EXIT_OK);
             }
-            Some(Request::Run { items, .. }) => {
-                let (rows, timing) = script.run(py, &items);
+            Some(Request::Run { items, tables, .. }) => {
+                let (rows, timing, given) = if tables.is_empty() {
+                    let (rows, timing) = script.run(py, &items);
+                    (rows, timing, None)
+                } else {
+                    script.run_tables(py, &tables)
+                };
                 script::flush_stdio(py);
                 let reply = match rows {
-                    Ok(rows) => Reply::Done { rows, timing },
+                    Ok(returned) => Reply::Done {
+                        rows: returned.rows,
+                        timing,
+                        given,
+                        header: returned.header,
+                    },
                     Err(error) => Reply::Failed { error, timing },
                 };
                 py.detach(|| send_run_reply(channel, &reply, timing))?;

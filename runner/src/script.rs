@@ -11,13 +11,18 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyModule, PyString, PyTraceback};
 
-use crate::protocol::{InitParams, ReadyInfo, ScriptError, Timing};
-use crate::rows;
+use crate::protocol::{InitParams, ReadyInfo, ScriptError, StagedTable, Timing};
+use crate::rows::{self, Returned};
 
 /// The `EntryScript` helper, executed as the module `fleetrun`.
 const HELPER_SOURCE: &str = include_str!("python/entry_script.py");
 const HELPER_MODULE: &CStr = c"fleetrun";
 const HELPER_FILE: &CStr = c"<fleetrun-runner>/entry_script.py";
+
+/// The reader of a tabular input's chunks, executed as the module `fleetrun_tabular`.
+const TABULAR_SOURCE: &str = include_str!("python/tabular.py");
+const TABULAR_MODULE: &CStr = c"fleetrun_tabular";
+const TABULAR_FILE: &CStr = c"<fleetrun-runner>/tabular.py";
 
 /// The module name used when the script's file name is not a free module name.
 const FALLBACK_MODULE: &str = "entry_script";
@@ -26,6 +31,10 @@ const FALLBACK_MODULE: &str = "entry_script";
 pub struct EntryScript {
     run: Py<PyAny>,
     shutdown: Option<Py<PyAny>>,
+    /// A tabular input's reader (`fleetrun_tabular`), and its CSV separator.
+    tabular: Option<(Py<PyModule>, u8)>,
+    /// The separator of a returned DataFrame's values.
+    separator: u8,
 }
 
 impl EntryScript {
@@ -58,6 +67,16 @@ impl EntryScript {
             sys_path.insert(i, dir)?;
         }
 
+        // Before the script (its folder already importable, so a vendored pandas counts): a job that cannot read its input fails saying why, once.
+        let tabular = match &params.tabular {
+            Some(init) => {
+                let source = std::ffi::CString::new(TABULAR_SOURCE).expect("no NUL");
+                let reader = PyModule::from_code(py, &source, TABULAR_FILE, TABULAR_MODULE)?;
+                reader.call_method1("check", (init.parquet,))?;
+                Some((reader.unbind(), init.separator))
+            }
+            None => None,
+        };
         let module = import_script(py, &params.entry_script)?;
         let run = match module.getattr_opt("run")? {
             Some(run) if run.is_callable() => run,
@@ -80,7 +99,53 @@ impl EntryScript {
         Ok(Self {
             run: run.unbind(),
             shutdown: shutdown.map(Bound::unbind),
+            tabular,
+            separator: params.append_row_separator,
         })
+    }
+
+    /// Reads a tabular mini-batch's staged chunks into one DataFrame and calls `run()` on
+    /// it; also returns how many rows it was given.
+    pub fn run_tables(
+        &self,
+        py: Python<'_>,
+        tables: &[StagedTable],
+    ) -> (Result<Returned, ScriptError>, Timing, Option<u64>) {
+        let frame = (|| {
+            let Some((reader, separator)) = &self.tabular else {
+                return Err(PyTypeError::new_err(
+                    "a tabular mini-batch reached a runner started for a file input",
+                ));
+            };
+            let tables = tables
+                .iter()
+                .map(|t| {
+                    (
+                        t.path.as_str(),
+                        format!("{:?}", t.format),
+                        t.row_groups.clone(),
+                    )
+                })
+                .collect::<Vec<_>>();
+            let separator = char::from(*separator).to_string();
+            reader.bind(py).call_method1("read", (tables, separator))
+        })();
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(e) => return (Err(script_error(py, &e)), Timing::default(), None),
+        };
+        let given = frame.len().ok().map(|n| n as u64);
+        if given == Some(0) {
+            // A chunk whose edges fell inside one long record holds no row: `run()` is
+            // never handed an empty DataFrame.
+            let none = Returned {
+                rows: Vec::new(),
+                header: None,
+            };
+            return (Ok(none), Timing::default(), given);
+        }
+        let (rows, timing) = self.call_run(py, frame);
+        (rows, timing, given)
     }
 
     /// Calls `run(items)` and converts what it returns into one string per element.
@@ -88,11 +153,19 @@ impl EntryScript {
         &self,
         py: Python<'_>,
         items: &[PathBuf],
-    ) -> (Result<Vec<String>, ScriptError>, Timing) {
+    ) -> (Result<Returned, ScriptError>, Timing) {
         let mini_batch = match path_list(py, items) {
             Ok(list) => list,
             Err(e) => return (Err(script_error(py, &e)), Timing::default()),
         };
+        self.call_run(py, mini_batch.into_any())
+    }
+
+    fn call_run(
+        &self,
+        py: Python<'_>,
+        mini_batch: Bound<'_, PyAny>,
+    ) -> (Result<Returned, ScriptError>, Timing) {
         let wall = Instant::now();
         let cpu = process_cpu_seconds();
         let result = self.run.bind(py).call1((mini_batch,));
@@ -101,7 +174,7 @@ impl EntryScript {
             cpu_seconds: (process_cpu_seconds() - cpu).max(0.0),
         };
         let rows = result
-            .and_then(|r| rows::rows(&r))
+            .and_then(|r| rows::rows(&r, self.separator))
             .map_err(|e| script_error(py, &e));
         (rows, timing)
     }

@@ -52,6 +52,8 @@ impl Job {
             output_dir: self.path("out").to_str().unwrap().into(),
             logging_level: "INFO".into(),
             environment: None,
+            tabular: None,
+            append_row_separator: b' ',
         }
     }
 
@@ -133,6 +135,7 @@ impl Runner {
             mini_batch: 1,
             items,
             context: Default::default(),
+            tables: Vec::new(),
         })
     }
 
@@ -274,6 +277,7 @@ fn paths_reach_the_script_as_fsdecoded_str_that_open_the_file() {
         mini_batch: 1,
         items: paths,
         context: Default::default(),
+        tables: Vec::new(),
     });
     let Reply::Done { rows, .. } = reply else {
         panic!("expected Done, got {reply:?}");
@@ -310,9 +314,9 @@ fn results_other_than_lists_are_converted_or_refused() {
         class Frame:
             """Stands in for a pandas DataFrame."""
             columns = ["path", "score"]
-            def to_csv(self, sep=",", header=True, index=True):
-                assert (sep, header, index) == (" ", False, False), (sep, header, index)
-                return "a.png 0.5\nb.png 0.25\n"
+            def itertuples(self, index=True, name="Pandas"):
+                assert (index, name) == (False, None), (index, name)
+                return iter([("a.png", 0.5), ("b 2.png", 0.25), ("c.png", float("nan"))])
 
         def run(mini_batch):
             kind = mini_batch[0]
@@ -335,7 +339,7 @@ fn results_other_than_lists_are_converted_or_refused() {
     assert_eq!(runner.rows(&["array"]), strings(&["1", "2.5", "s"]));
     assert_eq!(
         runner.rows(&["frame"]),
-        strings(&["a.png 0.5", "b.png 0.25"])
+        strings(&["a.png 0.5", "\"b 2.png\" 0.25", "c.png "])
     );
     for (kind, type_name) in [
         ("none", "NoneType"),
@@ -913,4 +917,114 @@ fn an_agent_that_closes_before_init_gets_a_clean_exit() {
     let job = Job::new();
     let runner = job.spawn();
     assert_eq!(runner.close().code(), Some(0));
+}
+
+/// A tabular mini-batch: staged CSV (header first), JSON Lines and a Parquet copy become one
+/// DataFrame; `run()` learns nothing of the staging, the reply says how many rows it was
+/// given, and a returned DataFrame's rows are CSV records with the job's separator.
+#[test]
+fn tabular_chunks_become_one_dataframe_and_returned_frames_keep_their_header() {
+    use fleetrun_common::wire::ChunkFormat;
+    use fleetrun_runner::protocol::{StagedTable, TabularInit};
+    let job = Job::new();
+    fs::write(job.path("a.csv"), "id,text\n1,\"two\nlines\"\n2,plain\n").unwrap();
+    fs::write(job.path("b.jsonl"), "{\"id\": 3, \"text\": \"x;y\"}\n").unwrap();
+    let made = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import pandas as pd; pd.DataFrame({{'id': [4, 5], 'text': ['p', None]}}).to_parquet({:?}, row_group_size=1)",
+            job.path("c.parquet").to_str().unwrap()
+        ))
+        .status()
+        .unwrap();
+    assert!(
+        made.success(),
+        "pandas and pyarrow are needed (scripts/install-deps.sh)"
+    );
+    let script = job.write(
+        "score.py",
+        r#"
+        def run(frame):
+            return frame[["id", "text"]]
+        "#,
+    );
+    let mut params = job.params(&script);
+    params.tabular = Some(TabularInit {
+        separator: b',',
+        parquet: true,
+    });
+    params.append_row_separator = b';';
+    let (mut runner, _) = job.ready(&params);
+    let table = |rel: &str, format, row_groups: Vec<u32>| StagedTable {
+        path: job.path(rel).to_str().unwrap().to_owned(),
+        format,
+        row_groups,
+    };
+    let reply = runner.request(&Request::Run {
+        mini_batch: 1,
+        items: vec![],
+        context: Default::default(),
+        tables: vec![
+            table("a.csv", ChunkFormat::Csv, vec![]),
+            table("b.jsonl", ChunkFormat::JsonLines, vec![]),
+            table("c.parquet", ChunkFormat::Parquet, vec![1]),
+        ],
+    });
+    let Reply::Done {
+        rows,
+        given,
+        header,
+        ..
+    } = reply
+    else {
+        panic!("expected Done, got {reply:?}");
+    };
+    assert_eq!(given, Some(4));
+    assert_eq!(header.as_deref(), Some("id;text"));
+    assert_eq!(
+        rows,
+        strings(&["1;\"two\nlines\"", "2;plain", "3;\"x;y\"", "5;"])
+    );
+}
+
+/// A tabular job whose Python lacks pandas fails to start, naming the package.
+#[test]
+fn a_tabular_job_without_pandas_names_the_package() {
+    let job = Job::new();
+    let script = job.write("score.py", "def run(frame):\n    return []\n");
+    let mut params = job.params(&script);
+    params.tabular = Some(fleetrun_runner::protocol::TabularInit {
+        separator: b',',
+        parquet: false,
+    });
+    // A module of that name that cannot be imported stands in for a missing package.
+    job.write(
+        "pandas/__init__.py",
+        "raise ImportError('No module named pandas')\n",
+    );
+    params.source_directory = Some(
+        job.path("")
+            .to_str()
+            .unwrap()
+            .trim_end_matches('/')
+            .to_owned(),
+    );
+    params.entry_script = job.path("score.py").to_str().unwrap().to_owned();
+    match job.start(&params) {
+        (_, Reply::InitFailed(error)) => {
+            assert!(
+                error
+                    .message
+                    .starts_with("fleetrun_tabular.MissingPackage: a tabular input needs pandas"),
+                "{}",
+                error.message
+            );
+            assert!(
+                error.message.contains("-m pip install pandas"),
+                "{}",
+                error.message
+            );
+        }
+        (_, other) => panic!("expected InitFailed, got {other:?}"),
+    }
 }

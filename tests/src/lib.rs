@@ -2,6 +2,8 @@
 //! binaries to run it with, bounded waits on what they do, and servers of a test's own for
 //! faults that would disturb the shared ones.
 
+pub mod tabular;
+
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};

@@ -89,6 +89,7 @@ where
             total,
             output,
             &spec.append_row_file_name,
+            spec.append_row_dataframe_header,
         )
         .await
     {
@@ -133,7 +134,9 @@ pub async fn join_parts(
     total: u64,
     output: &dyn Storage,
     file_name: &str,
+    framed: bool,
 ) -> Result<u64, String> {
+    let mut header_written = false;
     let mut writer = output.writer(file_name).await.map_err(|e| e.to_string())?;
     let mut start = 0;
     while start < total {
@@ -146,11 +149,57 @@ pub async fn join_parts(
             .map(|part| async move { parts.get(&part).await })
             .buffered(READ_AHEAD);
         while let Some(body) = bodies.try_next().await? {
+            let body = if framed {
+                let (header, rows) = split_header(body)?;
+                if !header_written && !header.is_empty() {
+                    header_written = true;
+                    let mut line = header.to_vec();
+                    line.push(b'\n');
+                    writer.write(line.into()).await.map_err(|e| e.to_string())?;
+                }
+                rows
+            } else {
+                body
+            };
             writer.write(body).await.map_err(|e| e.to_string())?;
         }
         start = end;
     }
     writer.finish().await.map_err(|e| e.to_string())
+}
+
+/// The bytes before a part's rows that say its DataFrame's header, for a job with
+/// `append_row_dataframe_header`: the header's length (8 bytes, little-endian), then the
+/// header. The join writes the first header it meets once, at the top.
+const HEADER_LEN: usize = 8;
+
+/// A part's body: its rows, one per line, after the header when the job keeps headers
+/// (`framed`).
+pub fn with_header(header: Option<&str>, rows: &[String], framed: bool) -> Bytes {
+    let rows = crate::agent::join_rows(rows);
+    if !framed {
+        return rows;
+    }
+    let header = header.unwrap_or_default().as_bytes();
+    let mut body = Vec::with_capacity(HEADER_LEN + header.len() + rows.len());
+    body.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    body.extend_from_slice(header);
+    body.extend_from_slice(&rows);
+    body.into()
+}
+
+/// A framed part's header and rows.
+fn split_header(body: Bytes) -> Result<(Bytes, Bytes), String> {
+    let corrupt = || "a part's header frame is corrupt".to_owned();
+    let len: [u8; HEADER_LEN] = body
+        .get(..HEADER_LEN)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(corrupt)?;
+    let end = HEADER_LEN
+        .checked_add(usize::try_from(u64::from_le_bytes(len)).map_err(|_| corrupt())?)
+        .filter(|end| *end <= body.len())
+        .ok_or_else(corrupt)?;
+    Ok((body.slice(HEADER_LEN..end), body.slice(end..)))
 }
 
 /// The parts a job's writer on this node keeps: segments in the output's `_parts/<job>/`
@@ -402,13 +451,42 @@ mod tests {
 
         let out_dir = tempfile::tempdir().unwrap();
         let out = LocalStorage::new(out_dir.path());
-        let size = join_parts(a, &ledger, "j", 4, &out, "out.txt")
+        let size = join_parts(a, &ledger, "j", 4, &out, "out.txt", false)
             .await
             .unwrap();
         a.clear().await.unwrap();
         let joined = std::fs::read_to_string(out_dir.path().join("out.txt")).unwrap();
         assert_eq!(size, joined.len() as u64);
         joined
+    }
+
+    /// With `append_row_dataframe_header`, the first header met is written once, at the top.
+    #[tokio::test]
+    async fn framed_parts_give_the_header_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let parts = SegmentParts::new(dir.path().join("_parts/j"), &writer_name("n1"));
+        let ledger = MemoryLedger::new();
+        ledger.create("j", Limits::NONE).await.unwrap();
+        let rows = |rows: &[&str]| rows.iter().map(|r| r.to_string()).collect::<Vec<_>>();
+        let bodies = [
+            with_header(None, &rows(&[]), true),
+            with_header(Some("id text"), &rows(&["1 a", "2 b"]), true),
+            with_header(Some("id text"), &rows(&["3 c"]), true),
+        ];
+        for (index, body) in bodies.into_iter().enumerate() {
+            let part = parts.put(index as u64, body).await.unwrap();
+            ledger
+                .record("j", index as u64, OK, Some(&part))
+                .await
+                .unwrap();
+        }
+        let out = LocalStorage::new(dir.path());
+        join_parts(&parts, &ledger, "j", 3, &out, "out.txt", true)
+            .await
+            .unwrap();
+        let joined = std::fs::read_to_string(dir.path().join("out.txt")).unwrap();
+        assert_eq!(joined, "id text\n1 a\n2 b\n3 c\n");
+        assert_eq!(with_header(Some("h"), &rows(&["x"]), false), "x\n");
     }
 
     #[tokio::test]
@@ -450,7 +528,7 @@ mod tests {
         let ledger = MemoryLedger::new();
         ledger.create("j", Limits::NONE).await.unwrap();
         let out = LocalStorage::new(dir.path());
-        join_parts(&*parts, &ledger, "j", 0, &out, "out.txt")
+        join_parts(&*parts, &ledger, "j", 0, &out, "out.txt", false)
             .await
             .unwrap();
         assert_eq!(

@@ -84,6 +84,10 @@ pub enum RunOutcome {
     Done {
         rows: Vec<String>,
         timing: protocol::Timing,
+        /// The rows `run()` was given (a tabular input), which are its items.
+        given: Option<u64>,
+        /// The returned DataFrame's header row.
+        header: Option<String>,
     },
     Raised {
         error: ScriptError,
@@ -121,6 +125,19 @@ pub trait Runner: Send + Sync {
     fn pid(&self) -> u32;
     /// Sends a mini-batch; it runs once those sent before it have returned.
     async fn submit(&mut self, mini_batch: u64, items: Vec<PathBuf>) -> std::io::Result<()>;
+    /// Sends a tabular input's mini-batch: its staged chunks, read into one DataFrame.
+    async fn submit_tables(
+        &mut self,
+        mini_batch: u64,
+        tables: Vec<protocol::StagedTable>,
+        context: protocol::RunContext,
+    ) -> std::io::Result<()> {
+        let _ = (mini_batch, tables, context);
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "this runner takes no tabular mini-batches",
+        ))
+    }
     /// How the oldest mini-batch sent and not yet answered ended, waiting at most `timeout`.
     async fn outcome(&mut self, timeout: Duration) -> RunOutcome;
     /// Asks the runner to call `shutdown()` and exit.
@@ -161,6 +178,21 @@ impl Runner for RunnerProcess {
 
     async fn submit(&mut self, mini_batch: u64, items: Vec<PathBuf>) -> std::io::Result<()> {
         RunnerProcess::submit(self, mini_batch, items).await
+    }
+
+    async fn submit_tables(
+        &mut self,
+        mini_batch: u64,
+        tables: Vec<protocol::StagedTable>,
+        context: protocol::RunContext,
+    ) -> std::io::Result<()> {
+        self.send(&Request::Run {
+            mini_batch,
+            items: Vec::new(),
+            context,
+            tables,
+        })
+        .await
     }
 
     async fn outcome(&mut self, timeout: Duration) -> RunOutcome {
@@ -279,6 +311,7 @@ impl RunnerProcess {
             mini_batch,
             items,
             context: Default::default(),
+            tables: Vec::new(),
         })
         .await
     }
@@ -291,7 +324,17 @@ impl RunnerProcess {
                 self.kill().await;
                 RunOutcome::TimedOut
             }
-            Ok(Ok(Some(Reply::Done { rows, timing }))) => RunOutcome::Done { rows, timing },
+            Ok(Ok(Some(Reply::Done {
+                rows,
+                timing,
+                given,
+                header,
+            }))) => RunOutcome::Done {
+                rows,
+                timing,
+                given,
+                header,
+            },
             Ok(Ok(Some(Reply::Failed { error, timing }))) => RunOutcome::Raised { error, timing },
             Ok(Ok(Some(other))) => RunOutcome::Raised {
                 error: unexpected(&other),

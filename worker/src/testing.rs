@@ -302,8 +302,15 @@ async fn play(mut behaviour: Run, items: &[PathBuf]) -> RunOutcome {
         Run::Rows => RunOutcome::Done {
             rows: items.iter().map(|p| file_name(p)).collect(),
             timing,
+            given: None,
+            header: None,
         },
-        Run::Return(rows) => RunOutcome::Done { rows, timing },
+        Run::Return(rows) => RunOutcome::Done {
+            rows,
+            timing,
+            given: None,
+            header: None,
+        },
         Run::Raise(message) => RunOutcome::Raised {
             error: script_error(&message, "run"),
             timing,

@@ -7,12 +7,19 @@ use toml::{Table, Value};
 
 use super::location::{local_path, location};
 use super::read::{self, Fault, int_in, number_in};
-use crate::{Input, JobSpec, Location, LoggingLevel, MiniBatchSize, OutputAction};
+use crate::{
+    Input, JobSpec, Location, LoggingLevel, MiniBatchSize, OutputAction, Tabular, TabularFormat,
+};
 
 /// The defaults of CONTRACT.md §2.
 mod default {
     pub(super) const APPEND_ROW_FILE_NAME: &str = "parallel_run_step.txt";
     pub(super) const MINI_BATCH_FILES: u64 = 10;
+    /// `1MB`, ParallelRunConfig's default for tabular inputs.
+    pub(super) const MINI_BATCH_BYTES: u64 = 1 << 20;
+    pub(super) const CSV_SEPARATOR: u8 = b',';
+    /// ParallelRunStep writes a DataFrame's values separated by a space.
+    pub(super) const APPEND_ROW_SEPARATOR: u8 = b' ';
     pub(super) const ERROR_THRESHOLD: i64 = -1;
     pub(super) const ALLOWED_FAILED_PERCENT: f64 = 100.0;
     pub(super) const RUN_MAX_TRY: u32 = 3;
@@ -95,7 +102,7 @@ pub(super) fn build(table: &Table, base_dir: &Path) -> Result<JobSpec, Fault> {
     })?;
     let arguments = doc.optional("arguments", read::lenient_string_list)?;
 
-    let input = Input::Files(doc.required("input.files", local)?);
+    let input = input(&doc, &local)?;
     let side_inputs = doc.optional("side_inputs", |field, value| {
         read::array(field, value)?
             .iter()
@@ -105,15 +112,16 @@ pub(super) fn build(table: &Table, base_dir: &Path) -> Result<JobSpec, Fault> {
     let output = doc.required("output.path", local)?;
     if same_place(&output, input.location()) {
         let value = doc.get("output.path").expect("output.path was read");
-        return Err(Fault::rule(
-            "output.path",
-            "must differ from input.files",
-            value,
-        ));
+        let rule = match input {
+            Input::Files(_) => "must differ from input.files",
+            Input::Tabular(_) => "must differ from input.tabular",
+        };
+        return Err(Fault::rule("output.path", rule, value));
     }
     let output_action = doc.required("output_action", output_action)?;
     let append_row_file_name = doc.optional("append_row_file_name", file_name)?;
     let append_row_dataframe_header = doc.optional("append_row_dataframe_header", read::boolean)?;
+    let append_row_separator = doc.optional("append_row_separator", separator)?;
 
     let mini_batch_size = doc.optional("mini_batch_size", |field, value| {
         mini_batch_size(field, value, &input)
@@ -148,6 +156,10 @@ pub(super) fn build(table: &Table, base_dir: &Path) -> Result<JobSpec, Fault> {
         local_path(field, value, doc.base_dir)
     })?;
 
+    let mini_batch_size = mini_batch_size.unwrap_or(match &input {
+        Input::Files(_) => MiniBatchSize::Files(default::MINI_BATCH_FILES),
+        Input::Tabular(_) => MiniBatchSize::Bytes(default::MINI_BATCH_BYTES),
+    });
     let run_max_try = run_max_try.unwrap_or(default::RUN_MAX_TRY);
     let run_invocation_timeout = run_invocation_timeout.unwrap_or(default::RUN_INVOCATION_TIMEOUT);
     Ok(JobSpec {
@@ -161,7 +173,7 @@ pub(super) fn build(table: &Table, base_dir: &Path) -> Result<JobSpec, Fault> {
         output_action,
         append_row_file_name: append_row_file_name
             .unwrap_or_else(|| default::APPEND_ROW_FILE_NAME.to_owned()),
-        mini_batch_size: mini_batch_size.unwrap_or(MiniBatchSize::Files(default::MINI_BATCH_FILES)),
+        mini_batch_size,
         error_threshold: error_threshold.unwrap_or(default::ERROR_THRESHOLD),
         allowed_failed_count: allowed_failed_count.flatten(),
         allowed_failed_percent: allowed_failed_percent.unwrap_or(default::ALLOWED_FAILED_PERCENT),
@@ -175,6 +187,7 @@ pub(super) fn build(table: &Table, base_dir: &Path) -> Result<JobSpec, Fault> {
         partition_keys,
         environment_variables: environment_variables.unwrap_or_default(),
         append_row_dataframe_header: append_row_dataframe_header.unwrap_or(false),
+        append_row_separator: append_row_separator.unwrap_or(default::APPEND_ROW_SEPARATOR),
         first_task_creation_timeout: first_task_creation_timeout
             .unwrap_or(default::FIRST_TASK_CREATION_TIMEOUT),
         progress_update_timeout: progress_update_timeout.unwrap_or(
@@ -270,21 +283,102 @@ fn file_name(field: &str, value: &Value) -> Result<String, Fault> {
     }
 }
 
-/// A number of files (`10`) or of bytes (`"10MB"`), whichever the input takes.
+/// A number of files (`10`, or `"10"` as ParallelRunConfig takes it) for a file input; a
+/// number of bytes (`"10MB"`, or a bare number) for a tabular one.
 fn mini_batch_size(field: &str, value: &Value, input: &Input) -> Result<MiniBatchSize, Fault> {
-    let size = match value {
-        Value::Integer(_) => MiniBatchSize::Files(int_in(field, value, 1..=i64::MAX)?),
-        Value::String(text) => MiniBatchSize::Bytes(byte_size(text).ok_or_else(|| {
-            Fault::rule(field, format!("expected {MINI_BATCH_SIZE_EXPECTED}"), value)
-        })?),
+    let expected = || Fault::rule(field, format!("expected {MINI_BATCH_SIZE_EXPECTED}"), value);
+    let text = match value {
+        Value::Integer(_) => None,
+        Value::String(text) => Some(text.trim()),
         _ => return Err(Fault::wrong_type(field, MINI_BATCH_SIZE_EXPECTED, value)),
     };
-    match (input, size) {
-        (Input::Files(_), MiniBatchSize::Bytes(_)) => {
-            let rule = "a file input takes a number of files, not a size";
-            Err(Fault::rule(field, rule, value))
+    let at_least_one = |n: u64| {
+        if n >= 1 {
+            Ok(n)
+        } else {
+            Err(Fault::rule(field, "must be at least 1", value))
         }
-        (Input::Files(_), MiniBatchSize::Files(_)) => Ok(size),
+    };
+    match (input, text) {
+        (Input::Files(_), None) => Ok(MiniBatchSize::Files(int_in(field, value, 1..=i64::MAX)?)),
+        (Input::Files(_), Some(text)) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => {
+            let files = text.parse::<u64>().map_err(|_| expected())?;
+            Ok(MiniBatchSize::Files(at_least_one(files)?))
+        }
+        (Input::Files(_), Some(text)) => match byte_size(text) {
+            Some(_) => {
+                let rule = "a file input takes a number of files, not a size";
+                Err(Fault::rule(field, rule, value))
+            }
+            None => Err(expected()),
+        },
+        (Input::Tabular(_), None) => Ok(MiniBatchSize::Bytes(int_in(field, value, 1..=i64::MAX)?)),
+        (Input::Tabular(_), Some(text)) => byte_size(text)
+            .map(MiniBatchSize::Bytes)
+            .ok_or_else(|| {
+                let rule = r#"a tabular input takes a size such as "64KB", "1MB", "1GB" or a number of bytes (KB = 1024 bytes)"#;
+                Fault::rule(field, rule, value)
+            }),
+    }
+}
+
+/// `[input]`: `files`, or `tabular` with its `format` and `separator`.
+fn input(
+    doc: &Doc<'_>,
+    local: &impl Fn(&str, &Value) -> Result<Location, Fault>,
+) -> Result<Input, Fault> {
+    let tabular_only = ["input.format", "input.separator"];
+    match (doc.get("input.files"), doc.get("input.tabular")) {
+        (Some(_), Some(value)) => Err(Fault::rule(
+            "input.tabular",
+            "set input.files or input.tabular, not both",
+            value,
+        )),
+        (files, None) => {
+            if let Some(field) = tabular_only.iter().find(|f| doc.get(f).is_some()) {
+                let value = doc.get(field).expect("found above");
+                return Err(Fault::rule(field, "only for input.tabular", value));
+            }
+            match files {
+                Some(value) => Ok(Input::Files(local("input.files", value)?)),
+                None => Err(Fault::missing("input.files")),
+            }
+        }
+        (None, Some(value)) => {
+            let location = local("input.tabular", value)?;
+            let format = doc.optional("input.format", tabular_format)?;
+            let separator = doc.optional("input.separator", self::separator)?;
+            Ok(Input::Tabular(Tabular {
+                location,
+                format,
+                separator: separator.unwrap_or(default::CSV_SEPARATOR),
+            }))
+        }
+    }
+}
+
+fn tabular_format(field: &str, value: &Value) -> Result<TabularFormat, Fault> {
+    match read::string(field, value)?.to_ascii_lowercase().as_str() {
+        "csv" => Ok(TabularFormat::Csv),
+        "jsonl" | "json" | "json_lines" | "ndjson" => Ok(TabularFormat::JsonLines),
+        "parquet" => Ok(TabularFormat::Parquet),
+        _ => Err(Fault::rule(
+            field,
+            r#"must be "csv", "jsonl" or "parquet""#,
+            value,
+        )),
+    }
+}
+
+/// One ASCII character that can separate CSV fields (`","`, `";"`, `"\t"`, `" "`).
+fn separator(field: &str, value: &Value) -> Result<u8, Fault> {
+    match read::string(field, value)?.as_bytes() {
+        [byte] if byte.is_ascii() && !matches!(byte, b'"' | b'\n' | b'\r') => Ok(*byte),
+        _ => Err(Fault::rule(
+            field,
+            r#"must be one ASCII character other than a quote or a newline, such as "," or "\t""#,
+            value,
+        )),
     }
 }
 
@@ -307,11 +401,37 @@ fn byte_size(text: &str) -> Option<u64> {
 }
 
 fn partition_keys(field: &str, value: &Value, input: &Input) -> Result<Vec<String>, Fault> {
-    read::string_list(field, value)?;
+    let keys = read::string_list(field, value)?;
     // Rows sharing the keys' values form one mini-batch: tabular inputs only.
     match input {
         Input::Files(_) => Err(Fault::rule(field, "only for tabular inputs", value)),
+        Input::Tabular(tabular) => tabular_partition_keys(field, value, tabular, keys),
     }
+}
+
+/// Column names, at least one, each once; CSV and JSON Lines only (not yet Parquet).
+fn tabular_partition_keys(
+    field: &str,
+    value: &Value,
+    tabular: &Tabular,
+    keys: Vec<String>,
+) -> Result<Vec<String>, Fault> {
+    let distinct: std::collections::BTreeSet<&String> = keys.iter().collect();
+    if keys.is_empty() || keys.iter().any(String::is_empty) || distinct.len() != keys.len() {
+        let rule = "must name at least one column, each once";
+        return Err(Fault::rule(field, rule, value));
+    }
+    let parquet = match tabular.format {
+        Some(format) => format == TabularFormat::Parquet,
+        None => {
+            TabularFormat::of_key(&tabular.location.to_string()) == Some(TabularFormat::Parquet)
+        }
+    };
+    if parquet {
+        let rule = "not yet supported for Parquet inputs (CSV and JSON Lines only)";
+        return Err(Fault::rule(field, rule, value));
+    }
+    Ok(keys)
 }
 
 /// `-1` is no limit (`None`), as in ParallelRunConfig.

@@ -28,6 +28,7 @@ const TOP_LEVEL: &[&str] = &[
     "partition_keys",
     "environment_variables",
     "append_row_dataframe_header",
+    "append_row_separator",
     "first_task_creation_timeout",
     "progress_update_timeout",
     "environment",
@@ -35,7 +36,7 @@ const TOP_LEVEL: &[&str] = &[
 
 /// The top-level keys that are tables, with the keys they take (`None`: any key).
 const TABLES: &[(&str, Option<&[&str]>)] = &[
-    ("input", Some(&["files"])),
+    ("input", Some(&["files", "tabular", "format", "separator"])),
     ("output", Some(&["path"])),
     ("environment_variables", None),
 ];

@@ -53,12 +53,7 @@ impl Slot {
         let started = Instant::now();
         let active = self.runner.as_mut().expect("ensure_runner made one");
         let process = active.name.clone();
-        let submitted = sent
-            || active
-                .process
-                .submit(batch.index, std::mem::take(&mut staged.paths))
-                .await
-                .is_ok();
+        let submitted = sent || staged.send(&mut *active.process, batch).await.is_ok();
         if submitted {
             self.look_ahead(ctx, consumer).await;
         }
@@ -77,7 +72,14 @@ impl Slot {
         staged.clean().await;
         let items = batch.items.len() as u64;
         match outcome {
-            RunOutcome::Done { rows, timing } => {
+            RunOutcome::Done {
+                rows,
+                timing,
+                given,
+                header,
+            } => {
+                // A tabular mini-batch's items are the rows its DataFrame held.
+                let items = given.unwrap_or(items);
                 let returned = rows.len() as u64;
                 let succeeded = returned.min(items);
                 let outcome = Outcome {
@@ -119,8 +121,14 @@ impl Slot {
                     timing.run_seconds,
                     &note,
                 );
-                let part =
-                    (ctx.spec.output_action == OutputAction::AppendRow).then(|| join_rows(&rows));
+                let part = (ctx.spec.output_action == OutputAction::AppendRow).then(|| {
+                    let header = header.filter(|_| ctx.spec.append_row_dataframe_header);
+                    crate::parts::with_header(
+                        header.as_deref(),
+                        &rows,
+                        ctx.spec.append_row_dataframe_header,
+                    )
+                });
                 let (shared, ctx, index) = (self.shared.clone(), ctx.clone(), batch.index);
                 Verdict::Finish(Box::pin(async move {
                     let part = match part {
@@ -295,7 +303,7 @@ impl Slot {
             &format!(
                 "{},{attempt},{result},{},{},{},{},{process},{start},{elapsed:.3},{run_seconds:.3},{}",
                 batch.index,
-                batch.items.len(),
+                report_items(batch, outcome),
                 outcome.succeeded,
                 outcome.failed,
                 self.config().node_id,
@@ -303,6 +311,16 @@ impl Slot {
             ),
         );
     }
+}
+
+/// The items of a mini-batch as its report row says: its files, or a tabular one's rows
+/// (as many as the producer counted, or as `run()` was given).
+fn report_items(batch: &MiniBatch, outcome: Outcome) -> u64 {
+    if batch.chunks.is_empty() {
+        return batch.items.len() as u64;
+    }
+    let counted: u64 = batch.chunks.iter().filter_map(|c| c.rows).sum();
+    counted.max(outcome.succeeded + outcome.failed)
 }
 
 /// Records an outcome in the ledger and reports a state change it caused.
@@ -408,7 +426,16 @@ pub async fn record_failed_batch(
     cause: &str,
 ) -> Result<Recorded, String> {
     let cause_line = csv_field(cause.lines().next().unwrap_or_default());
-    for item in &batch.items {
+    // A tabular mini-batch's items are its rows; its list names each file and byte range.
+    let described: Vec<String> = batch.chunks.iter().map(|c| c.describe()).collect();
+    let failed = if batch.chunks.is_empty() {
+        batch.items.len() as u64
+    } else {
+        super::tabular::count_rows(&*ctx.input, &batch.chunks)
+            .await
+            .unwrap_or(batch.chunks.len() as u64)
+    };
+    for item in batch.items.iter().chain(&described) {
         ctx.logs.csv(
             logs::FAILED_ITEMS_CSV,
             logs::FAILED_ITEMS_HEADER,
@@ -420,12 +447,7 @@ pub async fn record_failed_batch(
         );
     }
     ledger
-        .record(
-            &ctx.id,
-            batch.index,
-            Outcome::all_failed(batch.items.len() as u64),
-            None,
-        )
+        .record(&ctx.id, batch.index, Outcome::all_failed(failed), None)
         .await
         .map_err(|e| e.to_string())
 }

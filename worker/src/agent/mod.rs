@@ -39,6 +39,7 @@ mod attempt;
 mod runner;
 mod slot;
 mod stage;
+mod tabular;
 
 pub use attempt::{join_rows, record_failed_batch};
 use slot::Slot;

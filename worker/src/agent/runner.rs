@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use fleetrun_common::protocol::{InitParams, ScriptError};
+use fleetrun_common::protocol::{InitParams, ScriptError, TabularInit};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -85,10 +85,17 @@ impl Slot {
             output_dir: local_path_string(&spec.output),
             logging_level: spec.logging_level.as_str().to_owned(),
             environment: spec.environment.as_ref().map(|p| p.display().to_string()),
+            tabular: spec.input.tabular().map(|tabular| TabularInit {
+                separator: tabular.separator,
+                parquet: tabular.format == Some(fleetrun_config::TabularFormat::Parquet),
+            }),
+            append_row_separator: spec.append_row_separator,
         };
         let init_timeout = Duration::from_secs(3 * spec.run_invocation_timeout + 30);
         let main_log = logs::JobLogs::node_main(&node);
         let started = self.config().launcher.start(&launch, params, init_timeout);
+        // A package the input needs is missing: every start would fail the same way.
+        let mut hopeless = false;
         let failure = match started.await {
             Ok((Some(process), InitOutcome::Ready(info))) => {
                 ctx.logs.log(
@@ -112,7 +119,13 @@ impl Slot {
             }
             Ok((_, InitOutcome::Failed(error))) => {
                 self.script_error_at_init(ctx, &name, &error);
-                format!("init() failed: {}", error.message)
+                match error.message.strip_prefix(MISSING_PACKAGE) {
+                    Some(why) => {
+                        hopeless = true;
+                        format!("the job's environment cannot read its input{why}")
+                    }
+                    None => format!("init() failed: {}", error.message),
+                }
             }
             Ok((_, InitOutcome::TimedOut)) => {
                 format!("init() did not finish within {}s", init_timeout.as_secs())
@@ -139,10 +152,14 @@ impl Slot {
             processes,
             failure: failure.clone(),
         });
-        if failures >= 3 * processes && !ctx.gave_up.swap(true, Ordering::Relaxed) {
-            let reason = format!(
-                "{failures} runner processes failed to start on node {node}; the last: {failure}"
-            );
+        if (hopeless || failures >= 3 * processes) && !ctx.gave_up.swap(true, Ordering::Relaxed) {
+            let reason = if hopeless {
+                failure.clone()
+            } else {
+                format!(
+                    "{failures} runner processes failed to start on node {node}; the last: {failure}"
+                )
+            };
             ctx.logs.log(
                 &main_log,
                 &format!("Giving up on job {}: {reason}.", ctx.id),
@@ -177,6 +194,10 @@ impl Slot {
         }
     }
 }
+
+/// How the runner names the error of a tabular input whose packages (pandas, pyarrow) the
+/// job's environment lacks (`runner/src/python/tabular.py`).
+const MISSING_PACKAGE: &str = "fleetrun_tabular.MissingPackage";
 
 /// The runner's environment: the job's variables and who the process is.
 fn runner_env(ctx: &JobContext, node: &str, process: &str) -> Vec<(String, String)> {

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use fleetrun_common::protocol::{RunContext, StagedTable};
 use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_common::wire::MiniBatch;
 
@@ -12,10 +13,34 @@ use crate::scratch::FolderError;
 
 pub(super) struct Staged {
     pub(super) paths: Vec<PathBuf>,
+    /// A tabular input's chunks, staged (`paths` is then empty).
+    pub(super) tables: Vec<StagedTable>,
+    /// What a tabular mini-batch was cut from (its context's `dataset`).
+    dataset: String,
     folder: Option<PathBuf>,
 }
 
 impl Staged {
+    /// Sends the mini-batch to `runner`: its paths, or its staged chunks.
+    pub(super) async fn send(
+        &mut self,
+        runner: &mut dyn crate::process::Runner,
+        batch: &MiniBatch,
+    ) -> std::io::Result<()> {
+        if self.tables.is_empty() {
+            return runner
+                .submit(batch.index, std::mem::take(&mut self.paths))
+                .await;
+        }
+        let context = RunContext {
+            partition_key_value: batch.partition.clone(),
+            dataset: std::mem::take(&mut self.dataset),
+        };
+        runner
+            .submit_tables(batch.index, std::mem::take(&mut self.tables), context)
+            .await
+    }
+
     pub(super) async fn clean(self) {
         if let Some(folder) = self.folder {
             let _ = tokio::fs::remove_dir_all(folder).await;
@@ -45,6 +70,26 @@ impl Slot {
     ) -> Result<Staged, StageError> {
         let staging = &self.shared.agent.config.staging_dir;
         let name = format!("{}-slot{}-{}", ctx.id, self.index, self.stagings + 1);
+        if !batch.chunks.is_empty() {
+            let folder = super::tabular::folder(staging, &name);
+            self.stagings += 1;
+            let tables =
+                match super::tabular::stage_chunks(&*ctx.input, &batch.chunks, &folder, staging)
+                    .await
+                {
+                    Ok(tables) => tables,
+                    Err(e) => {
+                        let _ = tokio::fs::remove_dir_all(&folder).await;
+                        return Err(e);
+                    }
+                };
+            return Ok(Staged {
+                paths: Vec::new(),
+                tables,
+                dataset: ctx.spec.input.location().to_string(),
+                folder: Some(folder),
+            });
+        }
         let staged = stage(&*ctx.input, &batch.items, staging, &name).await?;
         if staged.folder.is_some() {
             self.stagings += 1;
@@ -62,6 +107,8 @@ async fn stage(
 ) -> Result<Staged, StageError> {
     let mut staged = Staged {
         paths: Vec::with_capacity(items.len()),
+        tables: Vec::new(),
+        dataset: String::new(),
         folder: None,
     };
     for key in items {

@@ -37,6 +37,6 @@ pub use record::{JobRecord, unix_now};
 pub use results::{JobView, cancel, fail, overview_text, result_text, write_results};
 pub use settings::{
     DEFAULT_POOL, Fleet, FleetArgs, KEEP_ENDED_JOBS, KEY_PREFIX, POOL_DELIVERY_LIMIT, WorkerConfig,
-    open_input, open_storage,
+    open_input, open_storage, tabular_root,
 };
 pub use watch::{serve, serving};

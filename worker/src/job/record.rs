@@ -41,3 +41,25 @@ pub fn unix_now() -> f64 {
         .unwrap_or_default()
         .as_secs_f64()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record written by a submitter from before `append_row_separator` still serves.
+    #[test]
+    fn a_record_without_newer_fields_reads_with_their_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("score.py"), "def run(b): return b\n").unwrap();
+        let text = "name = \"old\"\nentry_script = \"score.py\"\noutput_action = \"append_row\"\n[input]\nfiles = \"in\"\n[output]\npath = \"out\"\n";
+        let spec = fleetrun_config::load_str(text, "job.toml", dir.path(), &[]).unwrap();
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&JobRecord::new(spec.clone(), "p").encode()).unwrap();
+        json["spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("append_row_separator");
+        let old = JobRecord::decode(&serde_json::to_vec(&json).unwrap()).unwrap();
+        assert_eq!(old.spec, spec);
+    }
+}

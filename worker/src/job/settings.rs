@@ -174,12 +174,47 @@ pub struct WorkerConfig {
 /// link to it) is left out of the input's listings: the job's own logs and parts are never
 /// its input.
 pub async fn open_input(spec: &JobSpec, s3: &S3Settings) -> Result<Arc<dyn Storage>, StorageError> {
-    let fleetrun_config::Input::Files(location) = &spec.input;
-    match (location, &spec.output) {
+    let root = match &spec.input {
+        fleetrun_config::Input::Files(location) => location.clone(),
+        fleetrun_config::Input::Tabular(tabular) => tabular_root(&tabular.location).0,
+    };
+    match (&root, &spec.output) {
         (Location::Local(input), Location::Local(output)) => {
             Ok(Arc::new(LocalStorage::new(input).excluding(output)))
         }
-        _ => open_storage(location, s3).await,
+        _ => open_storage(&root, s3).await,
+    }
+}
+
+/// Where a tabular input's files are read from: the folder (storage root) its chunks' keys
+/// are relative to, and the one file's key when the input names a single file. A local
+/// path is one file when it is a file; an S3 location when it does not end with `/` and its
+/// last part has a table extension (`.csv`, `.jsonl`, `.json`, `.parquet`).
+pub fn tabular_root(location: &Location) -> (Location, Option<String>) {
+    match location {
+        Location::Local(path) if path.is_file() => {
+            let parent = path.parent().unwrap_or(Path::new("/")).to_path_buf();
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (Location::Local(parent), Some(name))
+        }
+        Location::S3 { bucket, prefix }
+            if !prefix.ends_with('/')
+                && fleetrun_config::TabularFormat::of_key(prefix).is_some() =>
+        {
+            let (parent, name) = match prefix.rsplit_once('/') {
+                Some((parent, name)) => (format!("{parent}/"), name),
+                None => (String::new(), prefix.as_str()),
+            };
+            let root = Location::S3 {
+                bucket: bucket.clone(),
+                prefix: parent,
+            };
+            (root, Some(name.to_owned()))
+        }
+        _ => (location.clone(), None),
     }
 }
 

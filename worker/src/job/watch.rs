@@ -521,8 +521,7 @@ fn note_end(ctx: &JobContext, status: &Status) {
 }
 
 fn input_name(spec: &fleetrun_config::JobSpec) -> String {
-    let fleetrun_config::Input::Files(location) = &spec.input;
-    location.to_string()
+    spec.input.location().to_string()
 }
 
 /// Copies this node's log files of a job whose output is on S3 under `<output>/logs/`.
