@@ -65,6 +65,13 @@ pub struct InitParams {
     pub logging_level: String,
     /// A virtualenv folder or a Python interpreter to run the script with.
     pub environment: Option<String>,
+    /// The runner's own working folder, holding the source directory's entries: the runner
+    /// starts there, so relative paths behave alike on every node.
+    #[serde(default)]
+    pub working_dir: Option<String>,
+    /// `[models]`: name → local path, what `Model.get_model_path(name)` returns.
+    #[serde(default)]
+    pub models: BTreeMap<String, String>,
 }
 
 /// Runner → agent.

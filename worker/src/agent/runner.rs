@@ -85,6 +85,8 @@ impl Slot {
             output_dir: local_path_string(&spec.output),
             logging_level: spec.logging_level.as_str().to_owned(),
             environment: spec.environment.as_ref().map(|p| p.display().to_string()),
+            working_dir: None,
+            models: Default::default(),
         };
         let init_timeout = Duration::from_secs(3 * spec.run_invocation_timeout + 30);
         let main_log = logs::JobLogs::node_main(&node);
