@@ -26,6 +26,10 @@ impl JobDir {
             "def run(b): return b\n",
         )
         .unwrap();
+        // Side inputs and models on this machine must be there.
+        fs::create_dir_all(dir.path().join("data")).unwrap();
+        fs::write(dir.path().join("data/labels.txt"), "cat\n").unwrap();
+        fs::create_dir_all(dir.path().join("models/digits")).unwrap();
         Self { dir }
     }
 
@@ -255,7 +259,7 @@ fn relative_paths_resolve_against_the_job_folder_and_source_directory() {
     let spec = dir
         .load(&job(&[
             ("source_directory", r#""./scripts/""#),
-            ("side_inputs", r#"["../shared/labels.txt"]"#),
+            ("side_inputs", r#"["scripts/../data/labels.txt"]"#),
             ("environment", r#""/opt/venv/bin/python""#),
         ]))
         .unwrap();
@@ -267,12 +271,11 @@ fn relative_paths_resolve_against_the_job_folder_and_source_directory() {
         spec.entry_script,
         Location::Local(dir.path("scripts/score.py"))
     );
-    let parent = dir.dir.path().parent().unwrap();
     assert_eq!(
         spec.side_inputs,
         BTreeMap::from([(
             "labels.txt".to_owned(),
-            Location::Local(parent.join("shared/labels.txt"))
+            Location::Local(dir.path("data/labels.txt"))
         )])
     );
     assert_eq!(
@@ -662,11 +665,18 @@ fn side_inputs_and_models_are_named_tables() {
     // The references stay for each node to fill in with its local copy.
     assert_eq!(spec.arguments[1], "${{side_inputs.labels}}");
     let over = dir
-        .load_with(&minimal(), &["side_inputs.labels=x/labels.csv"])
+        .load_with(&minimal(), &["side_inputs.labels=data/labels.txt"])
         .unwrap();
     assert_eq!(
         over.side_inputs["labels"],
-        Location::Local(dir.path("x/labels.csv"))
+        Location::Local(dir.path("data/labels.txt"))
+    );
+    assert_eq!(
+        dir.error_with(&minimal(), &["models.m=nowhere"]),
+        format!(
+            "--set models.m=nowhere: models.m: file or folder not found (got {:?})",
+            dir.path("nowhere").display().to_string()
+        )
     );
 }
 
@@ -680,7 +690,7 @@ fn an_argument_naming_an_unknown_side_input_or_model_is_refused() {
     let text = job(&[
         ("arguments", r#"["${{models.big}}"]"#),
         ("side_inputs", r#"["data/labels.txt"]"#),
-    ]) + "\n[models]\nsmall = \"m\"\n";
+    ]) + "\n[models]\nsmall = \"models/digits\"\n";
     assert_eq!(
         dir.error(&text),
         r#"job.toml: arguments: names models.big, which [models] does not define (known: small) (got "${{models.big}}")"#

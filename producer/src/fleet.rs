@@ -20,7 +20,7 @@ use fleetrun_worker::parts;
 use tokio_util::sync::CancellationToken;
 
 use crate::local::new_job_id;
-use crate::partition::{PartitionError, Produced, publish_files};
+use crate::partition::{PartitionError, Produced, publish_files, publish_partitioned_files};
 use crate::progress::{Figures, Progress};
 
 /// How often a waiting submitter or `status --watch` reads the ledger.
@@ -186,16 +186,24 @@ pub async fn publish(
     let MiniBatchSize::Files(size) = spec.mini_batch_size else {
         unreachable!("validated: a file input counts files")
     };
-    let published = publish_files(
-        &*input,
-        "",
-        job,
-        size as usize,
-        &*fleet.queue,
-        produced,
-        &stop,
-    )
-    .await;
+    let published = match (&spec.partition_format, &spec.partition_keys) {
+        (Some(format), Some(keys)) => {
+            publish_partitioned_files(&*input, format, keys, job, &*fleet.queue, produced, &stop)
+                .await
+        }
+        _ => {
+            publish_files(
+                &*input,
+                "",
+                job,
+                size as usize,
+                &*fleet.queue,
+                produced,
+                &stop,
+            )
+            .await
+        }
+    };
     watcher.abort();
     let total = match published {
         Ok(total) => total,

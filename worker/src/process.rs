@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fleetrun_common::protocol::{self, InitParams, ReadyInfo, Reply, Request, ScriptError};
+use fleetrun_common::protocol::{
+    self, InitParams, ReadyInfo, Reply, Request, RunContext, ScriptError,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
@@ -121,6 +123,17 @@ pub trait Runner: Send + Sync {
     fn pid(&self) -> u32;
     /// Sends a mini-batch; it runs once those sent before it have returned.
     async fn submit(&mut self, mini_batch: u64, items: Vec<PathBuf>) -> std::io::Result<()>;
+    /// [`Runner::submit`] with the mini-batch's context, for a `run` that takes two
+    /// parameters. Runners that have no use for it (test fakes) submit without.
+    async fn submit_with_context(
+        &mut self,
+        mini_batch: u64,
+        items: Vec<PathBuf>,
+        context: RunContext,
+    ) -> std::io::Result<()> {
+        let _ = context;
+        self.submit(mini_batch, items).await
+    }
     /// How the oldest mini-batch sent and not yet answered ended, waiting at most `timeout`.
     async fn outcome(&mut self, timeout: Duration) -> RunOutcome;
     /// Asks the runner to call `shutdown()` and exit.
@@ -161,6 +174,20 @@ impl Runner for RunnerProcess {
 
     async fn submit(&mut self, mini_batch: u64, items: Vec<PathBuf>) -> std::io::Result<()> {
         RunnerProcess::submit(self, mini_batch, items).await
+    }
+
+    async fn submit_with_context(
+        &mut self,
+        mini_batch: u64,
+        items: Vec<PathBuf>,
+        context: RunContext,
+    ) -> std::io::Result<()> {
+        self.send(&Request::Run {
+            mini_batch,
+            items,
+            context,
+        })
+        .await
     }
 
     async fn outcome(&mut self, timeout: Duration) -> RunOutcome {

@@ -28,7 +28,7 @@ pub(super) fn side_inputs(
                     .next()
                     .filter(|n| !n.is_empty() && !n.ends_with(':'))
                     .ok_or_else(|| Fault::rule(field, "names no file or folder", item))?;
-                let location = location(field, item, base)?;
+                let location = existing(field, location(field, item, base)?)?;
                 if named.insert(name.to_owned(), location).is_some() {
                     let rule = "two entries share a last path component; use the table form \
                                 [side_inputs] name = \"path\"";
@@ -60,9 +60,22 @@ fn table(field: &str, value: &Value, base: &Location) -> Result<BTreeMap<String,
                 let rule = "names must be non-empty and without \"/\"";
                 return Err(Fault::rule(field, rule, &Value::String(name.clone())));
             }
-            Ok((name.clone(), location(&entry, path, base)?))
+            Ok((
+                name.clone(),
+                existing(&entry, location(&entry, path, base)?)?,
+            ))
         })
         .collect()
+}
+
+/// A local side input or model must be there; an S3 one is taken on trust.
+fn existing(field: &str, location: Location) -> Result<Location, Fault> {
+    match &location {
+        Location::Local(path) if !path.exists() => {
+            Err(Fault::path_rule(field, "file or folder not found", path))
+        }
+        _ => Ok(location),
+    }
 }
 
 /// Every `${{side_inputs.x}}` / `${{models.x}}` in `arguments` names an entry of its table.

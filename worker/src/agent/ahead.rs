@@ -54,7 +54,12 @@ impl Slot {
                     Ok(mut staged) => {
                         let active = self.runner.as_mut().expect("running the job");
                         let paths = std::mem::take(&mut staged.paths);
-                        if active.process.submit(batch.index, paths).await.is_ok() {
+                        let context = super::run_context(ctx, &batch);
+                        let submitted = active
+                            .process
+                            .submit_with_context(batch.index, paths, context)
+                            .await;
+                        if submitted.is_ok() {
                             Some(Sent {
                                 ctx: ctx.clone(),
                                 batch,

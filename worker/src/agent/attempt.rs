@@ -56,7 +56,11 @@ impl Slot {
         let submitted = sent
             || active
                 .process
-                .submit(batch.index, std::mem::take(&mut staged.paths))
+                .submit_with_context(
+                    batch.index,
+                    std::mem::take(&mut staged.paths),
+                    super::run_context(ctx, batch),
+                )
                 .await
                 .is_ok();
         if submitted {
@@ -134,6 +138,9 @@ impl Slot {
                         },
                         None => None,
                     };
+                    // What the script wrote to output_dir reaches an S3 output before the
+                    // mini-batch counts as done.
+                    super::outdir::sync_logged(&ctx).await;
                     if record_outcome(&shared, &ctx, index, outcome, part.as_deref()).await {
                         Disposition::Ack
                     } else {
