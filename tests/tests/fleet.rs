@@ -1278,3 +1278,27 @@ def run(mini_batch):
     }
     assert!(served >= 1);
 }
+
+/// A side input that cannot be staged fails the job, naming it, instead of being retried
+/// forever.
+#[test]
+fn a_side_input_that_cannot_be_staged_fails_the_job() {
+    let mut fleet = Fleet::new(ECHO);
+    fleet.inputs(4);
+    fleet.worker("w1", 1);
+    let bucket = fleet.bucket.clone();
+    let job = fleet.s3_job("");
+    let mut text = std::fs::read_to_string(&job).unwrap();
+    text.push_str(&format!(
+        "\n[side_inputs]\nlabels = \"s3://{bucket}/no/such/prefix\"\n"
+    ));
+    std::fs::write(&job, text).unwrap();
+    let out = fleet.submit(&job, &["--wait"]);
+    assert_eq!(code(&out), 42);
+    let result = String::from_utf8_lossy(&fleet.output("out/logs/job_result.txt")).into_owned();
+    assert!(
+        result.contains("side_inputs or models cannot be staged on node w1")
+            && result.contains("no/such/prefix"),
+        "{result}"
+    );
+}

@@ -380,7 +380,30 @@ impl FleetJobs {
         };
         let record = JobRecord::decode(&bytes)?;
         let spec = stage_code(record.spec, &self.config.cache_dir, &self.fleet.s3).await?;
-        let (spec, held) = stage_side(spec, &self.config.cache_dir, &self.fleet.s3).await?;
+        let (spec, held) =
+            match stage_side(spec.clone(), &self.config.cache_dir, &self.fleet.s3).await {
+                Ok(staged) => staged,
+                Err(e) => {
+                    // Another attempt would meet it again: the job fails, and this node drops
+                    // its mini-batches like those of any job that no longer runs.
+                    let reason = format!(
+                        "side_inputs or models cannot be staged on node {}: {e}",
+                        self.config.node_id
+                    );
+                    let output = open_storage(&spec.output, &self.fleet.s3).await?;
+                    let view = super::results::JobView {
+                        id: job,
+                        spec: &spec,
+                        submitted_at: record.submitted_at,
+                    };
+                    let failed =
+                        super::results::fail(&*self.fleet.ledger, &*output, None, view, &reason);
+                    if let Err(e) = failed.await {
+                        warn!(job = %job, error = %e, "Cannot fail the job.");
+                    }
+                    (spec, Held::default())
+                }
+            };
         self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(
             job.to_owned(),
             NodeJob {
