@@ -1042,3 +1042,46 @@ fn the_root_logger_and_warnings_go_to_the_stdout_file_at_the_jobs_level() {
     assert!(!stdout.contains("root debug"), "{stdout}");
     assert_eq!(job.read("stderr.txt"), "");
 }
+
+/// With the real azureml-core installed, names in `[models]` get fleetrun's copy and the
+/// others still go to azureml-core.
+#[test]
+fn a_real_azureml_core_is_wrapped_not_replaced() {
+    let job = Job::new();
+    job.write("site/azureml/__init__.py", "");
+    job.write(
+        "site/azureml/core/__init__.py",
+        "from .model import Model\n",
+    );
+    job.write(
+        "site/azureml/core/model.py",
+        r#"
+        class Model:
+            @staticmethod
+            def get_model_path(model_name, version=None, _workspace=None):
+                return "real:" + model_name
+        "#,
+    );
+    let script = job.write(
+        "score.py",
+        r#"
+        from azureml.core import Model
+
+        def run(mini_batch):
+            return [Model.get_model_path("digits"), Model.get_model_path("other"),
+                    Model.__module__]
+        "#,
+    );
+    let mut params = job.params(&script);
+    params.models = [("digits".to_owned(), "/cache/m".to_owned())].into();
+    let site = job.path("site");
+    let mut runner = job.spawn_with(|cmd| {
+        cmd.env("PYTHONPATH", &site);
+    });
+    let reply = runner.request(&Request::Init(params));
+    assert!(matches!(reply, Reply::Ready(_)), "{reply:?}");
+    assert_eq!(
+        runner.rows(&["a"]),
+        ["/cache/m", "real:other", "azureml.core.model"]
+    );
+}
