@@ -98,6 +98,7 @@ pub async fn register(
 ) -> Result<Registered, FleetError> {
     let job = job_id.map_or_else(|| new_job_id(&spec.name), str::to_owned);
     let spec = job::ship_code(spec, &fleet.s3).await?;
+    let spec = job::ship_side(spec, &fleet.s3).await?;
     let limits = Limits {
         error_threshold: spec.error_threshold,
         allowed_failed_count: spec.allowed_failed_count,

@@ -1302,3 +1302,45 @@ fn a_side_input_that_cannot_be_staged_fails_the_job() {
         "{result}"
     );
 }
+
+/// A local side input of a job with an S3 output is shipped beside its code: workers on
+/// other machines, which cannot read the submitter's disk, still get it.
+#[test]
+fn a_local_side_input_is_shipped_for_workers_elsewhere() {
+    let script = r#"
+import sys
+
+labels = open(sys.argv[2]).read().split()
+
+def run(mini_batch):
+    return ["%s,%s" % (open(p).read(), labels[-1]) for p in mini_batch]
+"#;
+    let mut fleet = Fleet::new(script);
+    fleet.inputs(6);
+    std::fs::write(fleet.path("labels.txt"), "cat\ndog\n").unwrap();
+    let job = fleet
+        .s3_job("mini_batch_size = 3\narguments = [\"--labels\", \"${{side_inputs.labels}}\"]");
+    let mut text = std::fs::read_to_string(&job).unwrap();
+    text.push_str("\n[side_inputs]\nlabels = \"labels.txt\"\n");
+    std::fs::write(&job, text).unwrap();
+    let mut submit = fleet.spawn_submit(&job);
+    let shipped = fleet.storage("out/_fleetrun/side");
+    wait_for("the side input shipped", Duration::from_secs(30), || {
+        let keys: Vec<String> = fleet
+            .runtime
+            .block_on(shipped.list("").map_ok(|m| m.key).try_collect())
+            .unwrap_or_default();
+        keys.iter().any(|k| k.ends_with("/labels.txt"))
+    });
+    // Gone from the submitter's disk before any worker looks: only the shipped copy is left.
+    std::fs::remove_file(fleet.path("labels.txt")).unwrap();
+    fleet.worker("w1", 1);
+    assert!(exit_within(&mut submit, Duration::from_secs(120)).success());
+    let mut got = lines(&fleet.output("out/parallel_run_step.txt"));
+    got.sort();
+    let expected: Vec<String> = expected_lines(6, |_| false)
+        .iter()
+        .map(|l| format!("{l},dog"))
+        .collect();
+    assert_eq!(got, expected);
+}

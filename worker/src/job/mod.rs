@@ -41,5 +41,5 @@ pub use settings::{
     DEFAULT_POOL, Fleet, FleetArgs, KEEP_ENDED_JOBS, KEY_PREFIX, POOL_DELIVERY_LIMIT, WorkerConfig,
     open_input, open_storage,
 };
-pub use side::{SIDE_DIR, UNUSED_CAP_VAR, evict};
+pub use side::{SHIPPED_PREFIX, SIDE_DIR, UNUSED_CAP_VAR, evict, ship_side};
 pub use watch::{serve, serving};

@@ -116,6 +116,64 @@ fn path_refs(table: &BTreeMap<String, PathBuf>) -> BTreeMap<String, &Path> {
         .collect()
 }
 
+/// Where shipped side inputs and models live, under the job's output location.
+pub const SHIPPED_PREFIX: &str = "_fleetrun/side";
+
+/// Ships the job's local side inputs and models to its output storage when the output is on
+/// S3 (workers elsewhere cannot read the submitter's disk), as its code is shipped:
+/// content-addressed under `_fleetrun/side/<sha256>/`, uploaded once per content, and the
+/// spec pointed there. Nothing to do for an S3 entry or a local output.
+pub async fn ship_side(mut spec: JobSpec, s3: &S3Settings) -> Result<JobSpec, JobError> {
+    let Location::S3 { bucket, prefix } = spec.output.clone() else {
+        return Ok(spec);
+    };
+    let shipped = join_key(&prefix, SHIPPED_PREFIX);
+    for table in [&mut spec.side_inputs, &mut spec.models] {
+        for location in table.values_mut() {
+            let Location::Local(path) = location else {
+                continue;
+            };
+            let listing = {
+                let owned = path.clone();
+                tokio::task::spawn_blocking(move || list_local(&owned))
+                    .await
+                    .map_err(|e| JobError::io(&*path)(io::Error::other(e)))??
+            };
+            let Source::Local(dir) = &listing.source else {
+                unreachable!("a local listing")
+            };
+            let mut hasher = Sha256::new();
+            let mut bodies = Vec::with_capacity(listing.files.len());
+            for (rel, _, _) in &listing.files {
+                let from = dir.join(rel);
+                let body = tokio::fs::read(&from).await.map_err(JobError::io(&from))?;
+                hasher.update(rel.as_bytes());
+                hasher.update([0]);
+                hasher.update((body.len() as u64).to_be_bytes());
+                hasher.update(&body);
+                bodies.push(body);
+            }
+            let hash = format!("{:x}", hasher.finalize());
+            let storage = S3Storage::new(&bucket, &join_key(&shipped, &hash), s3).await?;
+            let there: Vec<_> = storage.list("").try_collect().await?;
+            if there.len() != listing.files.len() {
+                for ((rel, _, _), body) in listing.files.iter().zip(bodies) {
+                    storage.put(rel, bytes::Bytes::from(body)).await?;
+                }
+            }
+            let key = match &listing.single {
+                Some(name) => join_key(&join_key(&shipped, &hash), name),
+                None => join_key(&shipped, &hash),
+            };
+            *location = Location::S3 {
+                bucket: bucket.clone(),
+                prefix: key,
+            };
+        }
+    }
+    Ok(spec)
+}
+
 /// What a location holds, as listed: relative paths (`/`-separated) with their size and
 /// version (ETag, or mtime), and the file name when it is a single file.
 struct Listing {
