@@ -129,7 +129,6 @@ pub(super) fn check_partition_format(
     input: &Input,
 ) -> Result<(), Fault> {
     const FIELD: &str = "partition_format";
-    #[allow(irrefutable_let_patterns)]
     let is_files = matches!(input, Input::Files(_));
     match (format, keys) {
         (None, Some(_)) if is_files => Err(Fault::rule(
