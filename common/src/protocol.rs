@@ -96,6 +96,13 @@ pub struct InitParams {
     /// The separator of a returned DataFrame's values in its rows.
     #[serde(default = "default_append_row_separator")]
     pub append_row_separator: u8,
+    /// The runner's own working folder, holding the source directory's entries: the runner
+    /// starts there, so relative paths behave alike on every node.
+    #[serde(default)]
+    pub working_dir: Option<String>,
+    /// `[models]`: name → local path, what `Model.get_model_path(name)` returns.
+    #[serde(default)]
+    pub models: BTreeMap<String, String>,
 }
 
 fn default_append_row_separator() -> u8 {

@@ -12,8 +12,11 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 mod load;
+pub mod named;
+mod partition_format;
 
 pub use load::{ConfigError, load, load_str};
+pub use partition_format::PartitionFormat;
 
 /// A validated job: every field has its value (defaults filled in) and every path is
 /// absolute. Serializable, so the producer can store it with the job and workers can
@@ -31,8 +34,12 @@ pub struct JobSpec {
     pub arguments: Vec<String>,
     /// What is partitioned.
     pub input: Input,
-    /// Reference data every worker gets whole.
-    pub side_inputs: Vec<Location>,
+    /// Reference data every node gets whole, by name (`[side_inputs] labels = "..."`; a
+    /// list names each entry after its last path component).
+    pub side_inputs: BTreeMap<String, Location>,
+    /// Models every node gets whole, by name: `Model.get_model_path(name)` returns the local
+    /// copy.
+    pub models: BTreeMap<String, Location>,
     /// The output folder: the `append_row` file and `logs/` go here.
     pub output: Location,
     /// What becomes of the elements `run()` returns.
@@ -62,6 +69,9 @@ pub struct JobSpec {
     pub resource_monitor_interval: u64,
     /// Tabular inputs only: rows sharing these columns' values form one mini-batch.
     pub partition_keys: Option<Vec<String>>,
+    /// File inputs: the parts of each file's path, relative to the input, that
+    /// `partition_keys` name (`{user}/{genres}/{name}.txt`).
+    pub partition_format: Option<String>,
     /// Set in every worker process.
     pub environment_variables: BTreeMap<String, String>,
     /// Write the DataFrame header once at the top of the `append_row` file.

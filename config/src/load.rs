@@ -7,6 +7,7 @@
 mod build;
 mod keys;
 mod location;
+mod named;
 mod read;
 
 use std::path::{Path, PathBuf};

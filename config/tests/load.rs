@@ -26,6 +26,10 @@ impl JobDir {
             "def run(b): return b\n",
         )
         .unwrap();
+        // Side inputs and models on this machine must be there.
+        fs::create_dir_all(dir.path().join("data")).unwrap();
+        fs::write(dir.path().join("data/labels.txt"), "cat\n").unwrap();
+        fs::create_dir_all(dir.path().join("models/digits")).unwrap();
         Self { dir }
     }
 
@@ -150,13 +154,21 @@ path = "./results/../out"
             bucket: "my-bucket".into(),
             prefix: "images/2024".into(),
         }),
-        side_inputs: vec![
-            Location::Local(dir.path("data/labels.txt")),
-            Location::S3 {
-                bucket: "models".into(),
-                prefix: "digits/v1".into(),
-            },
-        ],
+        side_inputs: BTreeMap::from([
+            (
+                "labels.txt".into(),
+                Location::Local(dir.path("data/labels.txt")),
+            ),
+            (
+                "v1".into(),
+                Location::S3 {
+                    bucket: "models".into(),
+                    prefix: "digits/v1".into(),
+                },
+            ),
+        ]),
+        models: BTreeMap::new(),
+        partition_format: None,
         output: Location::Local(dir.path("out")),
         output_action: OutputAction::SummaryOnly,
         append_row_file_name: "results.csv".into(),
@@ -195,7 +207,9 @@ fn a_minimal_job_file_gets_the_defaults() {
         source_directory: None,
         arguments: vec![],
         input: Input::Files(Location::Local(dir.path("data/images"))),
-        side_inputs: vec![],
+        side_inputs: BTreeMap::new(),
+        models: BTreeMap::new(),
+        partition_format: None,
         output: Location::Local(dir.path("out")),
         output_action: OutputAction::AppendRow,
         append_row_file_name: "parallel_run_step.txt".into(),
@@ -247,7 +261,7 @@ fn relative_paths_resolve_against_the_job_folder_and_source_directory() {
     let spec = dir
         .load(&job(&[
             ("source_directory", r#""./scripts/""#),
-            ("side_inputs", r#"["../shared/labels.txt"]"#),
+            ("side_inputs", r#"["scripts/../data/labels.txt"]"#),
             ("environment", r#""/opt/venv/bin/python""#),
         ]))
         .unwrap();
@@ -259,10 +273,12 @@ fn relative_paths_resolve_against_the_job_folder_and_source_directory() {
         spec.entry_script,
         Location::Local(dir.path("scripts/score.py"))
     );
-    let parent = dir.dir.path().parent().unwrap();
     assert_eq!(
         spec.side_inputs,
-        [Location::Local(parent.join("shared/labels.txt"))]
+        BTreeMap::from([(
+            "labels.txt".to_owned(),
+            Location::Local(dir.path("data/labels.txt"))
+        )])
     );
     assert_eq!(
         spec.environment,
@@ -581,10 +597,110 @@ fn output_must_differ_from_input() {
 }
 
 #[test]
-fn partition_keys_are_for_tabular_inputs() {
+fn partition_keys_of_a_file_input_need_a_partition_format_naming_them() {
+    let dir = JobDir::new();
     assert_rejects(
-        &JobDir::new(),
-        r#"partition_keys = ["region"] → partition_keys: only for tabular inputs (got ["region"])"#,
+        &dir,
+        r#"partition_keys = ["user"] → partition_keys: a file input also needs partition_format, naming the keys' path parts (such as "{user}/{genres}/{name}.txt") (got ["user"])"#,
+    );
+    let text = job(&[
+        ("partition_keys", r#"["user", "mood"]"#),
+        ("partition_format", r#""{user}/{genres}/{name}.txt""#),
+    ]);
+    assert_eq!(
+        dir.error(&text),
+        r#"job.toml: partition_format: does not name the partition key {mood} (got "{user}/{genres}/{name}.txt")"#
+    );
+    let text = job(&[
+        ("partition_keys", r#"["user"]"#),
+        ("partition_format", r#""{user}{genres}""#),
+    ]);
+    assert_eq!(
+        dir.error(&text),
+        r#"job.toml: partition_format: {genres} touches the key before it (got "{user}{genres}")"#
+    );
+    let text = job(&[
+        ("partition_keys", r#"["user", "genres"]"#),
+        ("partition_format", r#""{user}/{genres}/{name}.txt""#),
+    ]);
+    let spec = dir.load(&text).unwrap();
+    assert_eq!(spec.partition_keys.unwrap(), ["user", "genres"]);
+    assert_eq!(
+        spec.partition_format.as_deref(),
+        Some("{user}/{genres}/{name}.txt")
+    );
+}
+
+#[test]
+fn side_inputs_and_models_are_named_tables() {
+    let dir = JobDir::new();
+    let text = format!(
+        "{}\n[side_inputs]\nlabels = \"data/labels.txt\"\nvocab = \"s3://bkt/vocab/\"\n\n[models]\ndigits = \"models/digits\"\n",
+        job(&[(
+            "arguments",
+            r#"["--labels", "${{side_inputs.labels}}", "--m=${{models.digits}}"]"#
+        )])
+    );
+    let spec = dir.load(&text).unwrap();
+    assert_eq!(
+        spec.side_inputs,
+        BTreeMap::from([
+            (
+                "labels".to_owned(),
+                Location::Local(dir.path("data/labels.txt"))
+            ),
+            (
+                "vocab".to_owned(),
+                Location::S3 {
+                    bucket: "bkt".into(),
+                    prefix: "vocab/".into()
+                }
+            ),
+        ])
+    );
+    assert_eq!(
+        spec.models,
+        BTreeMap::from([(
+            "digits".to_owned(),
+            Location::Local(dir.path("models/digits"))
+        )])
+    );
+    // The references stay for each node to fill in with its local copy.
+    assert_eq!(spec.arguments[1], "${{side_inputs.labels}}");
+    let over = dir
+        .load_with(&minimal(), &["side_inputs.labels=data/labels.txt"])
+        .unwrap();
+    assert_eq!(
+        over.side_inputs["labels"],
+        Location::Local(dir.path("data/labels.txt"))
+    );
+    assert_eq!(
+        dir.error_with(&minimal(), &["models.m=nowhere"]),
+        format!(
+            "--set models.m=nowhere: models.m: file or folder not found (got {:?})",
+            dir.path("nowhere").display().to_string()
+        )
+    );
+}
+
+#[test]
+fn an_argument_naming_an_unknown_side_input_or_model_is_refused() {
+    let dir = JobDir::new();
+    assert_rejects(
+        &dir,
+        r#"arguments = ["--labels", "${{side_inputs.labels}}"] → arguments: names side_inputs.labels, which [side_inputs] does not define (known: none) (got "${{side_inputs.labels}}")"#,
+    );
+    let text = job(&[
+        ("arguments", r#"["${{models.big}}"]"#),
+        ("side_inputs", r#"["data/labels.txt"]"#),
+    ]) + "\n[models]\nsmall = \"models/digits\"\n";
+    assert_eq!(
+        dir.error(&text),
+        r#"job.toml: arguments: names models.big, which [models] does not define (known: small) (got "${{models.big}}")"#
+    );
+    assert_rejects(
+        &dir,
+        r#"arguments = ["${{inputs.x}}"] → arguments: ${{inputs.…}} is not a reference fleetrun knows; use ${{side_inputs.<name>}} or ${{models.<name>}} (got "${{inputs.x}}")"#,
     );
 }
 

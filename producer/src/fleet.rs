@@ -20,7 +20,7 @@ use fleetrun_worker::parts;
 use tokio_util::sync::CancellationToken;
 
 use crate::local::new_job_id;
-use crate::partition::{PartitionError, Produced, publish_files};
+use crate::partition::{PartitionError, Produced, publish_files, publish_partitioned_files};
 use crate::progress::{Figures, Progress};
 use crate::tabular::{publish_tabular, settle_format};
 
@@ -104,6 +104,7 @@ pub async fn register(
     let job = job_id.map_or_else(|| new_job_id(&spec.name), str::to_owned);
     let mut spec = job::ship_code(spec, &fleet.s3).await?;
     settle_tabular_format(&mut spec, &fleet.s3).await?;
+    let spec = job::ship_side(spec, &fleet.s3).await?;
     let limits = Limits {
         error_threshold: spec.error_threshold,
         allowed_failed_count: spec.allowed_failed_count,
@@ -207,18 +208,32 @@ pub async fn publish(
             )
             .await
         }
-        (_, MiniBatchSize::Files(size)) => {
-            publish_files(
-                &*input,
-                "",
-                job,
-                size as usize,
-                &*fleet.queue,
-                produced,
-                &stop,
-            )
-            .await
-        }
+        (_, MiniBatchSize::Files(size)) => match (&spec.partition_format, &spec.partition_keys) {
+            (Some(format), Some(keys)) => {
+                publish_partitioned_files(
+                    &*input,
+                    format,
+                    keys,
+                    job,
+                    &*fleet.queue,
+                    produced,
+                    &stop,
+                )
+                .await
+            }
+            _ => {
+                publish_files(
+                    &*input,
+                    "",
+                    job,
+                    size as usize,
+                    &*fleet.queue,
+                    produced,
+                    &stop,
+                )
+                .await
+            }
+        },
         (_, MiniBatchSize::Bytes(_)) => unreachable!("validated: a file input counts files"),
     };
     watcher.abort();

@@ -1,6 +1,7 @@
 //! Partitioning a file input into mini-batches, streamed: each mini-batch is published as
 //! soon as its files are listed, so memory holds one mini-batch whatever the input's size.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fleetrun_common::queue::{Queue, QueueError};
@@ -12,6 +13,11 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PartitionError {
+    /// A file of a partitioned input whose path does not have `partition_format`'s shape.
+    #[error(
+        "partition_format: the input file {key:?} does not match {format:?}; move it out of the input or widen the format"
+    )]
+    Unmatched { key: String, format: String },
     #[error("listing the input failed: {0}")]
     List(#[from] StorageError),
     #[error("publishing a mini-batch failed: {0}")]
@@ -101,6 +107,56 @@ pub async fn publish_files(
     }
     while let Some(published) = in_flight.next().await {
         produced.confirmed(published?);
+    }
+    Ok(index)
+}
+
+/// Publishes a file input partitioned by the path parts `keys` of `format` (validated with
+/// the job file): each mini-batch holds the files of one combination of the keys' values, in
+/// the order of those values, then of the keys. The whole listing is read before the first
+/// mini-batch is published (files of one value need not be listed together), so memory
+/// holds the input's keys. A file whose path does not match the format fails the job
+/// before anything is published: none is silently left out.
+pub async fn publish_partitioned_files(
+    input: &dyn Storage,
+    format: &str,
+    keys: &[String],
+    job: &str,
+    queue: &dyn Queue,
+    produced: &Produced,
+    stop: &CancellationToken,
+) -> Result<u64, PartitionError> {
+    let parsed =
+        fleetrun_config::PartitionFormat::parse(format).map_err(|_| PartitionError::Unmatched {
+            key: String::new(),
+            format: format.to_owned(),
+        })?;
+    let mut groups: BTreeMap<Vec<String>, Vec<String>> = BTreeMap::new();
+    let mut listing = input.list_keys("");
+    while let Some(key) = listing.next().await.transpose()? {
+        let Some(values) = parsed.matches(&key) else {
+            return Err(PartitionError::Unmatched {
+                key,
+                format: format.to_owned(),
+            });
+        };
+        let group = keys
+            .iter()
+            .map(|k| values.get(k).cloned().unwrap_or_default())
+            .collect();
+        groups.entry(group).or_default().push(key);
+    }
+    let mut index = 0u64;
+    for (values, items) in groups {
+        if stop.is_cancelled() {
+            break;
+        }
+        let count = items.len() as u64;
+        let mut batch = MiniBatch::new(job, index, items);
+        batch.partition = Some(keys.iter().cloned().zip(values).collect());
+        queue.publish(batch.encode()).await?;
+        produced.confirmed(count);
+        index += 1;
     }
     Ok(index)
 }
@@ -248,5 +304,92 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(task.await.unwrap().unwrap(), 50);
+    }
+
+    #[tokio::test]
+    async fn a_partitioned_file_input_makes_one_mini_batch_per_key_combination() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = LocalStorage::new(dir.path());
+        for key in [
+            "ann/jazz/a.txt",
+            "bob/jazz/b.txt",
+            "ann/rock/c.txt",
+            "ann/jazz/d.txt",
+            "bob/jazz/e.txt",
+        ] {
+            storage.put(key, Bytes::from_static(b"x")).await.unwrap();
+        }
+        let queue = MemoryQueue::new(QueueOptions::default());
+        let keys = ["user".to_owned(), "genres".to_owned()];
+        let total = publish_partitioned_files(
+            &storage,
+            "{user}/{genres}/{name}.txt",
+            &keys,
+            "j",
+            &queue,
+            &Produced::default(),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(total, 3);
+        let batches = drain(&queue, 3).await;
+        type Seen = (Vec<String>, Vec<(String, String)>);
+        let seen: Vec<Seen> = batches
+            .iter()
+            .map(|b| {
+                (
+                    b.items.clone(),
+                    b.partition.clone().unwrap().into_iter().collect(),
+                )
+            })
+            .collect();
+        let kv = |u: &str, g: &str| {
+            vec![
+                ("genres".to_owned(), g.to_owned()),
+                ("user".to_owned(), u.to_owned()),
+            ]
+        };
+        assert_eq!(
+            seen,
+            [
+                (
+                    strings(&["ann/jazz/a.txt", "ann/jazz/d.txt"]),
+                    kv("ann", "jazz")
+                ),
+                (strings(&["ann/rock/c.txt"]), kv("ann", "rock")),
+                (
+                    strings(&["bob/jazz/b.txt", "bob/jazz/e.txt"]),
+                    kv("bob", "jazz")
+                ),
+            ]
+        );
+
+        // A file that does not match fails before anything is published.
+        storage
+            .put("README.md", Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        let queue = MemoryQueue::new(QueueOptions::default());
+        let e = publish_partitioned_files(
+            &storage,
+            "{user}/{genres}/{name}.txt",
+            &keys,
+            "j",
+            &queue,
+            &Produced::default(),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("\"README.md\" does not match"),
+            "{e}"
+        );
+        assert_eq!(queue.depth().await.unwrap().ready, 0);
+    }
+
+    fn strings(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| (*s).to_owned()).collect()
     }
 }

@@ -138,6 +138,15 @@ fn serve(channel: &mut UnixStream) -> Result<i32, RunnerError> {
         Some(Request::Run { .. }) => return Err(RunnerError::Unexpected("Run before Init")),
         Some(Request::Shutdown) => return Ok(EXIT_OK),
     };
+    // The runner's own working folder, before Python starts: relative paths in the
+    // arguments and the script resolve there on every node.
+    if let Some(dir) = params.working_dir.as_deref().filter(|d| !d.is_empty())
+        && let Err(e) = std::env::set_current_dir(dir)
+    {
+        let message = format!("cannot enter the working folder {dir}: {e}");
+        write_frame(channel, &Reply::InitFailed(script::plain_error(message)))?;
+        return Ok(EXIT_INIT_FAILED);
+    }
     let started = Interpreter::choose(params.environment.as_deref()).and_then(|i| i.start());
     if let Err(e) = started {
         write_frame(
@@ -176,12 +185,17 @@ fn serve_script(
                 script::flush_stdio(py);
                 return Ok(EXIT_OK);
             }
-            Some(Request::Run { items, tables, .. }) => {
+            Some(Request::Run {
+                mini_batch,
+                items,
+                tables,
+                context,
+            }) => {
                 let (rows, timing, given) = if tables.is_empty() {
-                    let (rows, timing) = script.run(py, &items);
+                    let (rows, timing) = script.run(py, &items, mini_batch, &context);
                     (rows, timing, None)
                 } else {
-                    script.run_tables(py, &tables)
+                    script.run_tables(py, &tables, mini_batch, &context)
                 };
                 script::flush_stdio(py);
                 let reply = match rows {

@@ -11,7 +11,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyModule, PyString, PyTraceback};
 
-use crate::protocol::{InitParams, ReadyInfo, ScriptError, StagedTable, Timing};
+use crate::protocol::{InitParams, ReadyInfo, RunContext, ScriptError, StagedTable, Timing};
 use crate::rows::{self, Returned};
 
 /// The `EntryScript` helper, executed as the module `fleetrun`.
@@ -35,6 +35,8 @@ pub struct EntryScript {
     tabular: Option<(Py<PyModule>, u8)>,
     /// The separator of a returned DataFrame's values.
     separator: u8,
+    /// `fleetrun._context`, when `run` takes a second parameter (the mini-batch context).
+    context: Option<Py<PyAny>>,
 }
 
 impl EntryScript {
@@ -45,7 +47,7 @@ impl EntryScript {
     }
 
     fn try_load(py: Python<'_>, params: &InitParams) -> Result<Self, LoadError> {
-        install_helpers(py, params)?;
+        let helper = install_helpers(py, params)?;
         let sys = py.import("sys")?;
         let mut argv = vec![params.entry_script.as_str()];
         argv.extend(params.arguments.iter().map(String::as_str));
@@ -96,11 +98,17 @@ impl EntryScript {
             init.call0()?;
         }
         let shutdown = module.getattr_opt("shutdown")?.filter(|f| f.is_callable());
+        let context = helper
+            .call_method1("_takes_context", (&run,))?
+            .is_truthy()?
+            .then(|| helper.getattr("_context"))
+            .transpose()?;
         Ok(Self {
             run: run.unbind(),
             shutdown: shutdown.map(Bound::unbind),
             tabular,
             separator: params.append_row_separator,
+            context: context.map(Bound::unbind),
         })
     }
 
@@ -110,6 +118,8 @@ impl EntryScript {
         &self,
         py: Python<'_>,
         tables: &[StagedTable],
+        index: u64,
+        context: &RunContext,
     ) -> (Result<Returned, ScriptError>, Timing, Option<u64>) {
         let frame = (|| {
             let Some((reader, separator)) = &self.tabular else {
@@ -144,31 +154,50 @@ impl EntryScript {
             };
             return (Ok(none), Timing::default(), given);
         }
-        let (rows, timing) = self.call_run(py, frame);
+        let (rows, timing) = self.call_run(py, frame, index, context);
         (rows, timing, given)
     }
 
-    /// Calls `run(items)` and converts what it returns into one string per element.
+    /// Calls `run(items)` (or `run(items, context)` when `run` takes two parameters) and
+    /// converts what it returns into one string per element.
     pub fn run(
         &self,
         py: Python<'_>,
         items: &[PathBuf],
+        index: u64,
+        context: &RunContext,
     ) -> (Result<Returned, ScriptError>, Timing) {
         let mini_batch = match path_list(py, items) {
             Ok(list) => list,
             Err(e) => return (Err(script_error(py, &e)), Timing::default()),
         };
-        self.call_run(py, mini_batch.into_any())
+        self.call_run(py, mini_batch.into_any(), index, context)
     }
 
     fn call_run(
         &self,
         py: Python<'_>,
         mini_batch: Bound<'_, PyAny>,
+        index: u64,
+        context: &RunContext,
     ) -> (Result<Returned, ScriptError>, Timing) {
+        let context = match &self.context {
+            None => None,
+            Some(make) => match make.bind(py).call1((
+                context.partition_key_value.clone(),
+                &context.dataset,
+                index,
+            )) {
+                Ok(context) => Some(context),
+                Err(e) => return (Err(script_error(py, &e)), Timing::default()),
+            },
+        };
         let wall = Instant::now();
         let cpu = process_cpu_seconds();
-        let result = self.run.bind(py).call1((mini_batch,));
+        let result = match context {
+            Some(context) => self.run.bind(py).call1((mini_batch, context)),
+            None => self.run.bind(py).call1((mini_batch,)),
+        };
         let timing = Timing {
             run_seconds: wall.elapsed().as_secs_f64(),
             cpu_seconds: (process_cpu_seconds() - cpu).max(0.0),
@@ -260,7 +289,7 @@ pub fn plain_error(message: String) -> ScriptError {
     }
 }
 
-fn install_helpers(py: Python<'_>, params: &InitParams) -> PyResult<()> {
+fn install_helpers<'py>(py: Python<'py>, params: &InitParams) -> PyResult<Bound<'py, PyModule>> {
     let source = std::ffi::CString::new(HELPER_SOURCE).expect("helper source has no NUL");
     let helper = PyModule::from_code(py, &source, HELPER_FILE, HELPER_MODULE)?;
     let settings = PyDict::new(py);
@@ -269,8 +298,13 @@ fn install_helpers(py: Python<'_>, params: &InitParams) -> PyResult<()> {
     settings.set_item("log_dir", &params.log_dir)?;
     settings.set_item("output_dir", &params.output_dir)?;
     settings.set_item("logging_level", &params.logging_level)?;
+    settings.set_item(
+        "working_dir",
+        params.working_dir.as_deref().unwrap_or_default(),
+    )?;
+    settings.set_item("models", params.models.clone())?;
     helper.call_method1("_install", (settings,))?;
-    Ok(())
+    Ok(helper)
 }
 
 /// Imports the script from its path under its file name (`score.py` → `score`), or under

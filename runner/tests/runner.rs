@@ -54,6 +54,8 @@ impl Job {
             environment: None,
             tabular: None,
             append_row_separator: b' ',
+            working_dir: None,
+            models: Default::default(),
         }
     }
 
@@ -423,15 +425,19 @@ fn entry_script_helper_gives_paths_and_a_logger_file() {
                     str(es.get_logger() is es.logger), es.logger.name]
         "#,
     );
-    let (mut runner, _) = job.ready(&job.params(&script));
-    let logs = job.path("logs").to_str().unwrap().to_owned();
+    let mut params = job.params(&script);
+    let work = job.path("work");
+    fs::create_dir(&work).unwrap();
+    params.working_dir = Some(work.to_str().unwrap().to_owned());
+    let (mut runner, _) = job.ready(&params);
+    let logs = job.path("logs/user/entry_script_log/node0");
     let out = job.path("out").to_str().unwrap().to_owned();
     assert_eq!(
         runner.rows(&["a", "b"]),
         [
-            &logs,
+            logs.to_str().unwrap(),
             &out,
-            &out,
+            work.to_str().unwrap(),
             "process007",
             "node0",
             "True",
@@ -1027,4 +1033,170 @@ fn a_tabular_job_without_pandas_names_the_package() {
         }
         (_, other) => panic!("expected InitFailed, got {other:?}"),
     }
+}
+
+#[test]
+fn the_runner_starts_in_its_working_folder() {
+    let job = Job::new();
+    job.write("work/labels.txt", "cat\ndog\n");
+    let script = job.write(
+        "code/score.py",
+        r#"
+        import os, sys
+
+        labels = open(sys.argv[1]).read().split()
+
+        def run(mini_batch):
+            return [os.getcwd()] + labels
+        "#,
+    );
+    let mut params = job.params(&script);
+    params.arguments = vec!["labels.txt".into()];
+    params.working_dir = Some(job.path("work").to_str().unwrap().to_owned());
+    let (mut runner, _) = job.ready(&params);
+    assert_eq!(
+        runner.rows(&["a"]),
+        [job.path("work").to_str().unwrap(), "cat", "dog"]
+    );
+}
+
+#[test]
+fn model_get_model_path_returns_the_local_copy_of_a_models_entry() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        from azureml.core import Model
+        from azureml.core.model import Model as Model2
+
+        def run(mini_batch):
+            try:
+                Model.get_model_path("other")
+                missing = "no error"
+            except KeyError as e:
+                missing = str(e)
+            return [Model.get_model_path("digits"), Model2.get_model_path(model_name="digits"),
+                    str(Model is Model2), missing]
+        "#,
+    );
+    let mut params = job.params(&script);
+    params.models = [("digits".to_owned(), "/cache/side/abc/digits".to_owned())].into();
+    let (mut runner, _) = job.ready(&params);
+    let rows = runner.rows(&["a"]);
+    assert_eq!(
+        rows[..3],
+        ["/cache/side/abc/digits", "/cache/side/abc/digits", "True"]
+    );
+    assert!(
+        rows[3].contains("no model named 'other'") && rows[3].contains("known: digits"),
+        "{}",
+        rows[3]
+    );
+}
+
+#[test]
+fn a_run_with_two_parameters_gets_the_mini_batch_context() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        def run(mini_batch, mini_batch_context):
+            c = mini_batch_context
+            return [repr(sorted(c.partition_key_value.items())), c.dataset, c.minibatch_index]
+        "#,
+    );
+    let (mut runner, _) = job.ready(&job.params(&script));
+    let reply = runner.request(&Request::Run {
+        mini_batch: 4,
+        items: vec![PathBuf::from("a")],
+        context: fleetrun_runner::protocol::RunContext {
+            partition_key_value: Some([("user".to_owned(), "ann".to_owned())].into()),
+            dataset: "s3://bkt/in".into(),
+        },
+        tables: Vec::new(),
+    });
+    let Reply::Done { rows, .. } = reply else {
+        panic!("expected Done, got {reply:?}");
+    };
+    assert_eq!(rows, ["[('user', 'ann')]", "s3://bkt/in", "4"]);
+    // Without partition keys the dict is empty.
+    assert_eq!(runner.rows(&["a"])[0], "[]");
+}
+
+#[test]
+fn the_root_logger_and_warnings_go_to_the_stdout_file_at_the_jobs_level() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        import logging, warnings
+
+        logging.basicConfig(level=logging.DEBUG)  # as scripts do; changes nothing
+
+        def run(mini_batch):
+            logging.info("root info")
+            logging.debug("root debug")
+            logging.getLogger("mine").warning("named warning")
+            warnings.warn("careful")
+            return mini_batch
+        "#,
+    );
+    let (mut runner, _) = job.ready(&job.params(&script));
+    runner.rows(&["a"]);
+    let stdout = job.read("stdout.txt");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        lines[0].contains("|INFO|") && lines[0].ends_with("|root|root info"),
+        "{stdout}"
+    );
+    assert!(lines[1].ends_with("|mine|named warning"), "{stdout}");
+    assert!(
+        lines[2].contains("|WARNING|") && lines[2].contains("UserWarning: careful"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("root debug"), "{stdout}");
+    assert_eq!(job.read("stderr.txt"), "");
+}
+
+/// With the real azureml-core installed, names in `[models]` get fleetrun's copy and the
+/// others still go to azureml-core.
+#[test]
+fn a_real_azureml_core_is_wrapped_not_replaced() {
+    let job = Job::new();
+    job.write("site/azureml/__init__.py", "");
+    job.write(
+        "site/azureml/core/__init__.py",
+        "from .model import Model\n",
+    );
+    job.write(
+        "site/azureml/core/model.py",
+        r#"
+        class Model:
+            @staticmethod
+            def get_model_path(model_name, version=None, _workspace=None):
+                return "real:" + model_name
+        "#,
+    );
+    let script = job.write(
+        "score.py",
+        r#"
+        from azureml.core import Model
+
+        def run(mini_batch):
+            return [Model.get_model_path("digits"), Model.get_model_path("other"),
+                    Model.__module__]
+        "#,
+    );
+    let mut params = job.params(&script);
+    params.models = [("digits".to_owned(), "/cache/m".to_owned())].into();
+    let site = job.path("site");
+    let mut runner = job.spawn_with(|cmd| {
+        cmd.env("PYTHONPATH", &site);
+    });
+    let reply = runner.request(&Request::Init(params));
+    assert!(matches!(reply, Reply::Ready(_)), "{reply:?}");
+    assert_eq!(
+        runner.rows(&["a"]),
+        ["/cache/m", "real:other", "azureml.core.model"]
+    );
 }

@@ -1296,3 +1296,170 @@ fn parquet_and_partitioned_json_lines_on_s3() {
         expected
     );
 }
+
+/// A ParallelRunStep script on two workers: an S3 side input through
+/// `${{side_inputs.labels}}`, an S3 model through `Model.get_model_path`, and files written
+/// to `EntryScript().output_dir` reaching the S3 output. A second job with the same side
+/// inputs finds them in the workers' caches and downloads nothing again.
+#[test]
+fn side_inputs_models_and_output_dir_on_the_fleet() {
+    let script = r#"
+import argparse
+import os
+
+from azureml_user.parallel_run import EntryScript
+from azureml.core import Model
+
+
+def init():
+    global labels, weights
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--labels")
+    args, _ = parser.parse_known_args()
+    labels = open(args.labels).read().split()
+    weights = open(os.path.join(Model.get_model_path("digits"), "weights.txt")).read().strip()
+
+
+def run(mini_batch):
+    es = EntryScript()
+    folder = os.path.join(es.output_dir, "summary")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "%s-%s.txt" % (es.node_id, es.agent_name)), "a") as f:
+        for p in mini_batch:
+            f.write(os.path.basename(p) + "\n")
+    return ["%s,%s,%s" % (open(p).read(), labels[0], weights) for p in mini_batch]
+"#;
+    let mut fleet = Fleet::new(script);
+    fleet.inputs(20);
+    let refs = fleet.storage("");
+    fleet.runtime.block_on(async {
+        refs.put("ref/labels.txt", Bytes::from_static(b"cat\ndog\n"))
+            .await
+            .unwrap();
+        refs.put("models/digits/weights.txt", Bytes::from_static(b"w42\n"))
+            .await
+            .unwrap();
+    });
+    for node in ["w1", "w2"] {
+        fleet.worker(node, 1);
+    }
+    let bucket = fleet.bucket.clone();
+    let tables = format!(
+        "\n[side_inputs]\nlabels = \"s3://{bucket}/ref/labels.txt\"\n\n[models]\ndigits = \"s3://{bucket}/models/digits\"\n"
+    );
+    let settings = "mini_batch_size = 2\narguments = [\"--labels\", \"${{side_inputs.labels}}\"]";
+    for (round, out) in ["out", "out2"].iter().enumerate() {
+        let job = fleet.job(
+            settings,
+            &format!("s3://{bucket}/in"),
+            &format!("s3://{bucket}/{out}"),
+        );
+        let mut text = std::fs::read_to_string(&job).unwrap();
+        text.push_str(&tables);
+        std::fs::write(&job, text).unwrap();
+        let submitted = fleet.submit(&job, &["--wait"]);
+        assert_eq!(code(&submitted), 0, "round {round}");
+        let mut got = lines(&fleet.output(&format!("{out}/parallel_run_step.txt")));
+        got.sort();
+        let expected: Vec<String> = expected_lines(20, |_| false)
+            .iter()
+            .map(|l| format!("{l},cat,w42"))
+            .collect();
+        assert_eq!(got, expected, "round {round}");
+
+        // output_dir's files are in the output, every input named once across them, by the
+        // time the job is Completed.
+        let summary = fleet.storage(&format!("{out}/summary"));
+        let keys: Vec<String> = fleet
+            .runtime
+            .block_on(summary.list("").map_ok(|m| m.key).try_collect())
+            .unwrap();
+        let mut named: Vec<String> = keys
+            .iter()
+            .flat_map(|k| lines(&fleet.output(&format!("{out}/summary/{k}"))))
+            .collect();
+        named.sort();
+        let inputs: Vec<String> = (0..20).map(|i| format!("f{i:04}.txt")).collect();
+        assert_eq!(named, inputs, "round {round}: {keys:?}");
+    }
+    // Each worker that served the jobs staged the two entries once.
+    let mut served = 0;
+    for node in ["w1", "w2"] {
+        let side = fleet.path(&format!("cache-{node}/side"));
+        let Ok(entries) = std::fs::read_dir(&side) else {
+            continue;
+        };
+        served += 1;
+        let names: Vec<String> = entries
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "{node}: {names:?}");
+    }
+    assert!(served >= 1);
+}
+
+/// A side input that cannot be staged fails the job, naming it, instead of being retried
+/// forever.
+#[test]
+fn a_side_input_that_cannot_be_staged_fails_the_job() {
+    let mut fleet = Fleet::new(ECHO);
+    fleet.inputs(4);
+    fleet.worker("w1", 1);
+    let bucket = fleet.bucket.clone();
+    let job = fleet.s3_job("");
+    let mut text = std::fs::read_to_string(&job).unwrap();
+    text.push_str(&format!(
+        "\n[side_inputs]\nlabels = \"s3://{bucket}/no/such/prefix\"\n"
+    ));
+    std::fs::write(&job, text).unwrap();
+    let out = fleet.submit(&job, &["--wait"]);
+    assert_eq!(code(&out), 42);
+    let result = String::from_utf8_lossy(&fleet.output("out/logs/job_result.txt")).into_owned();
+    assert!(
+        result.contains("side_inputs or models cannot be staged on node w1")
+            && result.contains("no/such/prefix"),
+        "{result}"
+    );
+}
+
+/// A local side input of a job with an S3 output is shipped beside its code: workers on
+/// other machines, which cannot read the submitter's disk, still get it.
+#[test]
+fn a_local_side_input_is_shipped_for_workers_elsewhere() {
+    let script = r#"
+import sys
+
+labels = open(sys.argv[2]).read().split()
+
+def run(mini_batch):
+    return ["%s,%s" % (open(p).read(), labels[-1]) for p in mini_batch]
+"#;
+    let mut fleet = Fleet::new(script);
+    fleet.inputs(6);
+    std::fs::write(fleet.path("labels.txt"), "cat\ndog\n").unwrap();
+    let job = fleet
+        .s3_job("mini_batch_size = 3\narguments = [\"--labels\", \"${{side_inputs.labels}}\"]");
+    let mut text = std::fs::read_to_string(&job).unwrap();
+    text.push_str("\n[side_inputs]\nlabels = \"labels.txt\"\n");
+    std::fs::write(&job, text).unwrap();
+    let mut submit = fleet.spawn_submit(&job);
+    let shipped = fleet.storage("out/_fleetrun/side");
+    wait_for("the side input shipped", Duration::from_secs(30), || {
+        let keys: Vec<String> = fleet
+            .runtime
+            .block_on(shipped.list("").map_ok(|m| m.key).try_collect())
+            .unwrap_or_default();
+        keys.iter().any(|k| k.ends_with("/labels.txt"))
+    });
+    // Gone from the submitter's disk before any worker looks: only the shipped copy is left.
+    std::fs::remove_file(fleet.path("labels.txt")).unwrap();
+    fleet.worker("w1", 1);
+    assert!(exit_within(&mut submit, Duration::from_secs(120)).success());
+    let mut got = lines(&fleet.output("out/parallel_run_step.txt"));
+    got.sort();
+    let expected: Vec<String> = expected_lines(6, |_| false)
+        .iter()
+        .map(|l| format!("{l},dog"))
+        .collect();
+    assert_eq!(got, expected);
+}

@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fleetrun_common::protocol::{self, InitParams, ReadyInfo, Reply, Request, ScriptError};
+use fleetrun_common::protocol::{
+    self, InitParams, ReadyInfo, Reply, Request, RunContext, ScriptError,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
@@ -130,7 +132,7 @@ pub trait Runner: Send + Sync {
         &mut self,
         mini_batch: u64,
         tables: Vec<protocol::StagedTable>,
-        context: protocol::RunContext,
+        context: RunContext,
     ) -> std::io::Result<()> {
         let _ = (mini_batch, tables, context);
         Err(std::io::Error::new(
@@ -138,6 +140,19 @@ pub trait Runner: Send + Sync {
             "this runner takes no tabular mini-batches",
         ))
     }
+
+    /// [`Runner::submit`] with the mini-batch's context, for a `run` that takes two
+    /// parameters. Runners that have no use for it (test fakes) submit without.
+    async fn submit_with_context(
+        &mut self,
+        mini_batch: u64,
+        items: Vec<PathBuf>,
+        context: RunContext,
+    ) -> std::io::Result<()> {
+        let _ = context;
+        self.submit(mini_batch, items).await
+    }
+
     /// How the oldest mini-batch sent and not yet answered ended, waiting at most `timeout`.
     async fn outcome(&mut self, timeout: Duration) -> RunOutcome;
     /// Asks the runner to call `shutdown()` and exit.
@@ -184,13 +199,28 @@ impl Runner for RunnerProcess {
         &mut self,
         mini_batch: u64,
         tables: Vec<protocol::StagedTable>,
-        context: protocol::RunContext,
+        context: RunContext,
     ) -> std::io::Result<()> {
         self.send(&Request::Run {
             mini_batch,
             items: Vec::new(),
             context,
             tables,
+        })
+        .await
+    }
+
+    async fn submit_with_context(
+        &mut self,
+        mini_batch: u64,
+        items: Vec<PathBuf>,
+        context: RunContext,
+    ) -> std::io::Result<()> {
+        self.send(&Request::Run {
+            mini_batch,
+            items,
+            context,
+            tables: Vec::new(),
         })
         .await
     }

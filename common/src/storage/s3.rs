@@ -243,6 +243,31 @@ impl S3Storage {
         &self.prefix
     }
 
+    /// [`Storage::list`] with each object's ETag (`""` when S3 gives none): a listing that
+    /// tells a changed object from an unchanged one without reading it.
+    pub fn list_tagged<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> BoxStream<'a, Result<(ObjectMeta, String), StorageError>> {
+        self.list_objects(format!("{}{prefix}", self.prefix))
+            .flat_map(move |page| {
+                let items: Vec<_> = match page {
+                    Err(e) => vec![Err(e)],
+                    Ok(objects) => objects
+                        .iter()
+                        .filter_map(|o| {
+                            let key = self.storage_key(o.key()?)?;
+                            let size = o.size().unwrap_or(0).max(0) as u64;
+                            let etag = o.e_tag().unwrap_or_default().to_owned();
+                            Some(Ok((ObjectMeta { key, size }, etag)))
+                        })
+                        .collect(),
+                };
+                stream::iter(items)
+            })
+            .boxed()
+    }
+
     /// Creates the bucket unless it exists already (in the client's region), for demos,
     /// tests and first-time set-up.
     pub async fn create_bucket_if_missing(&self) -> Result<(), StorageError> {

@@ -6,6 +6,7 @@ use std::path::Path;
 use toml::{Table, Value};
 
 use super::location::{local_path, location};
+use super::named;
 use super::read::{self, Fault, int_in, number_in};
 use crate::{
     Input, JobSpec, Location, LoggingLevel, MiniBatchSize, OutputAction, Tabular, TabularFormat,
@@ -104,11 +105,14 @@ pub(super) fn build(table: &Table, base_dir: &Path) -> Result<JobSpec, Fault> {
 
     let input = input(&doc, &local)?;
     let side_inputs = doc.optional("side_inputs", |field, value| {
-        read::array(field, value)?
-            .iter()
-            .map(|item| local(field, item))
-            .collect::<Result<Vec<_>, _>>()
+        named::side_inputs(field, value, &here)
     })?;
+    let models = doc.optional("models", |field, value| named::models(field, value, &here))?;
+    named::check_references(
+        arguments.as_deref().unwrap_or_default(),
+        side_inputs.as_ref(),
+        models.as_ref(),
+    )?;
     let output = doc.required("output.path", local)?;
     if same_place(&output, input.location()) {
         let value = doc.get("output.path").expect("output.path was read");
@@ -129,6 +133,13 @@ pub(super) fn build(table: &Table, base_dir: &Path) -> Result<JobSpec, Fault> {
     let partition_keys = doc.optional("partition_keys", |field, value| {
         partition_keys(field, value, &input)
     })?;
+    let partition_format = doc.optional("partition_format", read::string)?;
+    named::check_partition_format(
+        partition_format,
+        partition_keys.as_deref(),
+        doc.get("partition_keys"),
+        &input,
+    )?;
     let error_threshold = doc.optional("error_threshold", |field, value| {
         int_in(field, value, -1..=i32::MAX.into())
     })?;
@@ -169,6 +180,8 @@ pub(super) fn build(table: &Table, base_dir: &Path) -> Result<JobSpec, Fault> {
         arguments: arguments.unwrap_or_default(),
         input,
         side_inputs: side_inputs.unwrap_or_default(),
+        models: models.unwrap_or_default(),
+        partition_format: partition_format.map(str::to_owned),
         output,
         output_action,
         append_row_file_name: append_row_file_name
@@ -402,9 +415,10 @@ fn byte_size(text: &str) -> Option<u64> {
 
 fn partition_keys(field: &str, value: &Value, input: &Input) -> Result<Vec<String>, Fault> {
     let keys = read::string_list(field, value)?;
-    // Rows sharing the keys' values form one mini-batch: tabular inputs only.
+    // Rows (tabular) or files (with `partition_format`, checked there) sharing the keys'
+    // values form one mini-batch.
     match input {
-        Input::Files(_) => Err(Fault::rule(field, "only for tabular inputs", value)),
+        Input::Files(_) => Ok(keys),
         Input::Tabular(tabular) => tabular_partition_keys(field, value, tabular, keys),
     }
 }

@@ -26,6 +26,8 @@ const TOP_LEVEL: &[&str] = &[
     "allowed_failed_count",
     "allowed_failed_percent",
     "partition_keys",
+    "partition_format",
+    "models",
     "environment_variables",
     "append_row_dataframe_header",
     "append_row_separator",
@@ -39,6 +41,8 @@ const TABLES: &[(&str, Option<&[&str]>)] = &[
     ("input", Some(&["files", "tabular", "format", "separator"])),
     ("output", Some(&["path"])),
     ("environment_variables", None),
+    ("side_inputs", None),
+    ("models", None),
 ];
 
 /// How alike (Jaro-Winkler, 0–1) an unknown key must be to a known one to be suggested.

@@ -3,17 +3,23 @@
 The runner executes this file as the module ``fleetrun`` and calls ``_install`` with the
 process's settings before it loads the entry script. ``_install`` also registers the module
 names ParallelRunStep scripts import, so ``from azureml_user.parallel_run import EntryScript``
-keeps working unchanged.
+keeps working unchanged, and the ``azureml.core`` names (``Model.get_model_path``) that
+ParallelRunStep scripts load their models with.
+
+The root logger (``logging.info(...)``, at the job's ``logging_level``) and
+``warnings.warn`` write to the process's stdout file, as the seed's scripts expect.
 """
 
 import importlib.machinery
+import importlib.util
+import inspect
 import logging
 import os
 import sys
 import threading
 import types
 
-__all__ = ["EntryScript"]
+__all__ = ["EntryScript", "MiniBatchContext"]
 
 _LOG_FORMAT = "%(asctime)s|%(levelname)s|%(process)d|%(name)s|%(message)s"
 _LOGGER_NAME = "fleetrun.entry_script"
@@ -24,6 +30,8 @@ _settings = {
     "log_dir": "",
     "output_dir": "",
     "logging_level": "INFO",
+    "working_dir": "",
+    "models": {},
 }
 
 
@@ -61,18 +69,26 @@ class EntryScript:
 
     @property
     def log_dir(self):
-        """The job's log folder."""
-        return _settings["log_dir"]
+        """This node's folder of entry-script logs: ``logs/user/entry_script_log/<node_id>/``
+        (created on first use)."""
+        path = os.path.join(
+            _settings["log_dir"], "user", "entry_script_log", _settings["node_id"]
+        )
+        os.makedirs(path, exist_ok=True)
+        return path
 
     @property
     def output_dir(self):
-        """The job's output folder."""
+        """A folder whose files reach the job's output folder: the output folder itself on a
+        local output; on an ``s3://`` output, a folder on this node uploaded under the output
+        prefix after each mini-batch and when the job ends on this node."""
         return _settings["output_dir"]
 
     @property
     def working_dir(self):
-        """A folder the script may write to (the output folder)."""
-        return _settings["output_dir"]
+        """This process's working folder (its current directory at start), holding the
+        source directory's files."""
+        return _settings["working_dir"] or os.getcwd()
 
     @property
     def logger(self):
@@ -110,6 +126,130 @@ def _make_logger():
     return logger
 
 
+class MiniBatchContext:
+    """What ``run(mini_batch, mini_batch_context)`` receives: the ``partition_keys`` values
+    the mini-batch holds (a dict, empty without ``partition_keys``), what it was cut from,
+    and its index."""
+
+    __slots__ = ("partition_key_value", "dataset", "minibatch_index")
+
+    def __init__(self, partition_key_value, dataset, minibatch_index):
+        self.partition_key_value = partition_key_value
+        self.dataset = dataset
+        self.minibatch_index = minibatch_index
+
+    def __repr__(self):
+        return (
+            f"MiniBatchContext(partition_key_value={self.partition_key_value!r}, "
+            f"dataset={self.dataset!r}, minibatch_index={self.minibatch_index!r})"
+        )
+
+
+def _context(partition_key_value, dataset, minibatch_index):
+    return MiniBatchContext(dict(partition_key_value or {}), dataset, minibatch_index)
+
+
+def _takes_context(run):
+    """Whether ``run`` takes a second positional parameter (the mini-batch context)."""
+    try:
+        parameters = inspect.signature(run).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = 0
+    for p in parameters:
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            return True
+        if p.kind in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            positional += 1
+    return positional >= 2
+
+
+class ModelNotFoundError(KeyError):
+    """``Model.get_model_path`` of a name the job's ``[models]`` table does not define."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
+
+
+def _model_path(model_name, version=None, _workspace=None):
+    models = _settings["models"]
+    if model_name in models:
+        return models[model_name]
+    known = ", ".join(sorted(models)) or "none"
+    raise ModelNotFoundError(
+        f"no model named {model_name!r} in the job's [models] table (known: {known}); "
+        "add it there: [models] name = \"path-or-s3-prefix\""
+    )
+
+
+class Model:
+    """fleetrun's stand-in for ``azureml.core.Model``: ``get_model_path(name)`` returns the
+    local copy of the job's ``[models]`` entry ``name``."""
+
+    def __init__(self, workspace=None, name=None, **kwargs):
+        self.name = name
+        self.workspace = workspace
+
+    @staticmethod
+    def get_model_path(model_name, version=None, _workspace=None):
+        return _model_path(model_name, version, _workspace)
+
+
+def _install_models():
+    """Registers ``azureml.core`` / ``azureml.core.model`` with fleetrun's ``Model`` when the
+    real azureml-core is not installed. When it is, the real ``Model.get_model_path`` is
+    wrapped: names in ``[models]`` get fleetrun's local copy, other names go to the real one."""
+    try:
+        real = importlib.util.find_spec("azureml.core") is not None
+    except (ImportError, ValueError):
+        real = False
+    if real:
+        if not _settings["models"]:
+            return
+        from azureml.core import model as real_model  # noqa: PLC0415
+
+        original = real_model.Model.get_model_path
+
+        def get_model_path(model_name, version=None, _workspace=None):
+            if model_name in _settings["models"]:
+                return _settings["models"][model_name]
+            return original(model_name, version, _workspace)
+
+        real_model.Model.get_model_path = staticmethod(get_model_path)
+        return
+    if "azureml" in sys.modules:
+        azureml = sys.modules["azureml"]
+    else:
+        azureml = _package("azureml")
+        sys.modules["azureml"] = azureml
+    core = _package("azureml.core")
+    model = types.ModuleType("azureml.core.model")
+    model.__spec__ = importlib.machinery.ModuleSpec(model.__name__, None)
+    for module in (core, model):
+        module.Model = Model
+    core.model = model
+    azureml.core = core
+    sys.modules["azureml.core"] = core
+    sys.modules["azureml.core.model"] = model
+
+
+def _install_root_logger():
+    """Python's root logger and ``warnings`` go to this process's stdout (its stdout file),
+    at the job's ``logging_level``; a script's own ``logging.basicConfig()`` then changes
+    nothing, as on ParallelRunStep."""
+    level = logging.getLevelName(str(_settings["logging_level"]).upper())
+    level = level if isinstance(level, int) else logging.INFO
+    root = logging.getLogger()
+    root.setLevel(level)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(_LOG_FORMAT))
+    root.addHandler(handler)
+    logging.captureWarnings(True)
+
+
 def _package(name):
     module = types.ModuleType(name)
     module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
@@ -119,8 +259,11 @@ def _package(name):
 
 
 def _install(settings):
-    """Records this process's settings and registers the ``azureml_user`` aliases."""
+    """Records this process's settings and registers the ``azureml_user`` aliases, the
+    ``azureml.core`` model names and the root logger's handler."""
     _settings.update(settings)
+    _install_root_logger()
+    _install_models()
 
     azureml_user = _package("azureml_user")
     parallel_run = _package("azureml_user.parallel_run")

@@ -53,7 +53,7 @@ impl Slot {
                 match self.stage(ctx, &batch).await {
                     Ok(mut staged) => {
                         let active = self.runner.as_mut().expect("running the job");
-                        if staged.send(&mut *active.process, &batch).await.is_ok() {
+                        if staged.send(&mut *active.process, ctx, &batch).await.is_ok() {
                             Some(Sent {
                                 ctx: ctx.clone(),
                                 batch,

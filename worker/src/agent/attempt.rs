@@ -53,7 +53,7 @@ impl Slot {
         let started = Instant::now();
         let active = self.runner.as_mut().expect("ensure_runner made one");
         let process = active.name.clone();
-        let submitted = sent || staged.send(&mut *active.process, batch).await.is_ok();
+        let submitted = sent || staged.send(&mut *active.process, ctx, batch).await.is_ok();
         if submitted {
             self.look_ahead(ctx, consumer).await;
         }
@@ -142,6 +142,9 @@ impl Slot {
                         },
                         None => None,
                     };
+                    // What the script wrote to output_dir reaches an S3 output before the
+                    // mini-batch counts as done.
+                    super::outdir::sync_logged(&ctx).await;
                     if record_outcome(&shared, &ctx, index, outcome, part.as_deref()).await {
                         Disposition::Ack
                     } else {

@@ -14,6 +14,8 @@
 //! - `runner`: starting, warming and killing a slot's runner, and its environment.
 //! - `ahead`: the delivery taken ahead while the runner works.
 //! - `stage`: staging a mini-batch's inputs into the node's cache.
+//! - `workdir`: each runner's working folder, holding the source directory.
+//! - `outdir`: `EntryScript().output_dir`, uploaded to an S3 output.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use fleetrun_common::ledger::{JobState, Ledger, Status};
+use fleetrun_common::protocol::RunContext;
 use fleetrun_common::queue::Queue;
 use fleetrun_common::storage::Storage;
 use fleetrun_config::JobSpec;
@@ -36,10 +39,12 @@ use crate::process::Launcher;
 
 mod ahead;
 mod attempt;
+pub mod outdir;
 mod runner;
 mod slot;
 mod stage;
 mod tabular;
+pub mod workdir;
 
 pub use attempt::{join_rows, record_failed_batch};
 use slot::Slot;
@@ -93,6 +98,8 @@ pub struct JobContext {
     started_noted: AtomicBool,
     end_noted: AtomicBool,
     last_check: std::sync::Mutex<Instant>,
+    /// What of `EntryScript().output_dir` reached an S3 output (see `outdir`).
+    pub(crate) output_sync: tokio::sync::Mutex<outdir::Uploaded>,
 }
 
 impl JobContext {
@@ -121,6 +128,7 @@ impl JobContext {
             init_failures: AtomicU32::new(0),
             gave_up: AtomicBool::new(false),
             last_check: std::sync::Mutex::new(Instant::now()),
+            output_sync: Default::default(),
         }
     }
 
@@ -229,4 +237,12 @@ struct Shared {
 /// States in which the job's remaining mini-batches are no longer worked on.
 pub fn is_stopped(state: JobState) -> bool {
     !state.accepts_work()
+}
+
+/// What `run(mini_batch, mini_batch_context)` receives with `batch`.
+fn run_context(ctx: &JobContext, batch: &fleetrun_common::wire::MiniBatch) -> RunContext {
+    RunContext {
+        partition_key_value: batch.partition.clone(),
+        dataset: ctx.spec.input.location().to_string(),
+    }
 }

@@ -1,6 +1,7 @@
 //! A slot's runner process: starting it (its environment, its GPU), warming it before work
 //! arrives, killing it.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -75,6 +76,19 @@ impl Slot {
             env_remove,
         };
         let spec = &ctx.spec;
+        // The node's cache folder holds the staging folder and the working folders.
+        let cache = self.config().staging_dir.parent().unwrap_or(Path::new("/"));
+        let working_dir = match super::workdir::make(cache, &ctx.id, &name, spec) {
+            Ok(dir) => Some(dir.display().to_string()),
+            Err(e) => {
+                warn!(job = %ctx.id, process = %name, error = %e, "Cannot make the runner's working folder; it starts in the worker's.");
+                None
+            }
+        };
+        let output_dir = super::outdir::local_output_dir(ctx);
+        if let Err(e) = std::fs::create_dir_all(&output_dir) {
+            warn!(job = %ctx.id, folder = %output_dir.display(), error = %e, "Cannot make the script's output_dir.");
+        }
         let params = InitParams {
             entry_script: local_path_string(&spec.entry_script),
             source_directory: spec.source_directory.as_ref().map(local_path_string),
@@ -82,7 +96,7 @@ impl Slot {
             node_id: node.clone(),
             process_name: name.clone(),
             log_dir: ctx.logs.dir().display().to_string(),
-            output_dir: local_path_string(&spec.output),
+            output_dir: output_dir.display().to_string(),
             logging_level: spec.logging_level.as_str().to_owned(),
             environment: spec.environment.as_ref().map(|p| p.display().to_string()),
             tabular: spec.input.tabular().map(|tabular| TabularInit {
@@ -90,6 +104,12 @@ impl Slot {
                 parquet: tabular.format == Some(fleetrun_config::TabularFormat::Parquet),
             }),
             append_row_separator: spec.append_row_separator,
+            working_dir,
+            models: spec
+                .models
+                .iter()
+                .map(|(name, location)| (name.clone(), local_path_string(location)))
+                .collect(),
         };
         let init_timeout = Duration::from_secs(3 * spec.run_invocation_timeout + 30);
         let main_log = logs::JobLogs::node_main(&node);

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use fleetrun_common::protocol::{RunContext, StagedTable};
+use fleetrun_common::protocol::StagedTable;
 use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_common::wire::MiniBatch;
 
@@ -15,27 +15,23 @@ pub(super) struct Staged {
     pub(super) paths: Vec<PathBuf>,
     /// A tabular input's chunks, staged (`paths` is then empty).
     pub(super) tables: Vec<StagedTable>,
-    /// What a tabular mini-batch was cut from (its context's `dataset`).
-    dataset: String,
     folder: Option<PathBuf>,
 }
 
 impl Staged {
-    /// Sends the mini-batch to `runner`: its paths, or its staged chunks.
+    /// Sends the mini-batch to `runner`, with its context: its paths, or its staged chunks.
     pub(super) async fn send(
         &mut self,
         runner: &mut dyn crate::process::Runner,
+        ctx: &JobContext,
         batch: &MiniBatch,
     ) -> std::io::Result<()> {
+        let context = super::run_context(ctx, batch);
         if self.tables.is_empty() {
             return runner
-                .submit(batch.index, std::mem::take(&mut self.paths))
+                .submit_with_context(batch.index, std::mem::take(&mut self.paths), context)
                 .await;
         }
-        let context = RunContext {
-            partition_key_value: batch.partition.clone(),
-            dataset: std::mem::take(&mut self.dataset),
-        };
         runner
             .submit_tables(batch.index, std::mem::take(&mut self.tables), context)
             .await
@@ -86,7 +82,6 @@ impl Slot {
             return Ok(Staged {
                 paths: Vec::new(),
                 tables,
-                dataset: ctx.spec.input.location().to_string(),
                 folder: Some(folder),
             });
         }
@@ -108,7 +103,6 @@ async fn stage(
     let mut staged = Staged {
         paths: Vec::with_capacity(items.len()),
         tables: Vec::new(),
-        dataset: String::new(),
         folder: None,
     };
     for key in items {

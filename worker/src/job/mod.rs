@@ -13,6 +13,7 @@
 //! - `settings`: where the fleet's services are, connecting to them, a worker's settings.
 //! - `record`: the job record kept in the registry.
 //! - `code`: shipping a job's code to S3 and staging it on a worker.
+//! - `side`: staging a job's side inputs and models into the node's cache, shared by jobs.
 //! - `watch`: serving the pool: the jobs a node follows, adopting orphans, the agent's events.
 //! - `results`: what a job tells its user: its overview while it runs, its result when it
 //!   ends, written the same by whoever ends it.
@@ -27,6 +28,7 @@ mod finalize;
 mod record;
 mod results;
 mod settings;
+mod side;
 mod watch;
 
 pub use code::{CODE_PREFIX, ship_code};
@@ -39,4 +41,5 @@ pub use settings::{
     DEFAULT_POOL, Fleet, FleetArgs, KEEP_ENDED_JOBS, KEY_PREFIX, POOL_DELIVERY_LIMIT, WorkerConfig,
     open_input, open_storage, tabular_root,
 };
+pub use side::{SHIPPED_PREFIX, SIDE_DIR, UNUSED_CAP_VAR, evict, ship_side};
 pub use watch::{serve, serving};

@@ -22,6 +22,7 @@ use super::finalize::{FINALIZE_LEASE, check_init_failures, conclude, fail_job, j
 use super::record::JobRecord;
 use super::results::overview_text;
 use super::settings::{Fleet, KEEP_ENDED_JOBS, WorkerConfig, open_input, open_storage};
+use super::side::{Held, stage_side};
 use crate::agent::{self, Agent, AgentConfig, AgentEvent, JobContext, Jobs};
 use crate::logs::{self, JobLogs};
 use crate::parts;
@@ -47,6 +48,7 @@ pub async fn serve(
         fleet: fleet.clone(),
         config: config.clone(),
         contexts: Mutex::new(HashMap::new()),
+        held: Arc::new(Mutex::new(HashMap::new())),
         unserved: Mutex::new(HashMap::new()),
         loading: tokio::sync::Mutex::new(()),
         stop: abort.clone(),
@@ -101,8 +103,11 @@ pub async fn serve(
             note_end(&ctx, &status);
         }
         ctx.logs.flush();
+        agent::outdir::sync_logged(&ctx).await;
         upload_logs(&ctx, &config.node_id).await;
     }
+    // The runners are gone: the jobs' working folders and cache holds go with them.
+    jobs.held.lock().unwrap_or_else(|p| p.into_inner()).clear();
 }
 
 /// Says, while the node serves its pool, that it does (until it drains): a job that waits for
@@ -321,10 +326,27 @@ async fn watch_unserved(fleet: &Fleet, jobs: &FleetJobs, job: &str) -> Result<()
     Ok(())
 }
 
+/// What a job holds on this node while it runs here; released when dropped.
+struct NodeJob {
+    /// Its side inputs' and models' cache entries.
+    _held: Held,
+    /// Its runners' working folders, removed with it.
+    work: std::path::PathBuf,
+}
+
+impl Drop for NodeJob {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.work);
+    }
+}
+
 pub(super) struct FleetJobs {
     fleet: Fleet,
     config: WorkerConfig,
     contexts: Mutex<HashMap<String, Arc<JobContext>>>,
+    /// What each job this node serves holds on it until the job ends here: its side inputs
+    /// and models in the cache, its runners' working folders.
+    held: Arc<Mutex<HashMap<String, NodeJob>>>,
     /// The stop rules of the pool's Running jobs this node does not serve (none of their
     /// mini-batches reached it): a job whose submitter died before publishing anything is
     /// watched too.
@@ -358,6 +380,37 @@ impl FleetJobs {
         };
         let record = JobRecord::decode(&bytes)?;
         let spec = stage_code(record.spec, &self.config.cache_dir, &self.fleet.s3).await?;
+        let (spec, held) =
+            match stage_side(spec.clone(), &self.config.cache_dir, &self.fleet.s3).await {
+                Ok(staged) => staged,
+                Err(e) => {
+                    // Another attempt would meet it again: the job fails, and this node drops
+                    // its mini-batches like those of any job that no longer runs.
+                    let reason = format!(
+                        "side_inputs or models cannot be staged on node {}: {e}",
+                        self.config.node_id
+                    );
+                    let output = open_storage(&spec.output, &self.fleet.s3).await?;
+                    let view = super::results::JobView {
+                        id: job,
+                        spec: &spec,
+                        submitted_at: record.submitted_at,
+                    };
+                    let failed =
+                        super::results::fail(&*self.fleet.ledger, &*output, None, view, &reason);
+                    if let Err(e) = failed.await {
+                        warn!(job = %job, error = %e, "Cannot fail the job.");
+                    }
+                    (spec, Held::default())
+                }
+            };
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            job.to_owned(),
+            NodeJob {
+                _held: held,
+                work: agent::workdir::job_work_dir(&self.config.cache_dir, job),
+            },
+        );
         let input = open_input(&spec, &self.fleet.s3).await?;
         let output = open_storage(&spec.output, &self.fleet.s3).await?;
         let log_dir = match &spec.output {
@@ -388,6 +441,7 @@ impl FleetJobs {
             ctx.clone(),
             self.config.node_id.clone(),
             self.stop.clone(),
+            self.held.clone(),
         ));
         Ok(Some(ctx))
     }
@@ -419,7 +473,13 @@ impl Jobs for FleetJobs {
 /// when a stop rule says so (every node that serves the job watches them, so the job ends
 /// whichever nodes are left), keeps its overview and flushes its logs now and then, and
 /// uploads them at the end.
-async fn watch_job(fleet: Fleet, ctx: Arc<JobContext>, node: String, stop: CancellationToken) {
+async fn watch_job(
+    fleet: Fleet,
+    ctx: Arc<JobContext>,
+    node: String,
+    stop: CancellationToken,
+    held: Arc<Mutex<HashMap<String, NodeJob>>>,
+) {
     let age = Duration::from_secs_f64((super::record::unix_now() - ctx.submitted_at).max(0.0));
     let ledger = fleet.ledger.clone();
     let mut rules = StopRules::new(&ctx.spec, age);
@@ -462,7 +522,11 @@ async fn watch_job(fleet: Fleet, ctx: Arc<JobContext>, node: String, stop: Cance
                 ctx.stop.cancel();
                 if state.is_terminal() {
                     ctx.logs.flush();
+                    agent::outdir::sync_logged(&ctx).await;
                     upload_logs(&ctx, &node).await;
+                    held.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&ctx.id);
                     return;
                 }
             }
