@@ -92,6 +92,8 @@ pub struct JobContext {
     started_noted: AtomicBool,
     end_noted: AtomicBool,
     last_check: std::sync::Mutex<Instant>,
+    /// The job's resource monitor on this node (`perf/<node_id>/`).
+    pub monitor: crate::monitor::Monitor,
 }
 
 impl JobContext {
@@ -120,6 +122,7 @@ impl JobContext {
             init_failures: AtomicU32::new(0),
             gave_up: AtomicBool::new(false),
             last_check: std::sync::Mutex::new(Instant::now()),
+            monitor: Default::default(),
         }
     }
 
