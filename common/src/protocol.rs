@@ -65,6 +65,10 @@ pub struct InitParams {
     pub logging_level: String,
     /// A virtualenv folder or a Python interpreter to run the script with.
     pub environment: Option<String>,
+    /// Where to write the cProfile stats of `init()` and `run()` when the runner stops
+    /// cleanly (`profile = true`); `None` runs the script unprofiled.
+    #[serde(default)]
+    pub profile: Option<String>,
 }
 
 /// Runner → agent.

@@ -86,6 +86,10 @@ impl Slot {
             output_dir: local_path_string(&spec.output),
             logging_level: spec.logging_level.as_str().to_owned(),
             environment: spec.environment.as_ref().map(|p| p.display().to_string()),
+            profile: spec.profile.then(|| {
+                let stats = logs::JobLogs::profile(&node, &name);
+                ctx.logs.path(stats).display().to_string()
+            }),
         };
         let init_timeout = Duration::from_secs(3 * spec.run_invocation_timeout + 30);
         ctx.monitor
