@@ -103,6 +103,10 @@ pub struct InitParams {
     /// `[models]`: name → local path, what `Model.get_model_path(name)` returns.
     #[serde(default)]
     pub models: BTreeMap<String, String>,
+    /// Where to write the cProfile stats of `init()` and `run()` when the runner stops
+    /// cleanly (`profile = true`); `None` runs the script unprofiled.
+    #[serde(default)]
+    pub profile: Option<String>,
 }
 
 fn default_append_row_separator() -> u8 {

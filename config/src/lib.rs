@@ -89,6 +89,10 @@ pub struct JobSpec {
     /// The Python environment: a virtualenv folder or an interpreter path. `None` = the
     /// active virtualenv if any, else the interpreter fleetrun was built against.
     pub environment: Option<PathBuf>,
+    /// Run each runner's `init()` and `run()` calls under cProfile and write the stats to
+    /// `logs/sys/profile/<node_id>/<process_name>.profile` when the runner stops cleanly.
+    #[serde(default)]
+    pub profile: bool,
 }
 
 const fn space() -> u8 {

@@ -125,6 +125,7 @@ append_row_dataframe_header = true
 first_task_creation_timeout = 30
 progress_update_timeout = 1000
 environment = ".venv"
+profile = true
 side_inputs = ["data/labels.txt", "s3://models/digits/v1"]
 
 [input]
@@ -193,6 +194,7 @@ path = "./results/../out"
         first_task_creation_timeout: 30,
         progress_update_timeout: 1000,
         environment: Some(dir.path(".venv")),
+        profile: true,
     };
     assert_eq!(spec, expected);
 }
@@ -230,6 +232,7 @@ fn a_minimal_job_file_gets_the_defaults() {
         first_task_creation_timeout: 600,
         progress_update_timeout: 300,
         environment: None,
+        profile: false,
     };
     assert_eq!(spec, expected);
 }
@@ -411,6 +414,7 @@ fn wrong_types_name_what_was_expected_and_given() {
         r#"error_threshold = "five" → error_threshold: expected an integer, got a string ("five")"#,
         r#"name = 42 → name: expected a string, got an integer (42)"#,
         r#"append_row_dataframe_header = "yes" → append_row_dataframe_header: expected a boolean (true or false), got a string ("yes")"#,
+        r#"profile = 1 → profile: expected a boolean (true or false), got an integer (1)"#,
         r#"arguments = "--n 5" → arguments: expected a list of strings, got a string ("--n 5")"#,
         r#"arguments = ["--n", [5]] → arguments: expected a string, got a list ([5])"#,
         r#"allowed_failed_percent = true → allowed_failed_percent: expected a number, got a boolean (true)"#,

@@ -182,6 +182,7 @@ fn serve_script(
         // The GIL is released while waiting, so the script's own threads keep running.
         match py.detach(|| read_frame::<_, Request>(channel))? {
             None => {
+                script.write_profile(py);
                 script::flush_stdio(py);
                 return Ok(EXIT_OK);
             }
@@ -211,6 +212,7 @@ fn serve_script(
             }
             Some(Request::Shutdown) => {
                 let result = script.shutdown(py);
+                script.write_profile(py);
                 script::flush_stdio(py);
                 if let Err(error) = result {
                     eprint!("fleetrun-runner: shutdown() raised:\n{}", error.traceback);

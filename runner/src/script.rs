@@ -37,6 +37,8 @@ pub struct EntryScript {
     separator: u8,
     /// `fleetrun._context`, when `run` takes a second parameter (the mini-batch context).
     context: Option<Py<PyAny>>,
+    /// cProfile around `init()` and `run()`, when the job asks for it.
+    profiler: Option<Profiler>,
 }
 
 impl EntryScript {
@@ -94,8 +96,12 @@ impl EntryScript {
                 ));
             }
         };
+        let profiler = match &params.profile {
+            Some(path) => Some(Profiler::new(py, path)?),
+            None => None,
+        };
         if let Some(init) = module.getattr_opt("init")? {
-            init.call0()?;
+            profiled(py, profiler.as_ref(), || init.call0())?;
         }
         let shutdown = module.getattr_opt("shutdown")?.filter(|f| f.is_callable());
         let context = helper
@@ -109,6 +115,7 @@ impl EntryScript {
             tabular,
             separator: params.append_row_separator,
             context: context.map(Bound::unbind),
+            profiler,
         })
     }
 
@@ -194,10 +201,10 @@ impl EntryScript {
         };
         let wall = Instant::now();
         let cpu = process_cpu_seconds();
-        let result = match context {
+        let result = profiled(py, self.profiler.as_ref(), || match context {
             Some(context) => self.run.bind(py).call1((mini_batch, context)),
             None => self.run.bind(py).call1((mini_batch,)),
-        };
+        });
         let timing = Timing {
             run_seconds: wall.elapsed().as_secs_f64(),
             cpu_seconds: (process_cpu_seconds() - cpu).max(0.0),
@@ -206,6 +213,19 @@ impl EntryScript {
             .and_then(|r| rows::rows(&r, self.separator))
             .map_err(|e| script_error(py, &e));
         (rows, timing)
+    }
+
+    /// Writes the profile, if the job asked for one; a failure goes to the runner's stderr.
+    pub fn write_profile(&self, py: Python<'_>) {
+        if let Some(profiler) = &self.profiler
+            && let Err(e) = profiler.dump(py)
+        {
+            let error = script_error(py, &e);
+            eprintln!(
+                "fleetrun-runner: cannot write the profile {}: {}",
+                profiler.path, error.message
+            );
+        }
     }
 
     /// Calls `shutdown()` if the script defines one.
@@ -219,6 +239,50 @@ impl EntryScript {
             None => Ok(()),
         }
     }
+}
+
+/// cProfile's `Profile`, switched on around each call of the script's `init()` and `run()`
+/// and written once, in `dump_stats` format (what `pstats.Stats` loads), when the runner
+/// stops cleanly. A runner that is killed (a timeout, a crash, an abort) writes none.
+struct Profiler {
+    profile: Py<PyAny>,
+    path: String,
+}
+
+impl Profiler {
+    fn new(py: Python<'_>, path: &str) -> PyResult<Profiler> {
+        let profile = py.import("cProfile")?.getattr("Profile")?.call0()?;
+        Ok(Profiler {
+            profile: profile.unbind(),
+            path: path.to_owned(),
+        })
+    }
+
+    /// Writes the stats gathered so far, making the folder if needed.
+    fn dump(&self, py: Python<'_>) -> PyResult<()> {
+        if let Some(dir) = Path::new(&self.path).parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        self.profile
+            .bind(py)
+            .call_method1("dump_stats", (&self.path,))?;
+        Ok(())
+    }
+}
+
+/// Calls `f` with the profiler on, if there is one. A profiler that cannot be switched on
+/// (the script runs one of its own: only one may be active) leaves the call unprofiled.
+fn profiled<T>(py: Python<'_>, profiler: Option<&Profiler>, f: impl FnOnce() -> T) -> T {
+    let Some(profiler) = profiler else {
+        return f();
+    };
+    let profile = profiler.profile.bind(py);
+    let on = profile.call_method0("enable").is_ok();
+    let result = f();
+    if on {
+        let _ = profile.call_method0("disable");
+    }
+    result
 }
 
 /// The mini-batch as the script sees it: a `list[str]` of paths, each what `os.fsdecode`

@@ -4,7 +4,7 @@ use std::fs;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
@@ -56,6 +56,7 @@ impl Job {
             append_row_separator: b' ',
             working_dir: None,
             models: Default::default(),
+            profile: None,
         }
     }
 
@@ -1199,4 +1200,74 @@ fn a_real_azureml_core_is_wrapped_not_replaced() {
         runner.rows(&["a"]),
         ["/cache/m", "real:other", "azureml.core.model"]
     );
+}
+
+/// The functions a cProfile stats file names, as `pstats.Stats` loads them.
+fn profiled_functions(path: &Path) -> Vec<String> {
+    let code =
+        "import pstats, sys\nfor (_, _, name) in pstats.Stats(sys.argv[1]).stats: print(name)";
+    let out = Command::new(env!("FLEETRUN_BUILD_PYTHON"))
+        .args(["-c", code])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn profile_stats_of_init_and_run_are_written_on_a_clean_stop_only() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        def load_model():
+            return 1
+
+        def init():
+            load_model()
+
+        def score(path):
+            return path.upper()
+
+        def run(mini_batch):
+            return [score(p) for p in mini_batch]
+        "#,
+    );
+    let mut params = job.params(&script);
+    let stats = job.path("logs/sys/profile/node0/process007.profile");
+    params.profile = Some(stats.to_str().unwrap().into());
+
+    let (mut runner, _) = job.ready(&params);
+    assert_eq!(runner.rows(&["a", "b"]), strings(&["A", "B"]));
+    assert!(!stats.exists(), "written when the runner stops");
+    assert_eq!(runner.shutdown().code(), Some(0));
+    let functions = profiled_functions(&stats);
+    for name in ["init", "load_model", "run", "score"] {
+        assert!(
+            functions.iter().any(|f| f == name),
+            "{name} in {functions:?}"
+        );
+    }
+
+    // The agent closing the channel is a clean stop too.
+    fs::remove_file(&stats).unwrap();
+    let (mut runner, _) = job.ready(&params);
+    runner.rows(&["c"]);
+    assert_eq!(runner.close().code(), Some(0));
+    assert!(profiled_functions(&stats).iter().any(|f| f == "run"));
+
+    // Without the setting, nothing is profiled or written.
+    fs::remove_file(&stats).unwrap();
+    let (runner, _) = job.ready(&job.params(&script));
+    assert_eq!(runner.shutdown().code(), Some(0));
+    assert!(!stats.exists());
 }

@@ -300,6 +300,16 @@ fn s3_job_on_three_workers_matches_a_local_run() {
     });
     let keys = keys();
     assert!(keys.contains(&"job_result.txt".to_owned()));
+    // Each node that ran mini-batches had its resource monitor sample it from its first
+    // runner on, and uploaded that with its other logs.
+    for node in ["w1", "w2", "w3"] {
+        let report = format!("sys/job_report/processed_mini-batches.{node}.csv");
+        let perf = format!("perf/{node}/node_resource_usage.csv");
+        assert!(
+            !keys.contains(&report) || keys.contains(&perf),
+            "{perf} in {keys:?}"
+        );
+    }
 }
 
 /// A worker killed with SIGKILL while it holds a mini-batch: the job still completes, with

@@ -8,6 +8,7 @@
 //! - [`process`]: one runner process from the agent's side (spawn, init, run with a timeout,
 //!   kill, restart), behind the `Launcher` and `Runner` traits the agent drives.
 //! - [`logs`]: the job's log folder (CONTRACT.md §7).
+//! - [`monitor`]: the resource monitor of a job on a node (`logs/perf/<node_id>/`).
 //! - [`node`]: this node's id, its scratch folder, and the sweep of scratch left by processes
 //!   that are gone.
 //! - [`gpu`]: one GPU index per runner process (CONTRACT.md §3).
@@ -25,6 +26,7 @@ pub mod agent;
 pub mod gpu;
 pub mod job;
 pub mod logs;
+pub mod monitor;
 pub mod node;
 pub mod output;
 pub mod parts;

@@ -91,6 +91,11 @@ impl JobLogs {
         format!("sys/node/{node}/{process}.txt")
     }
 
+    /// A runner's cProfile stats (`profile = true`).
+    pub fn profile(node: &str, process: &str) -> String {
+        format!("sys/profile/{node}/{process}.profile")
+    }
+
     pub fn user_error(node: &str, process: &str) -> String {
         format!("user/error/{node}/{process}.txt")
     }

@@ -163,6 +163,7 @@ pub(super) fn build(table: &Table, base_dir: &Path) -> Result<JobSpec, Fault> {
     let first_task_creation_timeout = doc.optional("first_task_creation_timeout", seconds(1))?;
     let progress_update_timeout = doc.optional("progress_update_timeout", seconds(1))?;
     let environment_variables = doc.optional("environment_variables", environment_variables)?;
+    let profile = doc.optional("profile", read::boolean)?;
     let environment = doc.optional("environment", |field, value| {
         local_path(field, value, doc.base_dir)
     })?;
@@ -207,6 +208,7 @@ pub(super) fn build(table: &Table, base_dir: &Path) -> Result<JobSpec, Fault> {
             default::progress_update_timeout(run_invocation_timeout, run_max_try),
         ),
         environment,
+        profile: profile.unwrap_or(false),
     })
 }
 

@@ -34,6 +34,7 @@ const TOP_LEVEL: &[&str] = &[
     "first_task_creation_timeout",
     "progress_update_timeout",
     "environment",
+    "profile",
 ];
 
 /// The top-level keys that are tables, with the keys they take (`None`: any key).

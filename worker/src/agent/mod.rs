@@ -100,6 +100,8 @@ pub struct JobContext {
     last_check: std::sync::Mutex<Instant>,
     /// What of `EntryScript().output_dir` reached an S3 output (see `outdir`).
     pub(crate) output_sync: tokio::sync::Mutex<outdir::Uploaded>,
+    /// The job's resource monitor on this node (`perf/<node_id>/`).
+    pub monitor: crate::monitor::Monitor,
 }
 
 impl JobContext {
@@ -129,6 +131,7 @@ impl JobContext {
             gave_up: AtomicBool::new(false),
             last_check: std::sync::Mutex::new(Instant::now()),
             output_sync: Default::default(),
+            monitor: Default::default(),
         }
     }
 

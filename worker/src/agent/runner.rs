@@ -14,6 +14,7 @@ use super::slot::Slot;
 use super::{AgentEvent, JobContext};
 use crate::gpu::{GPU_COUNT_VAR, GpuLease};
 use crate::logs;
+use crate::monitor::MonitorSettings;
 use crate::process::{InitOutcome, Launch, Runner, returncode};
 
 pub(super) struct Active {
@@ -110,8 +111,14 @@ impl Slot {
                 .iter()
                 .map(|(name, location)| (name.clone(), local_path_string(location)))
                 .collect(),
+            profile: spec.profile.then(|| {
+                let stats = logs::JobLogs::profile(&node, &name);
+                ctx.logs.path(stats).display().to_string()
+            }),
         };
         let init_timeout = Duration::from_secs(3 * spec.run_invocation_timeout + 30);
+        ctx.monitor
+            .start_once(|| monitor_settings(ctx, self.config()), ctx.stop.clone());
         let main_log = logs::JobLogs::node_main(&node);
         let started = self.config().launcher.start(&launch, params, init_timeout);
         // A package the input needs is missing: every start would fail the same way.
@@ -128,6 +135,7 @@ impl Slot {
                         info.python_prefix
                     ),
                 );
+                ctx.monitor.runner_started(&name, info.pid);
                 self.runner = Some(Active {
                     job: ctx.id.clone(),
                     name,
@@ -231,6 +239,28 @@ fn runner_env(ctx: &JobContext, node: &str, process: &str) -> Vec<(String, Strin
     env.push(("FLEETRUN_NODE_ID".into(), node.to_owned()));
     env.push(("FLEETRUN_PROCESS_NAME".into(), process.to_owned()));
     env
+}
+
+/// What the job's monitor on this node watches: its interval, and the folders whose file
+/// systems matter to the job (its logs, its local output and input, the node's staging
+/// folder, the temp folder).
+fn monitor_settings(ctx: &JobContext, config: &super::AgentConfig) -> MonitorSettings {
+    let spec = &ctx.spec;
+    let mut folders = vec![("logs".to_owned(), ctx.logs.dir().to_owned())];
+    if let Some(output) = spec.output.as_local() {
+        folders.push(("output".into(), output.to_owned()));
+    }
+    if let Some(input) = spec.input.location().as_local() {
+        folders.push(("input".into(), input.to_owned()));
+    }
+    folders.push(("scratch".into(), config.staging_dir.clone()));
+    folders.push(("tmp".into(), std::env::temp_dir()));
+    MonitorSettings {
+        interval: Duration::from_secs(spec.resource_monitor_interval),
+        node: config.node_id.clone(),
+        logs: ctx.logs.clone(),
+        folders,
+    }
 }
 
 fn local_path_string(location: &fleetrun_config::Location) -> String {

@@ -99,6 +99,8 @@ pub async fn serve(
         _ = abort.cancelled() => finisher.abort(),
     }
     for ctx in jobs.all() {
+        // Its last sample written before the logs are flushed and sent.
+        ctx.monitor.stop().await;
         if let Ok(Some(status)) = fleet.ledger.status(&ctx.id).await {
             note_end(&ctx, &status);
         }
@@ -521,6 +523,7 @@ async fn watch_job(
             state if !state.accepts_work() => {
                 ctx.stop.cancel();
                 if state.is_terminal() {
+                    ctx.monitor.stop().await;
                     ctx.logs.flush();
                     agent::outdir::sync_logged(&ctx).await;
                     upload_logs(&ctx, &node).await;
