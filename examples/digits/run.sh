@@ -16,49 +16,24 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
-ROOT="$(cd "$HERE/../.." && pwd -P)"
-PYTHON="${PYTHON:-python3}"
-VENV="$HERE/.venv"
-STAMP="$VENV/.requirements.sha256"
+# shellcheck source=../lib.sh
+source "$HERE/../lib.sh"
 OUT_DIR="$HERE/out"
 OUT_FILE="$OUT_DIR/parallel_run_step.txt"
 
-say() { printf '\n== %s\n' "$*"; }
-
 # --- 1. the Python environment ------------------------------------------------------
-if [[ ! -x "$VENV/bin/python" ]]; then
-    say "creating $VENV with $("$PYTHON" --version 2>&1)"
-    rm -rf "$VENV"
-    if ! "$PYTHON" -m venv "$VENV"; then
-        rm -rf "$VENV"
-        echo "error: '$PYTHON -m venv' failed. On Debian/Ubuntu: apt-get install python3-venv" >&2
-        exit 1
-    fi
-fi
-want="$(sha256sum "$HERE/requirements.txt" | cut -d' ' -f1)"
-if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$want" ]]; then
-    say "installing $(grep -v '^#' "$HERE/requirements.txt" | xargs) into .venv (quietly)"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-        -r "$HERE/requirements.txt"
-    echo "$want" > "$STAMP"
-fi
+example_venv
 
 # --- 2. the input data --------------------------------------------------------------
 say "generating the input"
 "$VENV/bin/python" "$HERE/make_data.py"
 
 # --- 3. fleetrun ----------------------------------------------------------------------
-say "building fleetrun (cargo build --release)"
-(cd "$ROOT" && cargo build --release)
+example_build
 
 # --- 4. the job -----------------------------------------------------------------------
-rm -rf "$OUT_DIR"   # a fresh run each time (a leftover output folder would be resumed)
-say "fleetrun run examples/digits/job.toml $*"
-cd "$ROOT"
-set +e
-target/release/fleetrun run examples/digits/job.toml "$@"
-rc=$?
-set -e
+rm -rf "$OUT_DIR"   # a fresh output folder each time, so the logs hold this run only
+example_run "$HERE/job.toml" "$@"
 
 # --- 5. what came out -----------------------------------------------------------------
 if [[ -f "$OUT_FILE" ]]; then
