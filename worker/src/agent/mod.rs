@@ -91,6 +91,7 @@ pub struct JobContext {
     gave_up: AtomicBool,
     started_noted: AtomicBool,
     end_noted: AtomicBool,
+    gpus_noted: AtomicBool,
     last_check: std::sync::Mutex<Instant>,
 }
 
@@ -110,6 +111,7 @@ impl JobContext {
             submitted_at,
             started_noted: AtomicBool::new(false),
             end_noted: AtomicBool::new(false),
+            gpus_noted: AtomicBool::new(false),
             input,
             output,
             parts,
@@ -144,6 +146,13 @@ impl JobContext {
     pub(crate) fn first_end_noted(&self) -> bool {
         !self
             .end_noted
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// True once per node and job: the node's GPUs are noted in its `_main.txt`.
+    pub(crate) fn first_gpu_note(&self) -> bool {
+        !self
+            .gpus_noted
             .swap(true, std::sync::atomic::Ordering::Relaxed)
     }
 
@@ -198,6 +207,7 @@ pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToke
         agent,
         next_process: AtomicU32::new(0),
         gpus,
+        starting: std::sync::Mutex::new(()),
     });
     let mut slots = tokio::task::JoinSet::new();
     for index in 0..shared.agent.config.processes.max(1) {
@@ -223,6 +233,20 @@ struct Shared {
     agent: Agent,
     next_process: AtomicU32,
     gpus: Arc<GpuPool>,
+    /// Held while a start takes its name and its GPU, so that process names and GPU indexes
+    /// are handed out in the same order.
+    starting: std::sync::Mutex<()>,
+}
+
+impl Shared {
+    /// The next process's name (`processNNN`, never reused) and its GPU.
+    fn next_start(&self) -> (String, Option<crate::gpu::GpuLease>) {
+        let _in_order = self.starting.lock().unwrap_or_else(|p| p.into_inner());
+        let number = self
+            .next_process
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        (format!("process{number:03}"), self.gpus.acquire())
+    }
 }
 
 /// States in which the job's remaining mini-batches are no longer worked on.

@@ -11,7 +11,7 @@ use tracing::warn;
 
 use super::slot::Slot;
 use super::{AgentEvent, JobContext};
-use crate::gpu::{GPU_COUNT_VAR, GpuLease};
+use crate::gpu::{AZ_GPU_COUNT_VAR, GPU_COUNT_VAR, GpuLease};
 use crate::logs;
 use crate::process::{InitOutcome, Launch, Runner, returncode};
 
@@ -57,11 +57,15 @@ impl Slot {
             return false;
         }
         let node = self.config().node_id.clone();
-        let number = self.shared.next_process.fetch_add(1, Ordering::Relaxed);
-        let name = format!("process{number:03}");
-        let gpu = self.shared.gpus.acquire();
+        let (name, gpu) = self.shared.next_start();
+        let main_log = logs::JobLogs::node_main(&node);
+        if ctx.first_gpu_note() {
+            ctx.logs.log(&main_log, &gpu_line(self.config().gpus));
+        }
         let mut env = runner_env(ctx, &node, &name);
-        env.push((GPU_COUNT_VAR.into(), self.shared.gpus.count().to_string()));
+        let gpu_count = self.shared.gpus.count().to_string();
+        env.push((GPU_COUNT_VAR.into(), gpu_count.clone()));
+        env.push((AZ_GPU_COUNT_VAR.into(), gpu_count));
         let mut env_remove = Vec::new();
         match &gpu {
             Some(lease) => env.push(("CUDA_VISIBLE_DEVICES".into(), lease.index().to_string())),
@@ -87,14 +91,21 @@ impl Slot {
             environment: spec.environment.as_ref().map(|p| p.display().to_string()),
         };
         let init_timeout = Duration::from_secs(3 * spec.run_invocation_timeout + 30);
-        let main_log = logs::JobLogs::node_main(&node);
         let started = self.config().launcher.start(&launch, params, init_timeout);
         let failure = match started.await {
             Ok((Some(process), InitOutcome::Ready(info))) => {
+                let gpu_note = gpu.as_ref().map_or_else(String::new, |lease| {
+                    let how = if lease.is_shared() {
+                        "shared"
+                    } else {
+                        "its own"
+                    };
+                    format!(", GPU {} ({how})", lease.index())
+                });
                 ctx.logs.log(
                     &main_log,
                     &format!(
-                        "{name} started: pid {}, Python {} ({}), prefix {}.",
+                        "{name} started: pid {}, Python {} ({}), prefix {}{gpu_note}.",
                         info.pid,
                         info.python_version.lines().next().unwrap_or_default(),
                         info.python_executable,
@@ -176,6 +187,21 @@ impl Slot {
             active.process.kill().await;
         }
     }
+}
+
+/// The node's GPUs as `_main.txt` tells them: NVML's names when the agent hands out the GPUs
+/// NVML counted, else the count the agent was given.
+fn gpu_line(count: usize) -> String {
+    let detected = crate::gpu::detect();
+    if detected.count == count {
+        return detected.describe();
+    }
+    crate::gpu::Detected {
+        count,
+        names: Vec::new(),
+        source: "as configured".to_owned(),
+    }
+    .describe()
 }
 
 /// The runner's environment: the job's variables and who the process is.
