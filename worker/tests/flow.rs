@@ -34,6 +34,10 @@ struct Options {
     /// Publish the mini-batches and seal the total.
     publish: bool,
     delivery_limit: Option<u32>,
+    /// The worker is the job's only node, as in `fleetrun run`.
+    sole_node: bool,
+    /// Init failures other nodes already counted for the job.
+    other_init_failures: u64,
 }
 
 impl Default for Options {
@@ -43,6 +47,8 @@ impl Default for Options {
             warm: true,
             publish: true,
             delivery_limit: None,
+            sole_node: true,
+            other_init_failures: 0,
         }
     }
 }
@@ -100,6 +106,9 @@ impl Flow {
             .register(JOB, POOL, &record.encode())
             .await
             .unwrap();
+        for _ in 0..options.other_init_failures {
+            fleet.registry.add_init_failure(JOB).await.unwrap();
+        }
         if options.publish {
             let MiniBatchSize::Files(size) = spec.mini_batch_size else {
                 unreachable!("a file input")
@@ -123,7 +132,7 @@ impl Flow {
             cache_dir: dir.path().join("cache"),
             gpus: 0,
             warm_job: options.warm.then(|| JOB.to_owned()),
-            sole_node: true,
+            sole_node: options.sole_node,
         };
         let drain = CancellationToken::new();
         let worker = tokio::spawn(job::serve(
@@ -317,52 +326,111 @@ async fn allowed_failed_percent_fails_the_job_past_its_limit() {
     assert_eq!(status.state, JobState::Completed, "{status:?}");
 }
 
-/// Runners that fail to start (init raises, hangs past `3 × run_invocation_timeout + 30`,
-/// or the process exits) cost the mini-batch no attempt: with `run_max_try = 1` it still
-/// runs, once, on the first runner that starts.
+/// Runners that fail to start (init raises, or the process exits) cost the mini-batch no
+/// attempt: with `run_max_try = 1` it still runs, once, on the first runner that starts.
 #[tokio::test(start_paused = true)]
 async fn init_failures_cost_no_attempt() {
     let fake = FakeLauncher::new().init(|start| match start {
         1 => Init::Fail("no model".into()),
-        2 => Init::Hang,
-        3 => Init::Die(3),
+        2 => Init::Die(3),
         _ => Init::Ready,
     });
-    // Six failures allowed: 3 × 2 processes.
-    let settings = "run_max_try = 1\nrun_invocation_timeout = 20\nprocess_count_per_node = 2";
+    // Three failures allowed: 3 × 1 process.
+    let settings = "run_max_try = 1\nrun_invocation_timeout = 20";
     let options = Options {
-        processes: 2,
         warm: false,
         ..Options::default()
     };
     let mut flow = Flow::start(&fake, settings, 1, options).await;
-    let (status, ended) = flow.end().await;
+    let (status, _) = flow.end().await;
 
     assert_eq!(status.state, JobState::Completed, "{status:?}");
     assert_eq!(counts(&status), (1, 0, 1, 0));
-    assert_eq!(fake.starts(), 4);
+    assert_eq!(fake.starts(), 3);
     let tries = fake.tries(0);
     assert_eq!(tries.len(), 1, "{tries:?}");
-    assert_eq!(tries[0].call.process, "process003");
-    assert!(ended >= Duration::from_secs(90), "{ended:?}");
+    assert_eq!(tries[0].call.process, "process002");
     let main = flow.log(&logs::JobLogs::node_main(NODE));
     for line in [
         "process000 failed to start: init() failed: no model",
-        "process001 failed to start: init() did not finish within 90s",
-        "process002 failed to start: the process exited with returncode 3 during init",
-        "process003 started: pid 1004",
+        "process001 failed to start: the process exited with returncode 3 during init",
+        "process002 started: pid 1003",
     ] {
         assert_contains(&main, line);
     }
     assert_contains(
         &flow.log(logs::REPORT_CSV),
-        "\n0,1,succeeded,1,1,0,0,process003,",
+        "\n0,1,succeeded,1,1,0,0,process002,",
     );
     assert_contains(&flow.log(logs::USER_ERROR), "0 process000 init: no model");
     assert_contains(
         &flow.log(&logs::JobLogs::user_error(NODE, "process000")),
         "Exception: no model",
     );
+}
+
+/// An `init()` stuck past `3 × run_invocation_timeout + 30` while another runner of the job
+/// is ready is one failed start (CONTRACT §5), not a failed job: its mini-batch goes back
+/// untried and runs once, on a ready runner.
+#[tokio::test(start_paused = true)]
+async fn a_stuck_init_beside_a_ready_runner_is_a_failed_start() {
+    let fake = FakeLauncher::new().init(|start| match start {
+        1 => Init::Hang,
+        _ => Init::Ready,
+    });
+    let settings = "mini_batch_size = 1\nrun_max_try = 1\nrun_invocation_timeout = 20\nprocess_count_per_node = 2";
+    let options = Options {
+        processes: 2,
+        warm: false,
+        ..Options::default()
+    };
+    let mut flow = Flow::start(&fake, settings, 2, options).await;
+    let (status, ended) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(counts(&status), (2, 0, 2, 0));
+    assert!(ended >= Duration::from_secs(90), "{ended:?}");
+    // The mini-batch the stuck process held went back untried at 90 s and ran once, on a
+    // ready process.
+    let tries: Vec<_> = [fake.tries(0), fake.tries(1)].concat();
+    assert_eq!(tries.len(), 2, "{tries:?}");
+    assert!(
+        tries.iter().all(|t| t.call.process != "process000"),
+        "{tries:?}"
+    );
+    let first = tries.iter().map(|t| t.started).min().unwrap();
+    let last = tries.iter().map(|t| t.started).max().unwrap();
+    assert!(last - first >= Duration::from_secs(80), "{tries:?}");
+    assert_contains(
+        &flow.log(&logs::JobLogs::node_main(NODE)),
+        "process000 failed to start: init() did not finish within 90s (3 × run_invocation_timeout 20 + 30)",
+    );
+}
+
+/// CONTRACT §5 rule 3: when every runner process is stuck in `init()` for
+/// `3 × run_invocation_timeout + 30` seconds (33 s here), the job fails for lack of
+/// progress then, not after rule 1's three stuck starts per process (99 s).
+#[tokio::test(start_paused = true)]
+async fn every_process_stuck_in_init_fails_the_job_at_the_init_limit() {
+    let fake = FakeLauncher::new().init(|_| Init::Hang);
+    let settings = "run_invocation_timeout = 1\nprocess_count_per_node = 2";
+    let options = Options {
+        processes: 2,
+        ..Options::default()
+    };
+    let mut flow = Flow::start(&fake, settings, 4, options).await;
+    let (status, ended) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Failed, "{status:?}");
+    let reason = status.reason.clone().unwrap();
+    assert!(
+        reason.starts_with("no progress: every runner process on node 0 was stuck in init()"),
+        "{reason}"
+    );
+    assert_contains(&reason, "init() did not finish within 33s");
+    assert_ended_within(ended, 33, 34);
+    assert_eq!(status.done, 0);
+    assert!(fake.calls().is_empty());
 }
 
 /// A node gives up on a job after `3 × process_count_per_node` init failures; on the job's
@@ -375,7 +443,9 @@ async fn a_node_gives_up_after_three_init_failures_per_process() {
         ..Options::default()
     };
     let mut flow = Flow::start(&fake, "process_count_per_node = 2", 4, options).await;
-    let (status, _) = flow.end().await;
+    let (status, ended) = flow.end().await;
+    // Failures, not time, decide: the job fails as soon as the sixth start fails.
+    assert_ended_within(ended, 0, 1);
 
     let reason = "no runner process could start: 6 runner processes failed to start on node 0; the last: init() failed: no model";
     assert_failed(&flow, &status, reason);
@@ -386,6 +456,32 @@ async fn a_node_gives_up_after_three_init_failures_per_process() {
         &flow.log(&logs::JobLogs::node_main(NODE)),
         &format!("Giving up on job {JOB}: 6 runner processes failed to start on node 0"),
     );
+}
+
+/// CONTRACT §5 rule 2: with `node_count = 2` and one process per node, 2 × 2 × 1 = 4 failed
+/// starts over the job fail it, but only once it has run 2 minutes. Another node counted
+/// one; this one gives up after its 3 (rule 1) and leaves the job to the others, and the
+/// job fails at 2 minutes.
+#[tokio::test(start_paused = true)]
+async fn init_failures_over_the_job_fail_it_once_it_has_run_two_minutes() {
+    let fake = FakeLauncher::new().init(|_| Init::Fail("no model".into()));
+    let options = Options {
+        sole_node: false,
+        other_init_failures: 1,
+        ..Options::default()
+    };
+    let settings = "node_count = 2\nprocess_count_per_node = 1";
+    let mut flow = Flow::start(&fake, settings, 4, options).await;
+    let (status, ended) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Failed, "{status:?}");
+    let reason = status.reason.clone().unwrap();
+    assert!(
+        reason.starts_with("4 runner processes failed to start over the job (the limit is 4: 2 × node_count 2 × 1 processes per node)"),
+        "{reason}"
+    );
+    assert_eq!(fake.starts(), 3, "this node gave up after 3");
+    assert_ended_within(ended, 120, 122);
 }
 
 /// A job whose runs hang longer than `progress_update_timeout` fails as stalled when that

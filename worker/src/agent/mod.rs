@@ -92,6 +92,8 @@ pub struct JobContext {
     started_noted: AtomicBool,
     end_noted: AtomicBool,
     gpus_noted: AtomicBool,
+    /// This node's runners of the job that finished init and live.
+    ready_runners: Arc<AtomicU32>,
     last_check: std::sync::Mutex<Instant>,
 }
 
@@ -112,6 +114,7 @@ impl JobContext {
             started_noted: AtomicBool::new(false),
             end_noted: AtomicBool::new(false),
             gpus_noted: AtomicBool::new(false),
+            ready_runners: Arc::new(AtomicU32::new(0)),
             input,
             output,
             parts,
@@ -189,6 +192,10 @@ pub enum AgentEvent {
     },
     /// This node stopped trying to start runners for the job (init kept failing).
     GaveUp { job: String, reason: String },
+    /// A runner's `init()` overran `3 × run_invocation_timeout + 30` while no runner of the
+    /// job on this node was ready (CONTRACT §5 rule 3): the job fails unless a mini-batch
+    /// has started somewhere.
+    StuckInInit { job: String, reason: String },
 }
 
 pub struct Agent {

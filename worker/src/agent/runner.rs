@@ -2,7 +2,7 @@
 //! arrives, killing it.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use fleetrun_common::protocol::{InitParams, ScriptError};
@@ -23,6 +23,24 @@ pub(super) struct Active {
     pub(super) job_stop: CancellationToken,
     /// Its GPU, released when the process is dropped.
     _gpu: Option<GpuLease>,
+    /// Counts it among the job's ready runners on this node while it lives.
+    _ready: ReadyMark,
+}
+
+/// One ready runner in its job's count of them; taken off when dropped.
+pub(super) struct ReadyMark(Arc<AtomicU32>);
+
+impl ReadyMark {
+    fn new(count: &Arc<AtomicU32>) -> ReadyMark {
+        count.fetch_add(1, Ordering::Relaxed);
+        ReadyMark(count.clone())
+    }
+}
+
+impl Drop for ReadyMark {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Slot {
@@ -118,6 +136,7 @@ impl Slot {
                     process,
                     job_stop: ctx.stop.clone(),
                     _gpu: gpu,
+                    _ready: ReadyMark::new(&ctx.ready_runners),
                 });
                 return true;
             }
@@ -126,7 +145,21 @@ impl Slot {
                 format!("init() failed: {}", error.message)
             }
             Ok((_, InitOutcome::TimedOut)) => {
-                format!("init() did not finish within {}s", init_timeout.as_secs())
+                let failure = format!(
+                    "init() did not finish within {}s (3 × run_invocation_timeout {} + 30)",
+                    init_timeout.as_secs(),
+                    spec.run_invocation_timeout
+                );
+                if ctx.ready_runners.load(Ordering::Relaxed) == 0 {
+                    let reason = format!(
+                        "no progress: every runner process on node {node} was stuck in init() (the last, {name}: {failure}) and no mini-batch has started"
+                    );
+                    let _ = self.shared.agent.events.send(AgentEvent::StuckInInit {
+                        job: ctx.id.clone(),
+                        reason,
+                    });
+                }
+                failure
             }
             Ok((_, InitOutcome::Died(status))) => {
                 format!(

@@ -18,7 +18,9 @@ use super::code::stage_code;
 use super::dead_letters::record_dead_letters;
 use super::driver::StopRules;
 use super::error::JobError;
-use super::finalize::{FINALIZE_LEASE, check_init_failures, conclude, fail_job, job_age};
+use super::finalize::{
+    FINALIZE_LEASE, check_init_failures, check_init_failures_at, conclude, fail_job, job_age,
+};
 use super::record::JobRecord;
 use super::results::overview_text;
 use super::settings::{Fleet, KEEP_ENDED_JOBS, WorkerConfig, open_input, open_storage};
@@ -149,6 +151,20 @@ async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, event: AgentE
                 tokio::spawn(recheck_given_up(fleet.clone(), ctx, processes, reason));
             }
         }
+        AgentEvent::StuckInInit { job, reason } => {
+            let Ok(Some(ctx)) = jobs.get(&job).await else {
+                return;
+            };
+            // A mini-batch started somewhere: some process is past init, so not every one
+            // is stuck (CONTRACT §5 rule 3).
+            match fleet.ledger.status(&job).await {
+                Ok(Some(status)) if !status.started && status.state == JobState::Running => {
+                    fail_job(fleet, &ctx, &reason).await;
+                }
+                Ok(_) => {}
+                Err(e) => warn!(job = %job, error = %e, "Cannot read the job's state."),
+            }
+        }
         AgentEvent::InitFailed {
             job,
             processes,
@@ -195,8 +211,10 @@ async fn recheck_given_up(fleet: Fleet, ctx: Arc<JobContext>, processes: u32, re
         if status.state != JobState::Running {
             return;
         }
+        // The job's age by this node's clock since it gave up (paused in flow tests).
+        let age_now = age + gave_up.elapsed();
         if let Ok(failures) = fleet.registry.init_failures(&ctx.id).await
-            && check_init_failures(&fleet, &ctx, processes, failures, &reason).await
+            && check_init_failures_at(&fleet, &ctx, processes, failures, &reason, age_now).await
         {
             return;
         }
