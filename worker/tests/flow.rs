@@ -59,6 +59,7 @@ struct Flow {
     fleet: Fleet,
     queue: MemoryQueue,
     drain: CancellationToken,
+    abort: CancellationToken,
     worker: Option<tokio::task::JoinHandle<()>>,
     started: Instant,
 }
@@ -135,20 +136,62 @@ impl Flow {
             sole_node: options.sole_node,
         };
         let drain = CancellationToken::new();
+        let abort = CancellationToken::new();
         let worker = tokio::spawn(job::serve(
             config,
             fleet.clone(),
             drain.clone(),
-            CancellationToken::new(),
+            abort.clone(),
         ));
         Flow {
             dir,
             fleet,
             queue,
             drain,
+            abort,
             worker: Some(worker),
             started: Instant::now(),
         }
+    }
+
+    /// Another worker (node `node`, `processes` slots, not the job's only node) serving the
+    /// same fleet, with its own fake runners. Cancel the token to stop it at once.
+    fn another_worker(
+        &self,
+        fake: &FakeLauncher,
+        node: &str,
+        processes: usize,
+    ) -> (tokio::task::JoinHandle<()>, CancellationToken) {
+        let config = WorkerConfig {
+            node_id: node.to_owned(),
+            processes,
+            prefetch: DEFAULT_PREFETCH,
+            runner_exe: PathBuf::from("fleetrun-runner"),
+            launcher: fake.shared(),
+            cache_dir: self.dir.path().join(format!("cache-{node}")),
+            gpus: 0,
+            warm_job: None,
+            sole_node: false,
+        };
+        let abort = CancellationToken::new();
+        let worker = tokio::spawn(job::serve(
+            config,
+            self.fleet.clone(),
+            self.drain.clone(),
+            abort.clone(),
+        ));
+        (worker, abort)
+    }
+
+    /// Stops the first worker at once, as a second signal does: its runners are killed and
+    /// what it held goes back to the queue.
+    async fn stop_first_worker(&mut self) {
+        self.abort.cancel();
+        let worker = self.worker.take().unwrap();
+        tokio::time::timeout(Duration::from_secs(60), worker)
+            .await
+            .expect("the worker stops")
+            .unwrap();
     }
 
     async fn status(&self) -> Status {
@@ -172,11 +215,12 @@ impl Flow {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         self.drain.cancel();
-        let worker = self.worker.take().unwrap();
-        tokio::time::timeout(Duration::from_secs(600), worker)
-            .await
-            .expect("the worker drains")
-            .unwrap();
+        if let Some(worker) = self.worker.take() {
+            tokio::time::timeout(Duration::from_secs(600), worker)
+                .await
+                .expect("the worker drains")
+                .unwrap();
+        }
         (status, ended)
     }
 
@@ -482,6 +526,75 @@ async fn init_failures_over_the_job_fail_it_once_it_has_run_two_minutes() {
     );
     assert_eq!(fake.starts(), 3, "this node gave up after 3");
     assert_ended_within(ended, 120, 122);
+}
+
+/// On a fleet node the job's `process_count_per_node` decides how many runners it gets, not
+/// the worker's slots: a worker with 4 slots runs 2 runners for a job that asks for 2.
+#[tokio::test(start_paused = true)]
+async fn a_fleet_node_runs_the_jobs_process_count_not_its_slots() {
+    let fake =
+        FakeLauncher::new().run(|_| Run::After(Duration::from_secs(10), Box::new(Run::Rows)));
+    let options = Options {
+        processes: 4,
+        warm: false,
+        sole_node: false,
+        ..Options::default()
+    };
+    let settings = "mini_batch_size = 1\nprocess_count_per_node = 2";
+    let mut flow = Flow::start(&fake, settings, 12, options).await;
+    let (status, ended) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(fake.starts(), 2);
+    let mut processes: Vec<String> = fake.calls().into_iter().map(|c| c.call.process).collect();
+    processes.sort();
+    processes.dedup();
+    assert_eq!(processes, ["process000", "process001"]);
+    // Two at a time: 12 mini-batches of 10 s take 60 s.
+    assert_ended_within(ended, 60, 64);
+}
+
+/// `node_count = 1` with two workers: one node takes the job's place and runs every
+/// mini-batch while it serves; the other hands the job's mini-batches back untried. When
+/// the first node stops, its place goes to the other, which finishes the job.
+#[tokio::test(start_paused = true)]
+async fn node_count_nodes_take_the_job_and_another_takes_a_stopped_ones_place() {
+    let run = |_: &fleetrun_worker::testing::Call| {
+        Run::After(Duration::from_secs(10), Box::new(Run::Rows))
+    };
+    let (first, second) = (FakeLauncher::new().run(run), FakeLauncher::new().run(run));
+    let options = Options {
+        warm: false,
+        sole_node: false,
+        ..Options::default()
+    };
+    let settings = "mini_batch_size = 1\nnode_count = 1\nprocess_count_per_node = 1";
+    let mut flow = Flow::start(&first, settings, 6, options).await;
+    // The first node has its place before the second starts.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (other, stop_other) = flow.another_worker(&second, "1", 2);
+    tokio::time::sleep(Duration::from_secs(34)).await;
+    assert_eq!(first.calls().len(), 3, "the first node's three runs");
+    assert_eq!(second.starts(), 0, "the second node ran nothing");
+    // The first node stops at once (its mini-batch in hand goes back untried).
+    flow.stop_first_worker().await;
+    let (status, _) = flow.end().await;
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(counts(&status), (6, 0, 6, 0));
+    // The run the first node was killed in is not a call that ended: each ran once.
+    assert_eq!(first.calls().len(), 3);
+    assert_eq!(second.calls().len(), 3);
+    assert_eq!(
+        second.starts(),
+        1,
+        "one runner of the second node's two slots (process_count_per_node)"
+    );
+    assert_contains(
+        &flow.log(&logs::JobLogs::node_main("1")),
+        "Node 1 took one of the job's 1 node places (node_count).",
+    );
+    stop_other.cancel();
+    other.await.unwrap();
 }
 
 /// A job whose runs hang longer than `progress_update_timeout` fails as stalled when that

@@ -37,6 +37,7 @@ use crate::process::Launcher;
 mod ahead;
 mod attempt;
 mod runner;
+pub mod seats;
 mod slot;
 mod stage;
 
@@ -94,6 +95,10 @@ pub struct JobContext {
     gpus_noted: AtomicBool,
     /// This node's runners of the job that finished init and live.
     ready_runners: Arc<AtomicU32>,
+    /// How many of this node's slots may run the job at once.
+    pub seats: Arc<seats::Seats>,
+    /// This node is one of the job's `node_count` nodes (always, where places are not kept).
+    place: AtomicBool,
     last_check: std::sync::Mutex<Instant>,
 }
 
@@ -115,6 +120,8 @@ impl JobContext {
             end_noted: AtomicBool::new(false),
             gpus_noted: AtomicBool::new(false),
             ready_runners: Arc::new(AtomicU32::new(0)),
+            seats: seats::Seats::new(crate::node::MAX_PROCESSES as usize),
+            place: AtomicBool::new(true),
             input,
             output,
             parts,
@@ -126,6 +133,24 @@ impl JobContext {
             gave_up: AtomicBool::new(false),
             last_check: std::sync::Mutex::new(Instant::now()),
         }
+    }
+
+    /// Runs at most `processes` runners of the job on this node; with `places`, the node
+    /// takes the job's work only once it holds one of the job's `node_count` places.
+    pub fn with_seats(mut self, processes: usize, places: bool) -> JobContext {
+        self.seats = seats::Seats::new(processes);
+        self.place = AtomicBool::new(!places);
+        self
+    }
+
+    /// Whether this node holds one of the job's places (see [`JobContext::with_seats`]).
+    pub fn has_place(&self) -> bool {
+        self.place.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Notes whether this node holds one of the job's places.
+    pub fn set_place(&self, held: bool) {
+        self.place.store(held, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The job as its results name it.
@@ -175,6 +200,12 @@ impl JobContext {
 #[async_trait]
 pub trait Jobs: Send + Sync {
     async fn get(&self, job: &str) -> Result<Option<Arc<JobContext>>, crate::job::JobError>;
+
+    /// Whether this node may work on the job: it holds, or has just won, one of the job's
+    /// `node_count` places.
+    async fn claim_place(&self, ctx: &JobContext) -> bool {
+        ctx.has_place()
+    }
 }
 
 /// What the agent reports to whoever drives the job.
@@ -215,6 +246,7 @@ pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToke
         next_process: AtomicU32::new(0),
         gpus,
         starting: std::sync::Mutex::new(()),
+        wanted: seats::Wanted::default(),
     });
     let mut slots = tokio::task::JoinSet::new();
     for index in 0..shared.agent.config.processes.max(1) {
@@ -224,6 +256,7 @@ pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToke
             runner: None,
             ahead: None,
             stagings: 0,
+            seatless: false,
             drain: drain.clone(),
             finishing: tokio::task::JoinSet::new(),
         };
@@ -243,6 +276,8 @@ struct Shared {
     /// Held while a start takes its name and its GPU, so that process names and GPU indexes
     /// are handed out in the same order.
     starting: std::sync::Mutex<()>,
+    /// How many slots consume, from the jobs they met.
+    wanted: seats::Wanted,
 }
 
 impl Shared {

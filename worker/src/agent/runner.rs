@@ -25,6 +25,8 @@ pub(super) struct Active {
     _gpu: Option<GpuLease>,
     /// Counts it among the job's ready runners on this node while it lives.
     _ready: ReadyMark,
+    /// Its place among the job's runners on this node.
+    _seat: super::seats::Seat,
 }
 
 /// One ready runner in its job's count of them; taken off when dropped.
@@ -50,6 +52,7 @@ impl Slot {
         let Ok(Some(ctx)) = self.shared.agent.jobs.get(job).await else {
             return;
         };
+        self.shared.wanted.note(&ctx);
         while !drain.is_cancelled()
             && !ctx.gave_up.load(Ordering::Relaxed)
             && !ctx.stop.is_cancelled()
@@ -58,6 +61,10 @@ impl Slot {
                 _ = drain.cancelled() => return,
                 _ = ctx.stop.cancelled() => return,
                 ready = self.ensure_runner(&ctx) => if ready { return },
+            }
+            if std::mem::take(&mut self.seatless) {
+                // The job's seats on this node are taken: this slot warms nothing.
+                return;
             }
         }
     }
@@ -74,6 +81,10 @@ impl Slot {
         if ctx.gave_up.load(Ordering::Relaxed) {
             return false;
         }
+        let Some(seat) = ctx.seats.take() else {
+            self.seatless = true;
+            return false;
+        };
         let node = self.config().node_id.clone();
         let (name, gpu) = self.shared.next_start();
         let main_log = logs::JobLogs::node_main(&node);
@@ -137,6 +148,7 @@ impl Slot {
                     job_stop: ctx.stop.clone(),
                     _gpu: gpu,
                     _ready: ReadyMark::new(&ctx.ready_runners),
+                    _seat: seat,
                 });
                 return true;
             }
@@ -173,10 +185,7 @@ impl Slot {
         ctx.logs
             .log(&main_log, &format!("{name} failed to start: {failure}"));
         let failures = ctx.init_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        let processes = spec
-            .process_count_per_node
-            .unwrap_or(self.config().processes as u32)
-            .max(1);
+        let processes = ctx.seats.cap() as u32;
         warn!(job = %ctx.id, process = %name, failures, "Runner failed to start: {failure}");
         let _ = self.shared.agent.events.send(AgentEvent::InitFailed {
             job: ctx.id.clone(),
