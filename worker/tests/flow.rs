@@ -754,12 +754,40 @@ async fn the_log_files_tell_what_happened() {
     let main = flow.log(&logs::JobLogs::node_main(NODE));
     assert_contains(&main, "process000 started: pid 1001, Python 3.12.0 (fake)");
     assert_contains(&main, &format!("{died_on} exits with returncode -9."));
+    // The process's own log: where it runs, each mini-batch picked and completed.
+    let ip = fleetrun_worker::ip::node_ip();
     let process = flow.log(&logs::JobLogs::node_process(NODE, "process000"));
     assert_contains(
         &process,
-        "mini-batch 0 completed: pid 1001, items 2, succeeded 2, failed 0, started ",
+        &format!("process000 started on node 0: ip {ip}, pid 1001.\n"),
+    );
+    assert_contains(
+        &process,
+        &format!("mini-batch 0 picked: attempt 1, items 2, ip {ip}, pid 1001.\n"),
+    );
+    assert_contains(
+        &process,
+        &format!(
+            "mini-batch 0 completed: ip {ip}, pid 1001, items 2, succeeded 2, failed 0, started "
+        ),
     );
     assert_contains(&process, ", run() 2.000s");
+    // The node's system errors: the process that died, by name; script errors are not there.
+    let died_errors = flow.log(&logs::JobLogs::sys_error(NODE, died_on));
+    assert_eq!(died_errors.lines().count(), 1, "{died_errors}");
+    assert_contains(
+        &died_errors,
+        &format!("{died_on} exits with returncode -9.\n"),
+    );
+    let errors: Vec<String> = std::fs::read_dir(flow.log_path("sys/error/0"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        errors,
+        [format!("{died_on}.txt")],
+        "only the death is a system error"
+    );
 
     assert_eq!(
         flow.log(logs::FAILED_ITEMS_CSV),

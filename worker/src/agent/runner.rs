@@ -123,6 +123,14 @@ impl Slot {
         let started = self.config().launcher.start(&launch, params, init_timeout);
         let failure = match started.await {
             Ok((Some(process), InitOutcome::Ready(info))) => {
+                ctx.logs.log(
+                    logs::JobLogs::node_process(&node, &name),
+                    &format!(
+                        "{name} started on node {node}: ip {}, pid {}.",
+                        crate::ip::node_ip(),
+                        info.pid
+                    ),
+                );
                 let gpu_note = gpu.as_ref().map_or_else(String::new, |lease| {
                     let how = if lease.is_shared() {
                         "shared"
@@ -184,6 +192,13 @@ impl Slot {
         };
         ctx.logs
             .log(&main_log, &format!("{name} failed to start: {failure}"));
+        if !failure.starts_with("init() failed: ") {
+            // Not the script's error (that is in user/error/): the process or the node's.
+            ctx.logs.log(
+                logs::JobLogs::sys_error(&node, &name),
+                &format!("{name} failed to start: {failure}"),
+            );
+        }
         let failures = ctx.init_failures.fetch_add(1, Ordering::Relaxed) + 1;
         let processes = ctx.seats.cap() as u32;
         warn!(job = %ctx.id, process = %name, failures, "Runner failed to start: {failure}");
