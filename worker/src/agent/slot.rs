@@ -81,7 +81,8 @@ impl Slot {
             if self.index >= self.shared.wanted.slots() {
                 // No job this node serves wants this many runners: take no work.
                 if let Some(active) = self.runner.take() {
-                    active.process.shutdown().await;
+                    let status = active.process.shutdown().await;
+                    debug!(process = %active.name, code = returncode(&status), "Runner stopped: its slot takes no work now.");
                 }
                 tokio::select! {
                     biased;
