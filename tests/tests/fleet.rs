@@ -276,7 +276,7 @@ fn s3_job_on_three_workers_matches_a_local_run() {
     }
     let s3_in = format!("s3://{}/in", fleet.bucket);
     let s3_out = format!("s3://{}/out", fleet.bucket);
-    let job = fleet.job("mini_batch_size = 7", &s3_in, &s3_out);
+    let job = fleet.job("mini_batch_size = 7\nnode_count = 3", &s3_in, &s3_out);
     let out = fleet.submit(&job, &["--wait"]);
     assert_eq!(code(&out), 0);
     let fleet_bytes = fleet.output("out/parallel_run_step.txt");
@@ -316,8 +316,9 @@ fn s3_job_on_three_workers_matches_a_local_run() {
 /// every line exactly once. Output on S3 (a part is an object).
 #[test]
 fn a_worker_killed_mid_job_loses_and_duplicates_nothing() {
-    let (fleet, _markers) =
-        kill_a_worker_mid_job(|fleet| fleet.s3_job("mini_batch_size = 5\nrun_max_try = 3"));
+    let (fleet, _markers) = kill_a_worker_mid_job(|fleet| {
+        fleet.s3_job("mini_batch_size = 5\nrun_max_try = 3\nnode_count = 2")
+    });
     assert_eq!(
         lines(&fleet.output("out/parallel_run_step.txt")),
         expected_lines(150, |_| false)
@@ -332,7 +333,7 @@ fn a_worker_killed_mid_job_with_local_output_loses_and_duplicates_nothing() {
         let out = fleet.path("shared-out");
         let input = fleet.path("local-in");
         fleet.job(
-            "mini_batch_size = 5\nrun_max_try = 3",
+            "mini_batch_size = 5\nrun_max_try = 3\nnode_count = 2",
             &input.display().to_string(),
             &out.display().to_string(),
         )
@@ -391,7 +392,8 @@ fn threshold_stops_every_worker_and_leaves_nothing_queued() {
     for node in ["w1", "w2", "w3"] {
         fleet.worker(node, 1);
     }
-    let job = fleet.s3_job("mini_batch_size = 1\nrun_max_try = 1\nerror_threshold = 4");
+    let job =
+        fleet.s3_job("mini_batch_size = 1\nrun_max_try = 1\nerror_threshold = 4\nnode_count = 3");
     let out = fleet.submit(&job, &["--wait"]);
     let failed_at = std::time::SystemTime::now();
     assert_eq!(code(&out), 42);
@@ -685,7 +687,7 @@ fn a_broker_restart_mid_job_loses_and_duplicates_nothing() {
     fleet.inputs(200);
     fleet.worker("w1", 1);
     fleet.worker("w2", 1);
-    let job = fleet.s3_job("mini_batch_size = 5\nrun_max_try = 3");
+    let job = fleet.s3_job("mini_batch_size = 5\nrun_max_try = 3\nnode_count = 2");
     let mut submit = fleet.spawn_submit(&job);
     let started = || std::fs::read_to_string(&runs).map_or(0, |s| s.lines().count());
     wait_for("a few mini-batches to run", Duration::from_secs(60), || {
@@ -728,7 +730,7 @@ fn dropped_broker_connections_lose_and_duplicate_nothing() {
             workers.len() >= 2
         },
     );
-    let job = fleet.s3_job("mini_batch_size = 5\nrun_max_try = 3");
+    let job = fleet.s3_job("mini_batch_size = 5\nrun_max_try = 3\nnode_count = 2");
     let mut submit = fleet.spawn_submit(&job);
     let started = || std::fs::read_to_string(&runs).map_or(0, |s| s.lines().count());
     wait_for("a few mini-batches to run", Duration::from_secs(60), || {
@@ -1032,7 +1034,7 @@ fn three_default_workers_on_one_host_one_killed_match_a_local_run() {
     for name in ["a", "b", "c"] {
         fleet.default_worker(name);
     }
-    let job = fleet.s3_job("mini_batch_size = 10\nrun_max_try = 3");
+    let job = fleet.s3_job("mini_batch_size = 10\nrun_max_try = 3\nnode_count = 3");
     let mut submit = fleet.spawn_submit(&job);
     // Kill one worker once the job is well under way.
     let s3 = fleet.storage("out/_parts");
@@ -1472,4 +1474,83 @@ def run(mini_batch):
         .map(|l| format!("{l},dog"))
         .collect();
     assert_eq!(got, expected);
+}
+
+/// A job with `process_count_per_node = 2` on a worker with 4 slots runs 2 runners there,
+/// not 4: the mini-batch report names exactly two processes.
+#[test]
+fn a_worker_runs_the_jobs_process_count_not_its_slots() {
+    let script = "import time\ndef run(mini_batch):\n    time.sleep(0.1)\n    return [open(p).read() for p in mini_batch]\n";
+    let mut fleet = Fleet::new(script);
+    fleet.inputs(24);
+    fleet.worker("w4", 4);
+    let job = fleet.s3_job("mini_batch_size = 1\nprocess_count_per_node = 2");
+    let out = fleet.submit(&job, &["--wait"]);
+    assert_eq!(code(&out), 0);
+    assert_eq!(
+        lines(&fleet.output("out/parallel_run_step.txt")),
+        expected_lines(24, |_| false)
+    );
+    // The node uploads its log files once it sees the job ended.
+    let key = "out/logs/sys/job_report/processed_mini-batches.w4.csv";
+    let s3 = fleet.storage("");
+    wait_for("the node's report", Duration::from_secs(30), || {
+        fleet.runtime.block_on(s3.get(key)).is_ok()
+    });
+    let report = fleet.text(key);
+    let mut processes: Vec<&str> = report
+        .lines()
+        .skip(1)
+        .filter_map(|row| row.split(',').nth(7))
+        .collect();
+    processes.sort();
+    processes.dedup();
+    assert_eq!(processes, ["process000", "process001"], "{report}");
+}
+
+/// `node_count = 1` on a pool of two workers: one worker takes the job and runs every
+/// mini-batch while it lives; killed with SIGKILL, it frees its place once its lease runs
+/// out, and the other worker finishes the job, every line exactly once.
+#[test]
+fn node_count_nodes_serve_a_job_at_once_and_another_takes_a_dead_ones_place() {
+    let markers = tempfile::tempdir().unwrap();
+    let script = format!(
+        "import os, time\nMARKS = {:?}\ndef run(mini_batch):\n    with open(os.path.join(MARKS, os.environ['FLEETRUN_NODE_ID']), 'a') as f:\n        f.write('run\\n')\n    time.sleep(0.3)\n    return [open(p).read() for p in mini_batch]\n",
+        markers.path().display().to_string()
+    );
+    let mut fleet = Fleet::new(&script);
+    fleet.inputs(60);
+    fleet.worker("a", 1);
+    fleet.worker("b", 1);
+    let job = fleet.s3_job("mini_batch_size = 1\nnode_count = 1\nrun_max_try = 3");
+    let mut submit = fleet.spawn_submit(&job);
+    let runs = |node: &str| {
+        std::fs::read_to_string(markers.path().join(node)).map_or(0, |s| s.lines().count())
+    };
+    wait_for("a few mini-batches to run", Duration::from_secs(60), || {
+        runs("a") + runs("b") >= 8
+    });
+    let (serving, idle) = if runs("a") > 0 {
+        ("a", "b")
+    } else {
+        ("b", "a")
+    };
+    assert_eq!(runs(idle), 0, "one node serves the job");
+    let index = fleet
+        .workers
+        .iter()
+        .position(|(n, _)| n == serving)
+        .unwrap();
+    let (_, worker) = &mut fleet.workers[index];
+    worker.kill().unwrap(); // SIGKILL: its place runs out, it is not given up
+    worker.wait().unwrap();
+    assert_eq!(
+        exit_within(&mut submit, Duration::from_secs(120)).code(),
+        Some(0)
+    );
+    assert!(runs(idle) > 0, "the other node took the job over");
+    assert_eq!(
+        lines(&fleet.output("out/parallel_run_step.txt")),
+        expected_lines(60, |_| false)
+    );
 }

@@ -340,42 +340,6 @@ def run(mini_batch):
     );
 }
 
-/// Two GPUs, four processes: processes get indexes 0 and 1, the other two none, and every
-/// process learns the node's GPU count (CONTRACT.md §3, with the count configured: this
-/// machine has no GPU).
-#[test]
-fn gpus_are_handed_out_one_per_process_while_they_last() {
-    let script = r#"
-import os, time
-HERE = os.path.dirname(__file__)
-def init():
-    with open(os.path.join(HERE, "gpus.txt"), "a") as f:
-        f.write(os.environ.get("CUDA_VISIBLE_DEVICES", "none") + " " + os.environ["FLEETRUN_GPU_COUNT"] + "\n")
-def run(mini_batch):
-    # A barrier: the job lasts until all four processes have started.
-    deadline = time.time() + 60
-    while len(open(os.path.join(HERE, "gpus.txt")).readlines()) < 4 and time.time() < deadline:
-        time.sleep(0.01)
-    return [open(p).read() for p in mini_batch]
-"#;
-    let job = JobDir::new(script, "process_count_per_node = 4");
-    job.inputs(8);
-    let out = job
-        .command(&[])
-        .env("FLEETRUN_GPU_COUNT", "2")
-        .env("CUDA_VISIBLE_DEVICES", "7")
-        .output()
-        .unwrap();
-    assert_eq!(code(&out), 0);
-    let mut seen: Vec<String> = std::fs::read_to_string(job.path("gpus.txt"))
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    seen.sort();
-    assert_eq!(seen, ["0 2", "1 2", "none 2", "none 2"]);
-}
-
 /// Without a terminal, progress comes as plain lines on stderr (the first one at once), and
 /// `--quiet` turns it off.
 #[test]

@@ -142,6 +142,17 @@ fn processes_flags_are_bounded() {
             stderr.contains("--processes") && stderr.contains("1..=1024"),
             "{stderr}"
         );
+
+        let out = output_within(
+            Command::new(bin("fleetrun-worker")).env("FLEETRUN_MAX_PROCESSES", value),
+            RUN_LIMIT,
+        );
+        assert_eq!(code(&out), 2, "FLEETRUN_MAX_PROCESSES={value}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--max-processes") && stderr.contains("1..=1024"),
+            "{stderr}"
+        );
     }
 }
 

@@ -1,40 +1,121 @@
-//! GPU assignment (CONTRACT.md §3): each runner process gets one unique GPU index in
-//! `CUDA_VISIBLE_DEVICES` while indexes last; the others get none. A process that stops
-//! releases its index and the next process started takes the lowest free one.
+//! GPUs (CONTRACT.md §3): counting and naming a node's GPUs through NVML, and handing each
+//! runner process a GPU index in `CUDA_VISIBLE_DEVICES`.
+//!
+//! Each process gets one unique index while indexes last (the lowest free one); a process
+//! that stops releases its index, and the next process started takes the lowest free one.
+//! Processes beyond the GPU count share the GPUs round-robin: each gets the index the
+//! fewest processes share (the lowest on a tie). ParallelRunStep leaves such processes
+//! without `CUDA_VISIBLE_DEVICES`, so they see every GPU and crowd the first one; fleetrun
+//! never lets a process see every GPU by accident (docs/contract.md §3).
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The variable a configured GPU count is read from, and the one that tells the script how
 /// many GPUs its node has.
 pub const GPU_COUNT_VAR: &str = "FLEETRUN_GPU_COUNT";
 
-/// This node's GPUs: `$FLEETRUN_GPU_COUNT` when set, else the NVIDIA devices present
-/// (`/dev/nvidia0`, `/dev/nvidia1`, …); 0 without drivers.
-pub fn detect_gpus() -> usize {
-    if let Some(n) = std::env::var(GPU_COUNT_VAR)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-    {
-        return n;
-    }
-    let Ok(entries) = std::fs::read_dir("/dev") else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .filter(|e| {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            name.strip_prefix("nvidia")
-                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .count()
+/// ParallelRunStep's name for the node's GPU count, set beside [`GPU_COUNT_VAR`] so that its
+/// scripts read it unchanged.
+pub const AZ_GPU_COUNT_VAR: &str = "AZ_BATCHAI_GPU_COUNT_FOUND";
+
+/// What a node found out about its GPUs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detected {
+    /// How many GPUs runners are handed.
+    pub count: usize,
+    /// Their names, by index, when NVML told them.
+    pub names: Vec<String>,
+    /// Where the count came from, for the node's log.
+    pub source: String,
 }
 
-/// The free and taken GPU indexes of a node.
+impl Detected {
+    /// One line for the node's `_main.txt`.
+    pub fn describe(&self) -> String {
+        match (self.count, self.names.is_empty()) {
+            (0, _) => format!("No GPU on this node ({}).", self.source),
+            (n, true) => format!("{n} GPU(s) ({}).", self.source),
+            (n, false) => {
+                let names: Vec<String> = self
+                    .names
+                    .iter()
+                    .enumerate()
+                    .map(|(i, name)| format!("{i}: {name}"))
+                    .collect();
+                format!("{n} GPU(s) ({}): {}.", self.source, names.join(", "))
+            }
+        }
+    }
+}
+
+/// This node's GPUs: `$FLEETRUN_GPU_COUNT` when set, else what NVML counts. No driver or no
+/// NVML library (`libnvidia-ml.so.1`, loaded at run time) means 0 GPUs, never an error.
+/// Asked once per process; later calls give the first answer.
+pub fn detect() -> &'static Detected {
+    static DETECTED: OnceLock<Detected> = OnceLock::new();
+    DETECTED.get_or_init(|| {
+        let configured = std::env::var(GPU_COUNT_VAR).ok();
+        detect_with(configured.as_deref(), nvml_gpus)
+    })
+}
+
+/// The node's GPU count (see [`detect`]).
+pub fn detect_gpus() -> usize {
+    detect().count
+}
+
+/// [`detect`] with the configured count and the NVML query given.
+fn detect_with(
+    configured: Option<&str>,
+    nvml: impl FnOnce() -> Result<Vec<String>, String>,
+) -> Detected {
+    if let Some(count) = configured.and_then(|v| v.trim().parse().ok()) {
+        return Detected {
+            count,
+            names: Vec::new(),
+            source: format!("{GPU_COUNT_VAR}={count}"),
+        };
+    }
+    match nvml() {
+        Ok(names) => Detected {
+            count: names.len(),
+            names,
+            source: "NVML".to_owned(),
+        },
+        Err(why) => Detected {
+            count: 0,
+            names: Vec::new(),
+            source: format!("NVML: {why}"),
+        },
+    }
+}
+
+/// The GPUs' names by index, from NVML.
+fn nvml_gpus() -> Result<Vec<String>, String> {
+    use nvml_wrapper::Nvml;
+    let nvml = Nvml::init().map_err(|e| e.to_string())?;
+    let count = nvml.device_count().map_err(|e| e.to_string())?;
+    Ok((0..count)
+        .map(|i| {
+            nvml.device_by_index(i)
+                .and_then(|d| d.name())
+                .unwrap_or_else(|e| format!("unnamed ({e})"))
+        })
+        .collect())
+}
+
+/// The owners and sharers of a node's GPU indexes.
 #[derive(Debug)]
 pub struct GpuPool {
-    taken: Mutex<Vec<bool>>,
+    state: Mutex<Indexes>,
+}
+
+#[derive(Debug)]
+struct Indexes {
+    /// Whether each index has its own process.
+    owned: Vec<bool>,
+    /// Processes sharing each index (beyond the GPU count).
+    sharers: Vec<usize>,
 }
 
 /// One process's GPU; the index goes back to the pool when this is dropped.
@@ -42,27 +123,49 @@ pub struct GpuPool {
 pub struct GpuLease {
     pool: Arc<GpuPool>,
     index: usize,
+    shared: bool,
 }
 
 impl GpuPool {
     pub fn new(count: usize) -> Arc<GpuPool> {
         Arc::new(GpuPool {
-            taken: Mutex::new(vec![false; count]),
+            state: Mutex::new(Indexes {
+                owned: vec![false; count],
+                sharers: vec![0; count],
+            }),
         })
     }
 
-    pub fn count(&self) -> usize {
-        self.taken.lock().unwrap_or_else(|p| p.into_inner()).len()
+    fn state(&self) -> std::sync::MutexGuard<'_, Indexes> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The lowest free index, or `None` when every GPU is taken.
+    pub fn count(&self) -> usize {
+        self.state().owned.len()
+    }
+
+    /// The lowest index without a process of its own; once every index has one, the index
+    /// the fewest processes share. `None` only on a node without GPUs.
     pub fn acquire(self: &Arc<Self>) -> Option<GpuLease> {
-        let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
-        let index = taken.iter().position(|t| !t)?;
-        taken[index] = true;
+        let mut state = self.state();
+        if let Some(index) = state.owned.iter().position(|owned| !owned) {
+            state.owned[index] = true;
+            return Some(GpuLease {
+                pool: self.clone(),
+                index,
+                shared: false,
+            });
+        }
+        let (index, _) = state
+            .sharers
+            .iter()
+            .enumerate()
+            .min_by_key(|(index, sharers)| (**sharers, *index))?;
+        state.sharers[index] += 1;
         Some(GpuLease {
             pool: self.clone(),
             index,
+            shared: true,
         })
     }
 }
@@ -71,12 +174,21 @@ impl GpuLease {
     pub fn index(&self) -> usize {
         self.index
     }
+
+    /// Whether other processes may have this index too (more processes than GPUs).
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
 }
 
 impl Drop for GpuLease {
     fn drop(&mut self) {
-        let mut taken = self.pool.taken.lock().unwrap_or_else(|p| p.into_inner());
-        taken[self.index] = false;
+        let mut state = self.pool.state();
+        if self.shared {
+            state.sharers[self.index] -= 1;
+        } else {
+            state.owned[self.index] = false;
+        }
     }
 }
 
@@ -84,14 +196,25 @@ impl Drop for GpuLease {
 mod tests {
     use super::*;
 
+    fn held(lease: &GpuLease) -> (usize, bool) {
+        (lease.index(), lease.is_shared())
+    }
+
     #[test]
-    fn more_processes_than_gpus_leaves_the_rest_without() {
+    fn processes_beyond_the_count_share_the_gpus_round_robin() {
         let pool = GpuPool::new(2);
         let p0 = pool.acquire().unwrap();
         let p1 = pool.acquire().unwrap();
-        assert_eq!((p0.index(), p1.index()), (0, 1));
-        assert!(pool.acquire().is_none(), "process 2 gets no GPU");
-        assert!(pool.acquire().is_none(), "process 3 gets no GPU");
+        let p2 = pool.acquire().unwrap();
+        let p3 = pool.acquire().unwrap();
+        let p4 = pool.acquire().unwrap();
+        assert_eq!(
+            [&p0, &p1, &p2, &p3, &p4].map(held),
+            [(0, false), (1, false), (0, true), (1, true), (0, true)]
+        );
+        // The least shared index goes next.
+        drop(p2);
+        assert_eq!(held(&pool.acquire().unwrap()), (0, true));
     }
 
     #[test]
@@ -99,12 +222,43 @@ mod tests {
         let pool = GpuPool::new(2);
         let p0 = pool.acquire().unwrap();
         let _p1 = pool.acquire().unwrap();
+        let _p2 = pool.acquire().unwrap();
+        let _p3 = pool.acquire().unwrap();
         drop(p0); // process 0 dies
-        assert_eq!(pool.acquire().unwrap().index(), 0, "process 4 gets index 0");
+        let p4 = pool.acquire().unwrap();
+        assert_eq!(held(&p4), (0, false), "process 4 has index 0 of its own");
+        assert_eq!(held(&pool.acquire().unwrap()), (0, true));
     }
 
     #[test]
     fn no_gpus_means_no_leases() {
         assert!(GpuPool::new(0).acquire().is_none());
+    }
+
+    #[test]
+    fn the_configured_count_wins_and_nvml_missing_is_no_gpu() {
+        let unasked = || -> Result<Vec<String>, String> { panic!("NVML asked") };
+        let configured = detect_with(Some(" 2 "), unasked);
+        assert_eq!(configured.count, 2);
+        assert_eq!(configured.describe(), "2 GPU(s) (FLEETRUN_GPU_COUNT=2).");
+
+        let missing = detect_with(None, || Err("libnvidia-ml.so.1: cannot open".into()));
+        assert_eq!(missing.count, 0);
+        assert_eq!(
+            missing.describe(),
+            "No GPU on this node (NVML: libnvidia-ml.so.1: cannot open)."
+        );
+
+        let found = detect_with(Some("many"), || Ok(vec!["A100".into(), "A100".into()]));
+        assert_eq!(found.count, 2);
+        assert_eq!(found.describe(), "2 GPU(s) (NVML): 0: A100, 1: A100.");
+    }
+
+    /// This machine's real answer: whatever it is, asking never fails or panics (on a
+    /// machine without the NVIDIA library, it is 0 GPUs).
+    #[test]
+    fn asking_nvml_never_fails() {
+        let detected = detect_with(None, nvml_gpus);
+        assert_eq!(detected.count, detected.names.len());
     }
 }

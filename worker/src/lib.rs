@@ -24,6 +24,7 @@
 
 pub mod agent;
 pub mod gpu;
+pub mod ip;
 pub mod job;
 pub mod logs;
 pub mod monitor;

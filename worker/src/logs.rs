@@ -96,6 +96,12 @@ impl JobLogs {
         format!("sys/profile/{node}/{process}.profile")
     }
 
+    /// A node's system errors (`sys/error/<node>/`): a runner's failed start or death, a
+    /// timeout kill, a staging failure (by process), a folder that fails the job (`_main`).
+    pub fn sys_error(node: &str, process: &str) -> String {
+        format!("sys/error/{node}/{process}.txt")
+    }
+
     pub fn user_error(node: &str, process: &str) -> String {
         format!("user/error/{node}/{process}.txt")
     }

@@ -25,7 +25,11 @@ use tokio_util::sync::CancellationToken;
 struct Cli {
     #[command(flatten)]
     fleet: FleetArgs,
-    /// Runner processes on this node (default: one per GPU, else one per core).
+    /// The most runner processes on this node, over all jobs (default: one per GPU, else one
+    /// per core). Each job gets its `process_count_per_node` of them, at most this many.
+    #[arg(long, env = "FLEETRUN_MAX_PROCESSES", value_parser = node::processes_parser())]
+    max_processes: Option<usize>,
+    /// The older name of `--max-processes` (`--max-processes` wins when both are given).
     #[arg(long, env = "FLEETRUN_PROCESSES", value_parser = node::processes_parser())]
     processes: Option<usize>,
     /// This node's id in logs (default: the host name, this process's pid and a few random
@@ -80,7 +84,10 @@ async fn serve(cli: Cli) -> anyhow::Result<()> {
     // A cache folder of our own naming is this process's scratch: removed when it stops.
     let scratch = cli.cache_dir.is_none();
     let config = WorkerConfig {
-        processes: cli.processes.unwrap_or_else(|| node::default_slots(gpus)),
+        processes: cli
+            .max_processes
+            .or(cli.processes)
+            .unwrap_or_else(|| node::default_slots(gpus)),
         gpus,
         prefetch: cli.prefetch,
         runner_exe: find_runner_exe().map_err(anyhow::Error::msg)?,

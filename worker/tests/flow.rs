@@ -34,6 +34,10 @@ struct Options {
     /// Publish the mini-batches and seal the total.
     publish: bool,
     delivery_limit: Option<u32>,
+    /// The worker is the job's only node, as in `fleetrun run`.
+    sole_node: bool,
+    /// Init failures other nodes already counted for the job.
+    other_init_failures: u64,
 }
 
 impl Default for Options {
@@ -43,6 +47,8 @@ impl Default for Options {
             warm: true,
             publish: true,
             delivery_limit: None,
+            sole_node: true,
+            other_init_failures: 0,
         }
     }
 }
@@ -53,6 +59,7 @@ struct Flow {
     fleet: Fleet,
     queue: MemoryQueue,
     drain: CancellationToken,
+    abort: CancellationToken,
     worker: Option<tokio::task::JoinHandle<()>>,
     started: Instant,
 }
@@ -100,6 +107,9 @@ impl Flow {
             .register(JOB, POOL, &record.encode())
             .await
             .unwrap();
+        for _ in 0..options.other_init_failures {
+            fleet.registry.add_init_failure(JOB).await.unwrap();
+        }
         if options.publish {
             let MiniBatchSize::Files(size) = spec.mini_batch_size else {
                 unreachable!("a file input")
@@ -123,23 +133,65 @@ impl Flow {
             cache_dir: dir.path().join("cache"),
             gpus: 0,
             warm_job: options.warm.then(|| JOB.to_owned()),
-            sole_node: true,
+            sole_node: options.sole_node,
         };
         let drain = CancellationToken::new();
+        let abort = CancellationToken::new();
         let worker = tokio::spawn(job::serve(
             config,
             fleet.clone(),
             drain.clone(),
-            CancellationToken::new(),
+            abort.clone(),
         ));
         Flow {
             dir,
             fleet,
             queue,
             drain,
+            abort,
             worker: Some(worker),
             started: Instant::now(),
         }
+    }
+
+    /// Another worker (node `node`, `processes` slots, not the job's only node) serving the
+    /// same fleet, with its own fake runners. Cancel the token to stop it at once.
+    fn another_worker(
+        &self,
+        fake: &FakeLauncher,
+        node: &str,
+        processes: usize,
+    ) -> (tokio::task::JoinHandle<()>, CancellationToken) {
+        let config = WorkerConfig {
+            node_id: node.to_owned(),
+            processes,
+            prefetch: DEFAULT_PREFETCH,
+            runner_exe: PathBuf::from("fleetrun-runner"),
+            launcher: fake.shared(),
+            cache_dir: self.dir.path().join(format!("cache-{node}")),
+            gpus: 0,
+            warm_job: None,
+            sole_node: false,
+        };
+        let abort = CancellationToken::new();
+        let worker = tokio::spawn(job::serve(
+            config,
+            self.fleet.clone(),
+            self.drain.clone(),
+            abort.clone(),
+        ));
+        (worker, abort)
+    }
+
+    /// Stops the first worker at once, as a second signal does: its runners are killed and
+    /// what it held goes back to the queue.
+    async fn stop_first_worker(&mut self) {
+        self.abort.cancel();
+        let worker = self.worker.take().unwrap();
+        tokio::time::timeout(Duration::from_secs(60), worker)
+            .await
+            .expect("the worker stops")
+            .unwrap();
     }
 
     async fn status(&self) -> Status {
@@ -163,11 +215,12 @@ impl Flow {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         self.drain.cancel();
-        let worker = self.worker.take().unwrap();
-        tokio::time::timeout(Duration::from_secs(600), worker)
-            .await
-            .expect("the worker drains")
-            .unwrap();
+        if let Some(worker) = self.worker.take() {
+            tokio::time::timeout(Duration::from_secs(600), worker)
+                .await
+                .expect("the worker drains")
+                .unwrap();
+        }
         (status, ended)
     }
 
@@ -317,52 +370,111 @@ async fn allowed_failed_percent_fails_the_job_past_its_limit() {
     assert_eq!(status.state, JobState::Completed, "{status:?}");
 }
 
-/// Runners that fail to start (init raises, hangs past `3 × run_invocation_timeout + 30`,
-/// or the process exits) cost the mini-batch no attempt: with `run_max_try = 1` it still
-/// runs, once, on the first runner that starts.
+/// Runners that fail to start (init raises, or the process exits) cost the mini-batch no
+/// attempt: with `run_max_try = 1` it still runs, once, on the first runner that starts.
 #[tokio::test(start_paused = true)]
 async fn init_failures_cost_no_attempt() {
     let fake = FakeLauncher::new().init(|start| match start {
         1 => Init::Fail("no model".into()),
-        2 => Init::Hang,
-        3 => Init::Die(3),
+        2 => Init::Die(3),
         _ => Init::Ready,
     });
-    // Six failures allowed: 3 × 2 processes.
-    let settings = "run_max_try = 1\nrun_invocation_timeout = 20\nprocess_count_per_node = 2";
+    // Three failures allowed: 3 × 1 process.
+    let settings = "run_max_try = 1\nrun_invocation_timeout = 20";
     let options = Options {
-        processes: 2,
         warm: false,
         ..Options::default()
     };
     let mut flow = Flow::start(&fake, settings, 1, options).await;
-    let (status, ended) = flow.end().await;
+    let (status, _) = flow.end().await;
 
     assert_eq!(status.state, JobState::Completed, "{status:?}");
     assert_eq!(counts(&status), (1, 0, 1, 0));
-    assert_eq!(fake.starts(), 4);
+    assert_eq!(fake.starts(), 3);
     let tries = fake.tries(0);
     assert_eq!(tries.len(), 1, "{tries:?}");
-    assert_eq!(tries[0].call.process, "process003");
-    assert!(ended >= Duration::from_secs(90), "{ended:?}");
+    assert_eq!(tries[0].call.process, "process002");
     let main = flow.log(&logs::JobLogs::node_main(NODE));
     for line in [
         "process000 failed to start: init() failed: no model",
-        "process001 failed to start: init() did not finish within 90s",
-        "process002 failed to start: the process exited with returncode 3 during init",
-        "process003 started: pid 1004",
+        "process001 failed to start: the process exited with returncode 3 during init",
+        "process002 started: pid 1003",
     ] {
         assert_contains(&main, line);
     }
     assert_contains(
         &flow.log(logs::REPORT_CSV),
-        "\n0,1,succeeded,1,1,0,0,process003,",
+        "\n0,1,succeeded,1,1,0,0,process002,",
     );
     assert_contains(&flow.log(logs::USER_ERROR), "0 process000 init: no model");
     assert_contains(
         &flow.log(&logs::JobLogs::user_error(NODE, "process000")),
         "Exception: no model",
     );
+}
+
+/// An `init()` stuck past `3 × run_invocation_timeout + 30` while another runner of the job
+/// is ready is one failed start (CONTRACT §5), not a failed job: its mini-batch goes back
+/// untried and runs once, on a ready runner.
+#[tokio::test(start_paused = true)]
+async fn a_stuck_init_beside_a_ready_runner_is_a_failed_start() {
+    let fake = FakeLauncher::new().init(|start| match start {
+        1 => Init::Hang,
+        _ => Init::Ready,
+    });
+    let settings = "mini_batch_size = 1\nrun_max_try = 1\nrun_invocation_timeout = 20\nprocess_count_per_node = 2";
+    let options = Options {
+        processes: 2,
+        warm: false,
+        ..Options::default()
+    };
+    let mut flow = Flow::start(&fake, settings, 2, options).await;
+    let (status, ended) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(counts(&status), (2, 0, 2, 0));
+    assert!(ended >= Duration::from_secs(90), "{ended:?}");
+    // The mini-batch the stuck process held went back untried at 90 s and ran once, on a
+    // ready process.
+    let tries: Vec<_> = [fake.tries(0), fake.tries(1)].concat();
+    assert_eq!(tries.len(), 2, "{tries:?}");
+    assert!(
+        tries.iter().all(|t| t.call.process != "process000"),
+        "{tries:?}"
+    );
+    let first = tries.iter().map(|t| t.started).min().unwrap();
+    let last = tries.iter().map(|t| t.started).max().unwrap();
+    assert!(last - first >= Duration::from_secs(80), "{tries:?}");
+    assert_contains(
+        &flow.log(&logs::JobLogs::node_main(NODE)),
+        "process000 failed to start: init() did not finish within 90s (3 × run_invocation_timeout 20 + 30)",
+    );
+}
+
+/// CONTRACT §5 rule 3: when every runner process is stuck in `init()` for
+/// `3 × run_invocation_timeout + 30` seconds (33 s here), the job fails for lack of
+/// progress then, not after rule 1's three stuck starts per process (99 s).
+#[tokio::test(start_paused = true)]
+async fn every_process_stuck_in_init_fails_the_job_at_the_init_limit() {
+    let fake = FakeLauncher::new().init(|_| Init::Hang);
+    let settings = "run_invocation_timeout = 1\nprocess_count_per_node = 2";
+    let options = Options {
+        processes: 2,
+        ..Options::default()
+    };
+    let mut flow = Flow::start(&fake, settings, 4, options).await;
+    let (status, ended) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Failed, "{status:?}");
+    let reason = status.reason.clone().unwrap();
+    assert!(
+        reason.starts_with("no progress: every runner process on node 0 was stuck in init()"),
+        "{reason}"
+    );
+    assert_contains(&reason, "init() did not finish within 33s");
+    assert_ended_within(ended, 33, 34);
+    assert_eq!(status.done, 0);
+    assert!(fake.calls().is_empty());
 }
 
 /// A node gives up on a job after `3 × process_count_per_node` init failures; on the job's
@@ -375,7 +487,9 @@ async fn a_node_gives_up_after_three_init_failures_per_process() {
         ..Options::default()
     };
     let mut flow = Flow::start(&fake, "process_count_per_node = 2", 4, options).await;
-    let (status, _) = flow.end().await;
+    let (status, ended) = flow.end().await;
+    // Failures, not time, decide: the job fails as soon as the sixth start fails.
+    assert_ended_within(ended, 0, 1);
 
     let reason = "no runner process could start: 6 runner processes failed to start on node 0; the last: init() failed: no model";
     assert_failed(&flow, &status, reason);
@@ -386,6 +500,101 @@ async fn a_node_gives_up_after_three_init_failures_per_process() {
         &flow.log(&logs::JobLogs::node_main(NODE)),
         &format!("Giving up on job {JOB}: 6 runner processes failed to start on node 0"),
     );
+}
+
+/// CONTRACT §5 rule 2: with `node_count = 2` and one process per node, 2 × 2 × 1 = 4 failed
+/// starts over the job fail it, but only once it has run 2 minutes. Another node counted
+/// one; this one gives up after its 3 (rule 1) and leaves the job to the others, and the
+/// job fails at 2 minutes.
+#[tokio::test(start_paused = true)]
+async fn init_failures_over_the_job_fail_it_once_it_has_run_two_minutes() {
+    let fake = FakeLauncher::new().init(|_| Init::Fail("no model".into()));
+    let options = Options {
+        sole_node: false,
+        other_init_failures: 1,
+        ..Options::default()
+    };
+    let settings = "node_count = 2\nprocess_count_per_node = 1";
+    let mut flow = Flow::start(&fake, settings, 4, options).await;
+    let (status, ended) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Failed, "{status:?}");
+    let reason = status.reason.clone().unwrap();
+    assert!(
+        reason.starts_with("4 runner processes failed to start over the job (the limit is 4: 2 × node_count 2 × 1 processes per node)"),
+        "{reason}"
+    );
+    assert_eq!(fake.starts(), 3, "this node gave up after 3");
+    assert_ended_within(ended, 120, 122);
+}
+
+/// On a fleet node the job's `process_count_per_node` decides how many runners it gets, not
+/// the worker's slots: a worker with 4 slots runs 2 runners for a job that asks for 2.
+#[tokio::test(start_paused = true)]
+async fn a_fleet_node_runs_the_jobs_process_count_not_its_slots() {
+    let fake =
+        FakeLauncher::new().run(|_| Run::After(Duration::from_secs(10), Box::new(Run::Rows)));
+    let options = Options {
+        processes: 4,
+        warm: false,
+        sole_node: false,
+        ..Options::default()
+    };
+    let settings = "mini_batch_size = 1\nprocess_count_per_node = 2";
+    let mut flow = Flow::start(&fake, settings, 12, options).await;
+    let (status, ended) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(fake.starts(), 2);
+    let mut processes: Vec<String> = fake.calls().into_iter().map(|c| c.call.process).collect();
+    processes.sort();
+    processes.dedup();
+    assert_eq!(processes, ["process000", "process001"]);
+    // Two at a time: 12 mini-batches of 10 s take 60 s.
+    assert_ended_within(ended, 60, 64);
+}
+
+/// `node_count = 1` with two workers: one node takes the job's place and runs every
+/// mini-batch while it serves; the other hands the job's mini-batches back untried. When
+/// the first node stops, its place goes to the other, which finishes the job.
+#[tokio::test(start_paused = true)]
+async fn node_count_nodes_take_the_job_and_another_takes_a_stopped_ones_place() {
+    let run = |_: &fleetrun_worker::testing::Call| {
+        Run::After(Duration::from_secs(10), Box::new(Run::Rows))
+    };
+    let (first, second) = (FakeLauncher::new().run(run), FakeLauncher::new().run(run));
+    let options = Options {
+        warm: false,
+        sole_node: false,
+        ..Options::default()
+    };
+    let settings = "mini_batch_size = 1\nnode_count = 1\nprocess_count_per_node = 1";
+    let mut flow = Flow::start(&first, settings, 6, options).await;
+    // The first node has its place before the second starts.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (other, stop_other) = flow.another_worker(&second, "1", 2);
+    tokio::time::sleep(Duration::from_secs(34)).await;
+    assert_eq!(first.calls().len(), 3, "the first node's three runs");
+    assert_eq!(second.starts(), 0, "the second node ran nothing");
+    // The first node stops at once (its mini-batch in hand goes back untried).
+    flow.stop_first_worker().await;
+    let (status, _) = flow.end().await;
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(counts(&status), (6, 0, 6, 0));
+    // The run the first node was killed in is not a call that ended: each ran once.
+    assert_eq!(first.calls().len(), 3);
+    assert_eq!(second.calls().len(), 3);
+    assert_eq!(
+        second.starts(),
+        1,
+        "one runner of the second node's two slots (process_count_per_node)"
+    );
+    assert_contains(
+        &flow.log(&logs::JobLogs::node_main("1")),
+        "Node 1 took one of the job's 1 node places (node_count).",
+    );
+    stop_other.cancel();
+    other.await.unwrap();
 }
 
 /// A job whose runs hang longer than `progress_update_timeout` fails as stalled when that
@@ -545,12 +754,40 @@ async fn the_log_files_tell_what_happened() {
     let main = flow.log(&logs::JobLogs::node_main(NODE));
     assert_contains(&main, "process000 started: pid 1001, Python 3.12.0 (fake)");
     assert_contains(&main, &format!("{died_on} exits with returncode -9."));
+    // The process's own log: where it runs, each mini-batch picked and completed.
+    let ip = fleetrun_worker::ip::node_ip();
     let process = flow.log(&logs::JobLogs::node_process(NODE, "process000"));
     assert_contains(
         &process,
-        "mini-batch 0 completed: pid 1001, items 2, succeeded 2, failed 0, started ",
+        &format!("process000 started on node 0: ip {ip}, pid 1001.\n"),
+    );
+    assert_contains(
+        &process,
+        &format!("mini-batch 0 picked: attempt 1, items 2, ip {ip}, pid 1001.\n"),
+    );
+    assert_contains(
+        &process,
+        &format!(
+            "mini-batch 0 completed: ip {ip}, pid 1001, items 2, succeeded 2, failed 0, started "
+        ),
     );
     assert_contains(&process, ", run() 2.000s");
+    // The node's system errors: the process that died, by name; script errors are not there.
+    let died_errors = flow.log(&logs::JobLogs::sys_error(NODE, died_on));
+    assert_eq!(died_errors.lines().count(), 1, "{died_errors}");
+    assert_contains(
+        &died_errors,
+        &format!("{died_on} exits with returncode -9.\n"),
+    );
+    let errors: Vec<String> = std::fs::read_dir(flow.log_path("sys/error/0"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        errors,
+        [format!("{died_on}.txt")],
+        "only the death is a system error"
+    );
 
     assert_eq!(
         flow.log(logs::FAILED_ITEMS_CSV),

@@ -40,6 +40,18 @@ pub trait JobRegistry: Send + Sync {
     async fn beat(&self, pool: &str, node: &str, ttl: Duration) -> Result<(), LedgerError>;
     /// The nodes whose last beat for `pool` has not run out.
     async fn nodes(&self, pool: &str) -> Result<u64, LedgerError>;
+    /// Claims, or renews, one of the job's `places` places (its `node_count`) for `node`
+    /// until `ttl` from now. True if `node` holds one: it held one already, or fewer than
+    /// `places` nodes hold one whose time has not run out.
+    async fn claim_place(
+        &self,
+        job: &str,
+        node: &str,
+        places: u32,
+        ttl: Duration,
+    ) -> Result<bool, LedgerError>;
+    /// Gives `node`'s place in the job up, so that another node takes it at once.
+    async fn release_place(&self, job: &str, node: &str) -> Result<(), LedgerError>;
 }
 
 /// The in-process registry.
@@ -50,6 +62,9 @@ pub struct MemoryRegistry {
     /// Each pool's nodes, and until when each serves it.
     nodes: Mutex<BTreeMap<(String, String), Instant>>,
     records: Mutex<BTreeMap<String, Registered>>,
+    /// Each job's places, and until when each node holds its own (on tokio's clock, so that
+    /// paused-time tests see them run out).
+    places: Mutex<BTreeMap<(String, String), tokio::time::Instant>>,
 }
 
 struct Registered {
@@ -169,6 +184,33 @@ impl JobRegistry for MemoryRegistry {
         nodes.retain(|_, until| *until > now);
         Ok(nodes.keys().filter(|(p, _)| p == pool).count() as u64)
     }
+
+    async fn claim_place(
+        &self,
+        job: &str,
+        node: &str,
+        places: u32,
+        ttl: Duration,
+    ) -> Result<bool, LedgerError> {
+        let now = tokio::time::Instant::now();
+        let mut held = self.places.lock().unwrap_or_else(|p| p.into_inner());
+        held.retain(|_, until| *until > now);
+        let key = (job.to_owned(), node.to_owned());
+        let taken = held.keys().filter(|(j, _)| j == job).count();
+        if held.contains_key(&key) || taken < places as usize {
+            held.insert(key, now + ttl);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    async fn release_place(&self, job: &str, node: &str) -> Result<(), LedgerError> {
+        self.places
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(job.to_owned(), node.to_owned()));
+        Ok(())
+    }
 }
 
 /// The registry on Redis: `<prefix>:jobs` (a sorted set scored by registration time),
@@ -224,6 +266,11 @@ impl RedisRegistry {
         format!("{}:pool:{pool}:nodes", self.prefix)
     }
 
+    /// The job's places: a sorted set of nodes scored by when each one's place runs out.
+    fn places_key(&self, job: &str) -> String {
+        self.key(job, "places")
+    }
+
     fn retired_key(&self) -> String {
         format!("{}:retired", self.prefix)
     }
@@ -277,6 +324,27 @@ static NODES: LazyLock<redis::Script> = LazyLock::new(|| {
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+"#,
+    )
+});
+
+/// KEYS: the job's places, record. ARGV: node, places, ttl (ms). Drops the places whose
+/// time has run out; renews the node's, or gives it one if fewer than `places` are held.
+/// The set lives as long as the job's record (and a day at most past the last claim).
+static CLAIM_PLACE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) == false
+   and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+local ttl = redis.call('PTTL', KEYS[2])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) else redis.call('PEXPIRE', KEYS[1], 86400000) end
+return 1
 "#,
     )
 });
@@ -442,6 +510,44 @@ impl JobRegistry for RedisRegistry {
                     .invoke_async::<i64>(&mut conn)
                     .await
             }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn claim_place(
+        &self,
+        job: &str,
+        node: &str,
+        places: u32,
+        ttl: Duration,
+    ) -> Result<bool, LedgerError> {
+        let (key, record) = (self.places_key(job), self.key(job, "record"));
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX).max(1);
+        let held: i64 = retrying("claim a place", job, || {
+            let mut conn = self.conn.clone();
+            let (key, record) = (&key, &record);
+            async move {
+                CLAIM_PLACE
+                    .key(key)
+                    .key(record)
+                    .arg(node)
+                    .arg(places)
+                    .arg(ttl_ms)
+                    .invoke_async(&mut conn)
+                    .await
+            }
+        })
+        .await?;
+        Ok(held == 1)
+    }
+
+    async fn release_place(&self, job: &str, node: &str) -> Result<(), LedgerError> {
+        let key = self.places_key(job);
+        retrying("release a place", job, || {
+            let mut conn = self.conn.clone();
+            let key = &key;
+            async move { conn.zrem::<_, _, i64>(key, node).await }
         })
         .await?;
         Ok(())

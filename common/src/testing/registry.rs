@@ -17,7 +17,8 @@ macro_rules! registry_conformance {
         $crate::registry_conformance!(@cases $make;
             a_record_is_written_once, jobs_are_listed_oldest_first,
             unfinished_jobs_are_the_pools_until_retired, init_failures_are_counted_per_job,
-            a_retired_job_is_forgotten_in_its_time, a_pools_nodes_are_counted_while_they_beat);
+            a_retired_job_is_forgotten_in_its_time, a_pools_nodes_are_counted_while_they_beat,
+            a_jobs_places_go_to_node_count_nodes_at_once);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -143,4 +144,44 @@ where
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(r.nodes("p").await.unwrap(), 1, "b's beat ran out");
     assert_eq!(r.nodes("q").await.unwrap(), 1);
+}
+
+/// A job's `node_count` places: held by that many nodes at once, renewed by their holders,
+/// taken over once a holder's time runs out or it gives its place up; jobs are apart.
+pub async fn a_jobs_places_go_to_node_count_nodes_at_once<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn JobRegistry>>,
+{
+    let r = make().await;
+    r.register("j", "p", b"{}").await.unwrap();
+    r.register("k", "p", b"{}").await.unwrap();
+    let short = Duration::from_millis(300);
+    assert!(r.claim_place("j", "a", 1, short).await.unwrap());
+    assert!(
+        !r.claim_place("j", "b", 1, HOUR).await.unwrap(),
+        "one place, a's"
+    );
+    assert!(
+        r.claim_place("j", "a", 1, short).await.unwrap(),
+        "a renews its own"
+    );
+    assert!(
+        r.claim_place("k", "b", 1, HOUR).await.unwrap(),
+        "another job's place"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        r.claim_place("j", "b", 1, HOUR).await.unwrap(),
+        "a's ran out"
+    );
+    assert!(!r.claim_place("j", "a", 1, HOUR).await.unwrap());
+    r.release_place("j", "b").await.unwrap();
+    assert!(
+        r.claim_place("j", "a", 1, HOUR).await.unwrap(),
+        "b gave it up"
+    );
+    // Two places: two nodes.
+    assert!(r.claim_place("k", "a", 2, HOUR).await.unwrap());
+    assert!(!r.claim_place("k", "c", 2, HOUR).await.unwrap());
 }

@@ -42,6 +42,14 @@ impl Slot {
                 }
                 Err(e @ StageError::Input(_)) => {
                     warn!(job = %ctx.id, mini_batch = batch.index, error = %e, "Staging inputs failed.");
+                    let process = self.runner.as_ref().map_or("_main", |a| a.name.as_str());
+                    ctx.logs.log(
+                        logs::JobLogs::sys_error(&node, process),
+                        &format!(
+                            "mini-batch {} attempt {attempt}: staging inputs failed: {e}",
+                            batch.index
+                        ),
+                    );
                     return self
                         .failed_attempt(ctx, batch, attempt, &format!("staging inputs failed: {e}"))
                         .await;
@@ -53,6 +61,16 @@ impl Slot {
         let started = Instant::now();
         let active = self.runner.as_mut().expect("ensure_runner made one");
         let process = active.name.clone();
+        ctx.logs.log(
+            logs::JobLogs::node_process(&node, &process),
+            &format!(
+                "mini-batch {} picked: attempt {attempt}, {}, ip {}, pid {}.",
+                batch.index,
+                picked_items(batch),
+                crate::ip::node_ip(),
+                active.process.pid()
+            ),
+        );
         let submitted = sent || staged.send(&mut *active.process, ctx, batch).await.is_ok();
         if submitted {
             self.look_ahead(ctx, consumer).await;
@@ -100,8 +118,8 @@ impl Slot {
                 ctx.logs.log(
                     logs::JobLogs::node_process(&node, &process),
                     &format!(
-                        "mini-batch {} completed: pid {}, items {items}, succeeded {succeeded}, failed {}, started {start_wall}, duration {elapsed:.3}s, cpu {:.3}s, run() {:.3}s",
-                        batch.index, self.runner.as_ref().map_or(0, |a| a.process.pid()), items - succeeded, timing.cpu_seconds, timing.run_seconds
+                        "mini-batch {} completed: ip {}, pid {}, items {items}, succeeded {succeeded}, failed {}, started {start_wall}, duration {elapsed:.3}s, cpu {:.3}s, run() {:.3}s",
+                        batch.index, crate::ip::node_ip(), self.runner.as_ref().map_or(0, |a| a.process.pid()), items - succeeded, timing.cpu_seconds, timing.run_seconds
                     ),
                 );
                 let result = if outcome.batch_failed {
@@ -200,6 +218,8 @@ impl Slot {
                     }
                 };
                 ctx.logs.log(logs::JobLogs::node_main(&node), &main_line);
+                ctx.logs
+                    .log(logs::JobLogs::sys_error(&node, &process), &main_line);
                 self.report(
                     ctx,
                     batch,
@@ -372,6 +392,10 @@ fn report_recorded(shared: &Shared, ctx: &JobContext, transitioned: bool, status
 /// untried (no attempt spent) when the ledger could not be told.
 async fn fail_job(shared: &Shared, ctx: &JobContext, folder: &FolderError) -> Disposition {
     let reason = system_error(ctx, folder);
+    ctx.logs.log(
+        logs::JobLogs::sys_error(&shared.agent.config.node_id, "_main"),
+        &format!("Failing the job: {reason}"),
+    );
     error!(job = %ctx.id, folder = %folder.folder.display(), error = %folder.source, "A folder of this node cannot take its writes; failing the job.");
     match shared
         .agent
@@ -463,4 +487,13 @@ pub fn join_rows(rows: &[String]) -> Bytes {
         part.push(b'\n');
     }
     part.into()
+}
+
+/// What a `picked` line says a mini-batch holds: its files, or a tabular input's chunks.
+fn picked_items(batch: &MiniBatch) -> String {
+    if batch.chunks.is_empty() {
+        format!("items {}", batch.items.len())
+    } else {
+        format!("chunks {}", batch.chunks.len())
+    }
 }

@@ -41,6 +41,7 @@ mod ahead;
 mod attempt;
 pub mod outdir;
 mod runner;
+pub mod seats;
 mod slot;
 mod stage;
 mod tabular;
@@ -97,6 +98,13 @@ pub struct JobContext {
     gave_up: AtomicBool,
     started_noted: AtomicBool,
     end_noted: AtomicBool,
+    gpus_noted: AtomicBool,
+    /// This node's runners of the job that finished init and live.
+    ready_runners: Arc<AtomicU32>,
+    /// How many of this node's slots may run the job at once.
+    pub seats: Arc<seats::Seats>,
+    /// This node is one of the job's `node_count` nodes (always, where places are not kept).
+    place: AtomicBool,
     last_check: std::sync::Mutex<Instant>,
     /// What of `EntryScript().output_dir` reached an S3 output (see `outdir`).
     pub(crate) output_sync: tokio::sync::Mutex<outdir::Uploaded>,
@@ -120,6 +128,10 @@ impl JobContext {
             submitted_at,
             started_noted: AtomicBool::new(false),
             end_noted: AtomicBool::new(false),
+            gpus_noted: AtomicBool::new(false),
+            ready_runners: Arc::new(AtomicU32::new(0)),
+            seats: seats::Seats::new(crate::node::MAX_PROCESSES as usize),
+            place: AtomicBool::new(true),
             input,
             output,
             parts,
@@ -133,6 +145,24 @@ impl JobContext {
             output_sync: Default::default(),
             monitor: Default::default(),
         }
+    }
+
+    /// Runs at most `processes` runners of the job on this node; with `places`, the node
+    /// takes the job's work only once it holds one of the job's `node_count` places.
+    pub fn with_seats(mut self, processes: usize, places: bool) -> JobContext {
+        self.seats = seats::Seats::new(processes);
+        self.place = AtomicBool::new(!places);
+        self
+    }
+
+    /// Whether this node holds one of the job's places (see [`JobContext::with_seats`]).
+    pub fn has_place(&self) -> bool {
+        self.place.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Notes whether this node holds one of the job's places.
+    pub fn set_place(&self, held: bool) {
+        self.place.store(held, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The job as its results name it.
@@ -159,6 +189,13 @@ impl JobContext {
             .swap(true, std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// True once per node and job: the node's GPUs are noted in its `_main.txt`.
+    pub(crate) fn first_gpu_note(&self) -> bool {
+        !self
+            .gpus_noted
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// True when the last status check is older than [`STATE_RECHECK`] (and claims the next).
     fn due_for_check(&self) -> bool {
         let mut last = self.last_check.lock().unwrap_or_else(|p| p.into_inner());
@@ -175,6 +212,12 @@ impl JobContext {
 #[async_trait]
 pub trait Jobs: Send + Sync {
     async fn get(&self, job: &str) -> Result<Option<Arc<JobContext>>, crate::job::JobError>;
+
+    /// Whether this node may work on the job: it holds, or has just won, one of the job's
+    /// `node_count` places.
+    async fn claim_place(&self, ctx: &JobContext) -> bool {
+        ctx.has_place()
+    }
 }
 
 /// What the agent reports to whoever drives the job.
@@ -192,6 +235,10 @@ pub enum AgentEvent {
     },
     /// This node stopped trying to start runners for the job (init kept failing).
     GaveUp { job: String, reason: String },
+    /// A runner's `init()` overran `3 × run_invocation_timeout + 30` while no runner of the
+    /// job on this node was ready (CONTRACT §5 rule 3): the job fails unless a mini-batch
+    /// has started somewhere.
+    StuckInInit { job: String, reason: String },
 }
 
 pub struct Agent {
@@ -210,6 +257,8 @@ pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToke
         agent,
         next_process: AtomicU32::new(0),
         gpus,
+        starting: std::sync::Mutex::new(()),
+        wanted: seats::Wanted::default(),
     });
     let mut slots = tokio::task::JoinSet::new();
     for index in 0..shared.agent.config.processes.max(1) {
@@ -219,6 +268,7 @@ pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToke
             runner: None,
             ahead: None,
             stagings: 0,
+            seatless: false,
             drain: drain.clone(),
             finishing: tokio::task::JoinSet::new(),
         };
@@ -235,6 +285,22 @@ struct Shared {
     agent: Agent,
     next_process: AtomicU32,
     gpus: Arc<GpuPool>,
+    /// Held while a start takes its name and its GPU, so that process names and GPU indexes
+    /// are handed out in the same order.
+    starting: std::sync::Mutex<()>,
+    /// How many slots consume, from the jobs they met.
+    wanted: seats::Wanted,
+}
+
+impl Shared {
+    /// The next process's name (`processNNN`, never reused) and its GPU.
+    fn next_start(&self) -> (String, Option<crate::gpu::GpuLease>) {
+        let _in_order = self.starting.lock().unwrap_or_else(|p| p.into_inner());
+        let number = self
+            .next_process
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        (format!("process{number:03}"), self.gpus.acquire())
+    }
 }
 
 /// States in which the job's remaining mini-batches are no longer worked on.

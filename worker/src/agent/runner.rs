@@ -3,7 +3,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use fleetrun_common::protocol::{InitParams, ScriptError, TabularInit};
@@ -12,7 +12,7 @@ use tracing::warn;
 
 use super::slot::Slot;
 use super::{AgentEvent, JobContext};
-use crate::gpu::{GPU_COUNT_VAR, GpuLease};
+use crate::gpu::{AZ_GPU_COUNT_VAR, GPU_COUNT_VAR, GpuLease};
 use crate::logs;
 use crate::monitor::MonitorSettings;
 use crate::process::{InitOutcome, Launch, Runner, returncode};
@@ -25,6 +25,26 @@ pub(super) struct Active {
     pub(super) job_stop: CancellationToken,
     /// Its GPU, released when the process is dropped.
     _gpu: Option<GpuLease>,
+    /// Counts it among the job's ready runners on this node while it lives.
+    _ready: ReadyMark,
+    /// Its place among the job's runners on this node.
+    _seat: super::seats::Seat,
+}
+
+/// One ready runner in its job's count of them; taken off when dropped.
+pub(super) struct ReadyMark(Arc<AtomicU32>);
+
+impl ReadyMark {
+    fn new(count: &Arc<AtomicU32>) -> ReadyMark {
+        count.fetch_add(1, Ordering::Relaxed);
+        ReadyMark(count.clone())
+    }
+}
+
+impl Drop for ReadyMark {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Slot {
@@ -34,6 +54,7 @@ impl Slot {
         let Ok(Some(ctx)) = self.shared.agent.jobs.get(job).await else {
             return;
         };
+        self.shared.wanted.note(&ctx);
         while !drain.is_cancelled()
             && !ctx.gave_up.load(Ordering::Relaxed)
             && !ctx.stop.is_cancelled()
@@ -42,6 +63,10 @@ impl Slot {
                 _ = drain.cancelled() => return,
                 _ = ctx.stop.cancelled() => return,
                 ready = self.ensure_runner(&ctx) => if ready { return },
+            }
+            if std::mem::take(&mut self.seatless) {
+                // The job's seats on this node are taken: this slot warms nothing.
+                return;
             }
         }
     }
@@ -58,12 +83,20 @@ impl Slot {
         if ctx.gave_up.load(Ordering::Relaxed) {
             return false;
         }
+        let Some(seat) = ctx.seats.take() else {
+            self.seatless = true;
+            return false;
+        };
         let node = self.config().node_id.clone();
-        let number = self.shared.next_process.fetch_add(1, Ordering::Relaxed);
-        let name = format!("process{number:03}");
-        let gpu = self.shared.gpus.acquire();
+        let (name, gpu) = self.shared.next_start();
+        let main_log = logs::JobLogs::node_main(&node);
+        if ctx.first_gpu_note() {
+            ctx.logs.log(&main_log, &gpu_line(self.config().gpus));
+        }
         let mut env = runner_env(ctx, &node, &name);
-        env.push((GPU_COUNT_VAR.into(), self.shared.gpus.count().to_string()));
+        let gpu_count = self.shared.gpus.count().to_string();
+        env.push((GPU_COUNT_VAR.into(), gpu_count.clone()));
+        env.push((AZ_GPU_COUNT_VAR.into(), gpu_count));
         let mut env_remove = Vec::new();
         match &gpu {
             Some(lease) => env.push(("CUDA_VISIBLE_DEVICES".into(), lease.index().to_string())),
@@ -119,16 +152,31 @@ impl Slot {
         let init_timeout = Duration::from_secs(3 * spec.run_invocation_timeout + 30);
         ctx.monitor
             .start_once(|| monitor_settings(ctx, self.config()), ctx.stop.clone());
-        let main_log = logs::JobLogs::node_main(&node);
         let started = self.config().launcher.start(&launch, params, init_timeout);
         // A package the input needs is missing: every start would fail the same way.
         let mut hopeless = false;
         let failure = match started.await {
             Ok((Some(process), InitOutcome::Ready(info))) => {
                 ctx.logs.log(
+                    logs::JobLogs::node_process(&node, &name),
+                    &format!(
+                        "{name} started on node {node}: ip {}, pid {}.",
+                        crate::ip::node_ip(),
+                        info.pid
+                    ),
+                );
+                let gpu_note = gpu.as_ref().map_or_else(String::new, |lease| {
+                    let how = if lease.is_shared() {
+                        "shared"
+                    } else {
+                        "its own"
+                    };
+                    format!(", GPU {} ({how})", lease.index())
+                });
+                ctx.logs.log(
                     &main_log,
                     &format!(
-                        "{name} started: pid {}, Python {} ({}), prefix {}.",
+                        "{name} started: pid {}, Python {} ({}), prefix {}{gpu_note}.",
                         info.pid,
                         info.python_version.lines().next().unwrap_or_default(),
                         info.python_executable,
@@ -142,6 +190,8 @@ impl Slot {
                     process,
                     job_stop: ctx.stop.clone(),
                     _gpu: gpu,
+                    _ready: ReadyMark::new(&ctx.ready_runners),
+                    _seat: seat,
                 });
                 return true;
             }
@@ -156,7 +206,21 @@ impl Slot {
                 }
             }
             Ok((_, InitOutcome::TimedOut)) => {
-                format!("init() did not finish within {}s", init_timeout.as_secs())
+                let failure = format!(
+                    "init() did not finish within {}s (3 × run_invocation_timeout {} + 30)",
+                    init_timeout.as_secs(),
+                    spec.run_invocation_timeout
+                );
+                if ctx.ready_runners.load(Ordering::Relaxed) == 0 {
+                    let reason = format!(
+                        "no progress: every runner process on node {node} was stuck in init() (the last, {name}: {failure}) and no mini-batch has started"
+                    );
+                    let _ = self.shared.agent.events.send(AgentEvent::StuckInInit {
+                        job: ctx.id.clone(),
+                        reason,
+                    });
+                }
+                failure
             }
             Ok((_, InitOutcome::Died(status))) => {
                 format!(
@@ -169,11 +233,15 @@ impl Slot {
         };
         ctx.logs
             .log(&main_log, &format!("{name} failed to start: {failure}"));
+        if !failure.starts_with("init() failed: ") {
+            // Not the script's error (that is in user/error/): the process or the node's.
+            ctx.logs.log(
+                logs::JobLogs::sys_error(&node, &name),
+                &format!("{name} failed to start: {failure}"),
+            );
+        }
         let failures = ctx.init_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        let processes = spec
-            .process_count_per_node
-            .unwrap_or(self.config().processes as u32)
-            .max(1);
+        let processes = ctx.seats.cap() as u32;
         warn!(job = %ctx.id, process = %name, failures, "Runner failed to start: {failure}");
         let _ = self.shared.agent.events.send(AgentEvent::InitFailed {
             job: ctx.id.clone(),
@@ -226,6 +294,21 @@ impl Slot {
 /// How the runner names the error of a tabular input whose packages (pandas, pyarrow) the
 /// job's environment lacks (`runner/src/python/tabular.py`).
 const MISSING_PACKAGE: &str = "fleetrun_tabular.MissingPackage";
+
+/// The node's GPUs as `_main.txt` tells them: NVML's names when the agent hands out the GPUs
+/// NVML counted, else the count the agent was given.
+fn gpu_line(count: usize) -> String {
+    let detected = crate::gpu::detect();
+    if detected.count == count {
+        return detected.describe();
+    }
+    crate::gpu::Detected {
+        count,
+        names: Vec::new(),
+        source: "as configured".to_owned(),
+    }
+    .describe()
+}
 
 /// The runner's environment: the job's variables and who the process is.
 fn runner_env(ctx: &JobContext, node: &str, process: &str) -> Vec<(String, String)> {

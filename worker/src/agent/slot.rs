@@ -29,7 +29,12 @@ pub(super) struct Slot {
     pub(super) drain: CancellationToken,
     /// Deliveries being finished in the background (at most the consumer's prefetch).
     pub(super) finishing: tokio::task::JoinSet<()>,
+    /// The last start found the job's seats on this node taken.
+    pub(super) seatless: bool,
 }
+
+/// How often a slot that takes no work looks again whether it should.
+const WANTED_RECHECK: Duration = Duration::from_secs(1);
 
 /// What to do with a delivery, decided once.
 pub(super) enum Verdict {
@@ -70,6 +75,21 @@ impl Slot {
                         break;
                     }
                     _ = self.handle_ahead(ahead, &mut consumer) => {}
+                }
+                continue;
+            }
+            if self.index >= self.shared.wanted.slots() {
+                // No job this node serves wants this many runners: take no work.
+                if let Some(active) = self.runner.take() {
+                    let status = active.process.shutdown().await;
+                    debug!(process = %active.name, code = returncode(&status), "Runner stopped: its slot takes no work now.");
+                }
+                tokio::select! {
+                    biased;
+                    _ = drain.cancelled() => break,
+                    _ = abort.cancelled() => break,
+                    _ = self.shared.wanted.changed() => {}
+                    _ = tokio::time::sleep(WANTED_RECHECK) => {}
                 }
                 continue;
             }
@@ -157,6 +177,15 @@ impl Slot {
         if !self.accepts_work(&ctx).await {
             return Verdict::Drop;
         }
+        self.shared.wanted.note(&ctx);
+        if !ctx.has_place() {
+            if self.shared.agent.jobs.claim_place(&ctx).await {
+                self.shared.wanted.wake();
+            } else {
+                // The job's node_count nodes are others: leave its work to them.
+                return self.hand_back(&ctx).await;
+            }
+        }
         if ctx.gave_up.load(Ordering::Relaxed) {
             // This node cannot start the job's script; leave the work to other nodes, without
             // spinning on it meanwhile.
@@ -175,6 +204,10 @@ impl Slot {
             return Verdict::Settle(Disposition::Ack);
         }
         if !self.ensure_runner(&ctx).await {
+            if std::mem::take(&mut self.seatless) {
+                // As many runners of the job as it wants run on this node's other slots.
+                return self.hand_back(&ctx).await;
+            }
             // No runner started: run() was not tried, so this was no attempt.
             return Verdict::Settle(Disposition::Return);
         }
@@ -188,6 +221,16 @@ impl Slot {
         }
         self.attempt(&ctx, &batch, delivery.attempt, None, consumer)
             .await
+    }
+
+    /// Hands a mini-batch this slot may not run back to the queue, untried, after a pause so
+    /// that the slot does not spin on it.
+    async fn hand_back(&self, ctx: &JobContext) -> Verdict {
+        tokio::select! {
+            _ = ctx.stop.cancelled() => return Verdict::Drop,
+            _ = tokio::time::sleep(GAVE_UP_BACKOFF) => {}
+        }
+        Verdict::Settle(Disposition::Return)
     }
 
     /// Whether the job still takes work, from this node's knowledge and, now and then, the

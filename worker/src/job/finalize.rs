@@ -130,6 +130,18 @@ pub(super) async fn check_init_failures(
     let Some(age) = job_age(fleet, &ctx.id).await else {
         return false;
     };
+    check_init_failures_at(fleet, ctx, processes, failures, detail, age).await
+}
+
+/// [`check_init_failures`] for a job `age` old by the caller's clock.
+pub(super) async fn check_init_failures_at(
+    fleet: &Fleet,
+    ctx: &JobContext,
+    processes: u32,
+    failures: u64,
+    detail: &str,
+    age: Duration,
+) -> bool {
     let Some(reason) =
         super::driver::init_failures_fail_job(ctx.spec.node_count, processes, failures, age)
     else {

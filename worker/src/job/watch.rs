@@ -18,7 +18,9 @@ use super::code::stage_code;
 use super::dead_letters::record_dead_letters;
 use super::driver::StopRules;
 use super::error::JobError;
-use super::finalize::{FINALIZE_LEASE, check_init_failures, conclude, fail_job, job_age};
+use super::finalize::{
+    FINALIZE_LEASE, check_init_failures, check_init_failures_at, conclude, fail_job, job_age,
+};
 use super::record::JobRecord;
 use super::results::overview_text;
 use super::settings::{Fleet, KEEP_ENDED_JOBS, WorkerConfig, open_input, open_storage};
@@ -101,6 +103,10 @@ pub async fn serve(
     for ctx in jobs.all() {
         // Its last sample written before the logs are flushed and sent.
         ctx.monitor.stop().await;
+        if ctx.has_place() && !config.sole_node {
+            // Another node takes this one's place in the job now, not when it runs out.
+            let _ = fleet.registry.release_place(&ctx.id, &config.node_id).await;
+        }
         if let Ok(Some(status)) = fleet.ledger.status(&ctx.id).await {
             note_end(&ctx, &status);
         }
@@ -149,11 +155,22 @@ async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, event: AgentE
                 .await;
             } else {
                 warn!(job = %job, node, "This node gave up on the job; other nodes keep serving it.");
-                let processes = ctx
-                    .spec
-                    .process_count_per_node
-                    .unwrap_or(jobs.config.processes as u32);
+                let processes = ctx.seats.cap() as u32;
                 tokio::spawn(recheck_given_up(fleet.clone(), ctx, processes, reason));
+            }
+        }
+        AgentEvent::StuckInInit { job, reason } => {
+            let Ok(Some(ctx)) = jobs.get(&job).await else {
+                return;
+            };
+            // A mini-batch started somewhere: some process is past init, so not every one
+            // is stuck (CONTRACT §5 rule 3).
+            match fleet.ledger.status(&job).await {
+                Ok(Some(status)) if !status.started && status.state == JobState::Running => {
+                    fail_job(fleet, &ctx, &reason).await;
+                }
+                Ok(_) => {}
+                Err(e) => warn!(job = %job, error = %e, "Cannot read the job's state."),
             }
         }
         AgentEvent::InitFailed {
@@ -202,8 +219,10 @@ async fn recheck_given_up(fleet: Fleet, ctx: Arc<JobContext>, processes: u32, re
         if status.state != JobState::Running {
             return;
         }
+        // The job's age by this node's clock since it gave up (paused in flow tests).
+        let age_now = age + gave_up.elapsed();
         if let Ok(failures) = fleet.registry.init_failures(&ctx.id).await
-            && check_init_failures(&fleet, &ctx, processes, failures, &reason).await
+            && check_init_failures_at(&fleet, &ctx, processes, failures, &reason, age_now).await
         {
             return;
         }
@@ -429,15 +448,20 @@ impl FleetJobs {
             job,
             &parts::writer_name(&self.config.node_id),
         );
-        let ctx = Arc::new(JobContext::new(
-            job.to_owned(),
-            spec,
-            input,
-            output,
-            parts,
-            logs,
-            record.submitted_at,
-        ));
+        let processes = job_processes(&self.config, &spec);
+        let ctx = Arc::new(
+            JobContext::new(
+                job.to_owned(),
+                spec,
+                input,
+                output,
+                parts,
+                logs,
+                record.submitted_at,
+            )
+            // `fleetrun run` is the job's one node; fleet nodes take one of its places.
+            .with_seats(processes, !self.config.sole_node),
+        );
         tokio::spawn(watch_job(
             self.fleet.clone(),
             ctx.clone(),
@@ -449,8 +473,54 @@ impl FleetJobs {
     }
 }
 
+/// The job's runners on this node: `fleetrun run`'s process count (the job's, or its
+/// `--processes`); on a fleet node the job's `process_count_per_node` (CONTRACT §2's default
+/// when it sets none), at most the worker's `--max-processes`.
+fn job_processes(config: &WorkerConfig, spec: &fleetrun_config::JobSpec) -> usize {
+    let slots = config.processes.max(1);
+    if config.sole_node {
+        return slots;
+    }
+    let wanted = spec.process_count_per_node.map_or_else(
+        || crate::node::default_process_count(config.gpus),
+        |n| n as usize,
+    );
+    wanted.clamp(1, slots)
+}
+
 #[async_trait]
 impl Jobs for FleetJobs {
+    async fn claim_place(&self, ctx: &JobContext) -> bool {
+        if ctx.has_place() {
+            return true;
+        }
+        let claimed = self
+            .fleet
+            .registry
+            .claim_place(&ctx.id, &self.config.node_id, ctx.spec.node_count, BEAT_TTL)
+            .await;
+        match claimed {
+            Ok(held) => {
+                if held {
+                    info!(job = %ctx.id, node_count = ctx.spec.node_count, "This node took one of the job's places.");
+                    ctx.logs.log(
+                        JobLogs::node_main(&self.config.node_id),
+                        &format!(
+                            "Node {} took one of the job's {} node places (node_count).",
+                            self.config.node_id, ctx.spec.node_count
+                        ),
+                    );
+                }
+                ctx.set_place(held);
+                held
+            }
+            Err(e) => {
+                warn!(job = %ctx.id, error = %e, "Cannot claim a place in the job.");
+                false
+            }
+        }
+    }
+
     async fn get(&self, job: &str) -> Result<Option<Arc<JobContext>>, JobError> {
         if let Some(ctx) = self.cached(job) {
             return Ok(Some(ctx));
@@ -486,10 +556,20 @@ async fn watch_job(
     let ledger = fleet.ledger.clone();
     let mut rules = StopRules::new(&ctx.spec, age);
     let mut seen: Option<(JobState, Option<u64>)> = None;
+    let mut place_renewed = tokio::time::Instant::now();
     loop {
         tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => {
+                if ctx.has_place() {
+                    let _ = fleet.registry.release_place(&ctx.id, &node).await;
+                }
+                return;
+            }
             _ = tokio::time::sleep(WATCH_EVERY) => {}
+        }
+        if ctx.has_place() && place_renewed.elapsed() >= BEAT_TTL / 3 {
+            place_renewed = tokio::time::Instant::now();
+            renew_place(&fleet, &ctx, &node).await;
         }
         ctx.logs.flush();
         let status = match ledger.status(&ctx.id).await {
@@ -535,6 +615,23 @@ async fn watch_job(
             }
             _ => {}
         }
+    }
+}
+
+/// Renews this node's place in the job while it serves it; a place lost (this node was
+/// unreachable longer than its lease, and another took the place) is given up here too.
+async fn renew_place(fleet: &Fleet, ctx: &JobContext, node: &str) {
+    let renewed = fleet
+        .registry
+        .claim_place(&ctx.id, node, ctx.spec.node_count, BEAT_TTL)
+        .await;
+    match renewed {
+        Ok(true) => {}
+        Ok(false) => {
+            warn!(job = %ctx.id, node, "This node lost its place in the job to another.");
+            ctx.set_place(false);
+        }
+        Err(e) => warn!(job = %ctx.id, error = %e, "Cannot renew this node's place in the job."),
     }
 }
 
