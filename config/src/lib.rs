@@ -36,9 +36,11 @@ pub struct JobSpec {
     pub input: Input,
     /// Reference data every node gets whole, by name (`[side_inputs] labels = "..."`; a
     /// list names each entry after its last path component).
+    #[serde(deserialize_with = "named_or_listed")]
     pub side_inputs: BTreeMap<String, Location>,
     /// Models every node gets whole, by name: `Model.get_model_path(name)` returns the local
     /// copy.
+    #[serde(default)]
     pub models: BTreeMap<String, Location>,
     /// The output folder: the `append_row` file and `logs/` go here.
     pub output: Location,
@@ -95,6 +97,27 @@ pub struct JobSpec {
     pub profile: bool,
 }
 
+/// Side inputs as a record holds them: by name, or as the list records written before they
+/// had names held (each then named after its last path component, as the job file's list
+/// form names them).
+fn named_or_listed<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, Location>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Recorded {
+        Named(BTreeMap<String, Location>),
+        Listed(Vec<Location>),
+    }
+    Ok(match Recorded::deserialize(d)? {
+        Recorded::Named(named) => named,
+        Recorded::Listed(listed) => listed
+            .into_iter()
+            .map(|location| (location.last_component(), location))
+            .collect(),
+    })
+}
+
 const fn space() -> u8 {
     b' '
 }
@@ -107,6 +130,19 @@ pub enum Location {
 }
 
 impl Location {
+    /// The last component of its path or prefix (`labels.txt`, `vocab` of `ref/vocab/`).
+    pub fn last_component(&self) -> String {
+        let path = match self {
+            Location::Local(p) => p.to_string_lossy().into_owned(),
+            Location::S3 { prefix, .. } => prefix.clone(),
+        };
+        path.trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
     /// The local path, if this is one.
     pub fn as_local(&self) -> Option<&Path> {
         match self {

@@ -366,7 +366,14 @@ async fn status(
             say!("No jobs.");
         }
         for job in jobs {
-            let pool = fleet_cmd::record(&fleet, &job).await?.map(|r| r.pool);
+            // One record this build cannot read (written by another version) hides no other.
+            let pool = match fleet_cmd::record(&fleet, &job).await {
+                Ok(record) => record.map(|r| r.pool),
+                Err(e) => {
+                    tracing::warn!(job = %job, error = %e, "Skipping a job whose record does not decode.");
+                    continue;
+                }
+            };
             if pool.as_deref() != Some(fleet.pool.as_str()) {
                 continue;
             }

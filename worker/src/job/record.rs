@@ -46,7 +46,8 @@ pub fn unix_now() -> f64 {
 mod tests {
     use super::*;
 
-    /// A record written by a submitter from before `append_row_separator` still serves.
+    /// A record written by a submitter from before `append_row_separator`, `[models]`,
+    /// `profile` and named side inputs still serves.
     #[test]
     fn a_record_without_newer_fields_reads_with_their_defaults() {
         let dir = tempfile::tempdir().unwrap();
@@ -55,11 +56,23 @@ mod tests {
         let spec = fleetrun_config::load_str(text, "job.toml", dir.path(), &[]).unwrap();
         let mut json: serde_json::Value =
             serde_json::from_slice(&JobRecord::new(spec.clone(), "p").encode()).unwrap();
-        json["spec"]
-            .as_object_mut()
-            .unwrap()
-            .remove("append_row_separator");
+        let fields = json["spec"].as_object_mut().unwrap();
+        for newer in ["append_row_separator", "models", "profile", "partition_format"] {
+            fields.remove(newer);
+        }
+        fields.insert("side_inputs".into(), serde_json::json!([]));
         let old = JobRecord::decode(&serde_json::to_vec(&json).unwrap()).unwrap();
         assert_eq!(old.spec, spec);
+
+        // Side inputs were a list: each is named after its last path component.
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&JobRecord::new(spec, "p").encode()).unwrap();
+        json["spec"]["side_inputs"] = serde_json::json!([
+            {"Local": "/data/labels.txt"},
+            {"S3": {"bucket": "b", "prefix": "ref/vocab/"}}
+        ]);
+        let old = JobRecord::decode(&serde_json::to_vec(&json).unwrap()).unwrap();
+        let names: Vec<&String> = old.spec.side_inputs.keys().collect();
+        assert_eq!(names, ["labels.txt", "vocab"]);
     }
 }
