@@ -57,7 +57,12 @@ mod tests {
         let mut json: serde_json::Value =
             serde_json::from_slice(&JobRecord::new(spec.clone(), "p").encode()).unwrap();
         let fields = json["spec"].as_object_mut().unwrap();
-        for newer in ["append_row_separator", "models", "profile", "partition_format"] {
+        for newer in [
+            "append_row_separator",
+            "models",
+            "profile",
+            "partition_format",
+        ] {
             fields.remove(newer);
         }
         fields.insert("side_inputs".into(), serde_json::json!([]));
