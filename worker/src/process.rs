@@ -121,37 +121,22 @@ pub trait Launcher: Send + Sync + std::fmt::Debug {
     ) -> Result<(Option<Box<dyn Runner>>, InitOutcome), ProcessError>;
 }
 
+/// One mini-batch as a runner gets it: its local paths, or a tabular input's staged chunks,
+/// and its context.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub index: u64,
+    pub items: Vec<PathBuf>,
+    pub tables: Vec<protocol::StagedTable>,
+    pub context: RunContext,
+}
+
 /// A started runner, driven request by reply (see [`RunnerProcess`] for the rules).
 #[async_trait]
 pub trait Runner: Send + Sync {
     fn pid(&self) -> u32;
     /// Sends a mini-batch; it runs once those sent before it have returned.
-    async fn submit(&mut self, mini_batch: u64, items: Vec<PathBuf>) -> std::io::Result<()>;
-    /// Sends a tabular input's mini-batch: its staged chunks, read into one DataFrame.
-    async fn submit_tables(
-        &mut self,
-        mini_batch: u64,
-        tables: Vec<protocol::StagedTable>,
-        context: RunContext,
-    ) -> std::io::Result<()> {
-        let _ = (mini_batch, tables, context);
-        Err(std::io::Error::new(
-            std::io::ErrorKind::Unsupported,
-            "this runner takes no tabular mini-batches",
-        ))
-    }
-
-    /// [`Runner::submit`] with the mini-batch's context, for a `run` that takes two
-    /// parameters. Runners that have no use for it (test fakes) submit without.
-    async fn submit_with_context(
-        &mut self,
-        mini_batch: u64,
-        items: Vec<PathBuf>,
-        context: RunContext,
-    ) -> std::io::Result<()> {
-        let _ = context;
-        self.submit(mini_batch, items).await
-    }
+    async fn submit(&mut self, batch: Batch) -> std::io::Result<()>;
 
     /// How the oldest mini-batch sent and not yet answered ended, waiting at most `timeout`.
     async fn outcome(&mut self, timeout: Duration) -> RunOutcome;
@@ -191,38 +176,8 @@ impl Runner for RunnerProcess {
         RunnerProcess::pid(self)
     }
 
-    async fn submit(&mut self, mini_batch: u64, items: Vec<PathBuf>) -> std::io::Result<()> {
-        RunnerProcess::submit(self, mini_batch, items).await
-    }
-
-    async fn submit_tables(
-        &mut self,
-        mini_batch: u64,
-        tables: Vec<protocol::StagedTable>,
-        context: RunContext,
-    ) -> std::io::Result<()> {
-        self.send(&Request::Run {
-            mini_batch,
-            items: Vec::new(),
-            context,
-            tables,
-        })
-        .await
-    }
-
-    async fn submit_with_context(
-        &mut self,
-        mini_batch: u64,
-        items: Vec<PathBuf>,
-        context: RunContext,
-    ) -> std::io::Result<()> {
-        self.send(&Request::Run {
-            mini_batch,
-            items,
-            context,
-            tables: Vec::new(),
-        })
-        .await
+    async fn submit(&mut self, batch: Batch) -> std::io::Result<()> {
+        RunnerProcess::submit(self, batch).await
     }
 
     async fn outcome(&mut self, timeout: Duration) -> RunOutcome {
@@ -336,12 +291,12 @@ impl RunnerProcess {
     /// another waits in the channel and starts the moment the one before returns. Every
     /// mini-batch sent must have its [`RunnerProcess::outcome`] taken, in order, or the
     /// process be killed.
-    pub async fn submit(&mut self, mini_batch: u64, items: Vec<PathBuf>) -> std::io::Result<()> {
+    pub async fn submit(&mut self, batch: Batch) -> std::io::Result<()> {
         self.send(&Request::Run {
-            mini_batch,
-            items,
-            context: Default::default(),
-            tables: Vec::new(),
+            mini_batch: batch.index,
+            items: batch.items,
+            tables: batch.tables,
+            context: batch.context,
         })
         .await
     }

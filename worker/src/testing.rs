@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use fleetrun_common::protocol::{InitParams, ReadyInfo, ScriptError, Timing};
 use tokio::time::Instant;
 
-use crate::process::{InitOutcome, Launch, Launcher, ProcessError, RunOutcome, Runner};
+use crate::process::{Batch, InitOutcome, Launch, Launcher, ProcessError, RunOutcome, Runner};
 
 /// How a runner's start ends.
 #[derive(Debug, Clone)]
@@ -218,11 +218,11 @@ impl Runner for FakeRunner {
         self.pid
     }
 
-    async fn submit(&mut self, mini_batch: u64, items: Vec<PathBuf>) -> std::io::Result<()> {
+    async fn submit(&mut self, batch: Batch) -> std::io::Result<()> {
         if self.gone {
             return Err(std::io::ErrorKind::BrokenPipe.into());
         }
-        self.sent.push_back((mini_batch, items));
+        self.sent.push_back((batch.index, batch.items));
         Ok(())
     }
 

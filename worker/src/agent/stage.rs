@@ -9,6 +9,7 @@ use fleetrun_common::wire::MiniBatch;
 
 use super::JobContext;
 use super::slot::Slot;
+use crate::process::Batch;
 use crate::scratch::FolderError;
 
 pub(super) struct Staged {
@@ -26,14 +27,13 @@ impl Staged {
         ctx: &JobContext,
         batch: &MiniBatch,
     ) -> std::io::Result<()> {
-        let context = super::run_context(ctx, batch);
-        if self.tables.is_empty() {
-            return runner
-                .submit_with_context(batch.index, std::mem::take(&mut self.paths), context)
-                .await;
-        }
         runner
-            .submit_tables(batch.index, std::mem::take(&mut self.tables), context)
+            .submit(Batch {
+                index: batch.index,
+                items: std::mem::take(&mut self.paths),
+                tables: std::mem::take(&mut self.tables),
+                context: super::run_context(ctx, batch),
+            })
             .await
     }
 
