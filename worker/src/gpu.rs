@@ -254,11 +254,11 @@ mod tests {
         assert_eq!(found.describe(), "2 GPU(s) (NVML): 0: A100, 1: A100.");
     }
 
-    /// This machine's real answer: whatever it is, asking never fails or panics (on a
-    /// machine without the NVIDIA library, it is 0 GPUs).
+    /// NVML answering with no GPU is 0 GPUs, said as NVML's answer.
     #[test]
-    fn asking_nvml_never_fails() {
-        let detected = detect_with(None, nvml_gpus);
-        assert_eq!(detected.count, detected.names.len());
+    fn nvml_finding_no_gpu_is_zero_gpus() {
+        let found = detect_with(None, || Ok(Vec::new()));
+        assert_eq!(found.count, 0);
+        assert!(found.describe().contains("NVML"), "{}", found.describe());
     }
 }

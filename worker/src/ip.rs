@@ -16,13 +16,3 @@ fn outbound_ip() -> Option<IpAddr> {
     let ip = socket.local_addr().ok()?.ip();
     (!ip.is_unspecified()).then_some(ip)
 }
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_node_has_an_address() {
-        let ip = super::node_ip();
-        assert!(!ip.is_unspecified(), "{ip}");
-        assert_eq!(super::node_ip(), ip, "asked once");
-    }
-}

@@ -187,13 +187,8 @@ impl Slot {
             }
         }
         if ctx.gave_up.load(Ordering::Relaxed) {
-            // This node cannot start the job's script; leave the work to other nodes, without
-            // spinning on it meanwhile.
-            tokio::select! {
-                _ = ctx.stop.cancelled() => return Verdict::Drop,
-                _ = tokio::time::sleep(GAVE_UP_BACKOFF) => {}
-            }
-            return Verdict::Settle(Disposition::Return);
+            // This node cannot start the job's script; leave the work to other nodes.
+            return self.hand_back(&ctx).await;
         }
         let max = ctx.spec.run_max_try;
         if delivery.attempt > max {
