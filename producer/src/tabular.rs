@@ -201,16 +201,13 @@ pub async fn publish_tabular(
         index: 0,
         in_flight: FuturesOrdered::new(),
     };
-    let explicit = tabular.format.is_some();
     let mut by_key: BTreeMap<Vec<String>, Vec<Chunk>> = BTreeMap::new();
     let mut listing = files(input, one);
     while let Some(object) = listing.next().await.transpose()? {
         if stop.is_cancelled() {
             break;
         }
-        if !explicit {
-            check_format(&object.key, format)?;
-        }
+        check_format(&object.key, format)?;
         match (partition_keys, format) {
             (Some(_), TabularFormat::Parquet) => {
                 return Err(TabularError::KeysOnParquet { key: object.key }.into());
@@ -244,17 +241,18 @@ pub async fn publish_tabular(
     publisher.finish().await
 }
 
+/// Refuses a file whose extension names another table format than the job's: the format is
+/// settled before the run (from `[input] format`, else the first file's extension), and a
+/// `b.parquet` beside `a.csv` would otherwise be read as CSV. A file whose extension names no
+/// format is read as the job's.
 fn check_format(key: &str, expected: TabularFormat) -> Result<(), TabularError> {
     match TabularFormat::of_key(key) {
-        Some(found) if found == expected => Ok(()),
-        Some(found) => Err(TabularError::MixedFormats {
+        Some(found) if found != expected => Err(TabularError::MixedFormats {
             key: key.to_owned(),
             found: found.as_str(),
             expected: expected.as_str(),
         }),
-        None => Err(TabularError::UnknownFormat {
-            key: key.to_owned(),
-        }),
+        _ => Ok(()),
     }
 }
 

@@ -250,3 +250,22 @@ fn a_format_the_extension_does_not_tell_is_refused_before_the_run() {
     assert_eq!(code(&job.run(&[])), 0);
     assert_eq!(job.output_lines().len(), 10);
 }
+
+/// A folder that mixes table formats is refused, naming the file, instead of reading a
+/// JSON Lines file as CSV.
+#[test]
+fn a_folder_mixing_formats_fails_naming_the_odd_file() {
+    let job = tabular_job(
+        "def run(frame):\n    return list(frame['id'])\n",
+        "",
+        "data",
+        "",
+    );
+    tabular::write_csv(&job.path("data/a.csv"), 0..10);
+    tabular::write_json_lines(&job.path("data/b.jsonl"), 10..20);
+    let out = job.run(&[]);
+    assert_ne!(code(&out), 0);
+    let result = job.log("job_result.txt");
+    assert!(result.contains("b.jsonl"), "{result}");
+    assert!(!job.path("out/parallel_run_step.txt").exists());
+}
