@@ -112,7 +112,7 @@ impl Slot {
         let spec = &ctx.spec;
         // The node's cache folder holds the staging folder and the working folders.
         let cache = self.config().staging_dir.parent().unwrap_or(Path::new("/"));
-        let working_dir = match super::workdir::make(cache, &ctx.id, &name, spec) {
+        let working_dir = match super::workdir::make(cache, &ctx.id, &node, &name, spec) {
             Ok(dir) => Some(dir.display().to_string()),
             Err(e) => {
                 warn!(job = %ctx.id, process = %name, error = %e, "Cannot make the runner's working folder; it starts in the worker's.");

@@ -429,7 +429,11 @@ impl FleetJobs {
             job.to_owned(),
             NodeJob {
                 _held: held,
-                work: agent::workdir::job_work_dir(&self.config.cache_dir, job),
+                work: agent::workdir::job_work_dir(
+                    &self.config.cache_dir,
+                    job,
+                    &self.config.node_id,
+                ),
             },
         );
         let input = open_input(&spec, &self.fleet.s3).await?;
