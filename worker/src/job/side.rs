@@ -292,13 +292,20 @@ fn list_local(path: &Path) -> Result<Listing, JobError> {
     }
     let mut files = Vec::new();
     let mut stack = vec![path.to_path_buf()];
+    // Folders already walked, by device and inode: a link back up (`ln -s .. up`) is not
+    // walked again, so a loop ends instead of listing forever.
+    let mut walked = std::collections::HashSet::from([(meta.dev(), meta.ino())]);
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).map_err(JobError::io(&dir))? {
             let entry = entry.map_err(JobError::io(&dir))?;
             let full = entry.path();
             let meta = std::fs::metadata(&full).map_err(JobError::io(&full))?;
             if meta.is_dir() {
-                stack.push(full);
+                if walked.insert((meta.dev(), meta.ino())) {
+                    stack.push(full);
+                } else {
+                    tracing::warn!(folder = %full.display(), "Skipping a link to a folder already listed.");
+                }
             } else if let Ok(rel) = full.strip_prefix(path) {
                 let rel = rel.to_string_lossy().into_owned();
                 files.push((rel, meta.len(), version(&meta)));
@@ -532,6 +539,18 @@ mod tests {
         assert_eq!(removed, [local.parent().unwrap().to_path_buf()]);
         assert!(new_local.exists());
         drop(held_changed);
+    }
+
+    #[test]
+    fn a_link_loop_in_a_side_input_folder_is_listed_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let side = dir.path().join("labels");
+        std::fs::create_dir_all(side.join("sub")).unwrap();
+        std::fs::write(side.join("sub/a.txt"), "a").unwrap();
+        std::os::unix::fs::symlink("..", side.join("sub/up")).unwrap();
+        let listing = list_local(&side).unwrap();
+        let names: Vec<&str> = listing.files.iter().map(|f| f.0.as_str()).collect();
+        assert_eq!(names, ["sub/a.txt"]);
     }
 
     #[test]
