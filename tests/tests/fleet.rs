@@ -33,6 +33,8 @@ struct Fleet {
     bucket: String,
     dir: tempfile::TempDir,
     workers: Vec<(String, Child)>,
+    /// Pools besides `pool` that the test's workers serve; their queues go with the fleet.
+    other_pools: Vec<String>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -61,6 +63,7 @@ impl Fleet {
             bucket: format!("fleet-{}", random_suffix()),
             dir: tempfile::tempdir().unwrap(),
             workers: Vec::new(),
+            other_pools: Vec::new(),
             runtime: tokio::runtime::Runtime::new().unwrap(),
         };
         std::fs::create_dir_all(fleet.path("code")).unwrap();
@@ -227,22 +230,24 @@ impl Drop for Fleet {
                 eprintln!("--- worker {node}\n{}", log.unwrap_or_default());
             }
         }
-        // Each test has a pool of its own: remove its queues (every quorum queue costs the
+        // Each test has pools of its own: remove their queues (every quorum queue costs the
         // broker upkeep).
-        let (url, pool) = (self.amqp_url.clone(), self.pool.clone());
-        let _ = self.runtime.block_on(async {
-            AmqpQueue::connect(
-                &url,
-                &pool,
-                QueueOptions {
-                    delivery_limit: Some(fleetrun_worker_delivery_limit()),
-                },
-                None,
-            )
-            .await?
-            .delete()
-            .await
-        });
+        let url = self.amqp_url.clone();
+        for pool in std::iter::once(&self.pool).chain(&self.other_pools) {
+            let _ = self.runtime.block_on(async {
+                AmqpQueue::connect(
+                    &url,
+                    pool,
+                    QueueOptions {
+                        delivery_limit: Some(fleetrun_worker_delivery_limit()),
+                    },
+                    None,
+                )
+                .await?
+                .delete()
+                .await
+            });
+        }
     }
 }
 
@@ -989,8 +994,15 @@ impl Fleet {
     /// A worker with default settings, as the README starts one: no node id, no cache
     /// folder; its scratch goes under this test's temp folder.
     fn default_worker(&mut self, name: &str) {
+        let pool = self.pool.clone();
+        self.default_worker_on(name, &pool);
+    }
+
+    /// A worker with default settings serving `pool`.
+    fn default_worker_on(&mut self, name: &str, pool: &str) {
         let mut cmd = Command::new(bin("fleetrun-worker"));
         self.env(&mut cmd);
+        cmd.env("FLEETRUN_POOL", pool);
         let tmp = self.path("tmp");
         std::fs::create_dir_all(&tmp).unwrap();
         let log = std::fs::File::create(self.path(&format!("{name}.log"))).unwrap();
@@ -1553,4 +1565,115 @@ fn node_count_nodes_serve_a_job_at_once_and_another_takes_a_dead_ones_place() {
         lines(&fleet.output("out/parallel_run_step.txt")),
         expected_lines(60, |_| false)
     );
+}
+
+/// A `fleetrun submit --wait` that is killed if the test ends before it does.
+struct Submitted(Child);
+
+impl Drop for Submitted {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs small default jobs (50 files: five mini-batches of the default ten) on the pools'
+/// workers: `one_by_one` jobs, each submitted when the one before ended, then `at_once` jobs
+/// together, spread over `pools` in turn. Every job completes with every line once, and each
+/// pool's queue holds nothing, unacknowledged or ready, once the pools are idle.
+fn small_default_jobs_all_finish(
+    fleet: &Fleet,
+    pools: &[String],
+    settings: &str,
+    one_by_one: usize,
+    at_once: usize,
+) {
+    fleet.inputs(50);
+    let bucket = &fleet.bucket;
+    let submit = |n: usize| {
+        let job = fleet.job(
+            settings,
+            &format!("s3://{bucket}/in"),
+            &format!("s3://{bucket}/out-{n}"),
+        );
+        let mut cmd = Command::new(bin("fleetrun"));
+        fleet.env(&mut cmd);
+        cmd.env("FLEETRUN_POOL", &pools[n % pools.len()])
+            .args(["submit", "--quiet", "--wait"])
+            .arg(job);
+        Submitted(cmd.spawn().unwrap())
+    };
+    let expected = expected_lines(50, |_| false);
+    let check = |n: usize, mut submitted: Submitted| {
+        let status = exit_within(&mut submitted.0, Duration::from_secs(90));
+        assert_eq!(status.code(), Some(0), "job {n} did not complete");
+        let out = fleet.output(&format!("out-{n}/parallel_run_step.txt"));
+        assert_eq!(lines(&out), expected, "job {n}");
+    };
+    for n in 0..one_by_one {
+        check(n, submit(n));
+    }
+    let together: Vec<_> = (one_by_one..one_by_one + at_once)
+        .map(|n| (n, submit(n)))
+        .collect();
+    for (n, submitted) in together {
+        check(n, submitted);
+    }
+    for pool in pools {
+        let queue = fleet.runtime.block_on(AmqpQueue::connect(
+            &fleet.amqp_url,
+            pool,
+            QueueOptions {
+                delivery_limit: Some(fleetrun_worker_delivery_limit()),
+            },
+            fleet.management_url.as_deref(),
+        ));
+        let queue = queue.unwrap();
+        let mut last = None;
+        wait_for(
+            "the idle pool's queue to empty",
+            Duration::from_secs(60),
+            || {
+                let depth = fleet.runtime.block_on(queue.depth()).unwrap();
+                last = Some(depth);
+                depth.unacked == 0 && depth.ready == 0
+            },
+        );
+    }
+}
+
+/// Three default workers, small default jobs: no slot holds a mini-batch it does not run.
+#[test]
+fn small_default_jobs_on_three_default_workers_all_finish() {
+    let mut fleet = Fleet::new(ECHO);
+    for name in ["a", "b", "c"] {
+        fleet.default_worker(name);
+    }
+    let pools = [fleet.pool.clone()];
+    small_default_jobs_all_finish(&fleet, &pools, "", 20, 10);
+}
+
+/// The same with each job on two nodes of three.
+#[test]
+fn small_jobs_on_two_nodes_of_three_default_workers_all_finish() {
+    let mut fleet = Fleet::new(ECHO);
+    for name in ["a", "b", "c"] {
+        fleet.default_worker(name);
+    }
+    let pools = [fleet.pool.clone()];
+    small_default_jobs_all_finish(&fleet, &pools, "node_count = 2", 10, 10);
+}
+
+/// The same over two pools served by default workers on one host.
+#[test]
+fn small_default_jobs_on_two_pools_all_finish() {
+    let mut fleet = Fleet::new(ECHO);
+    let other = format!("{}-b", fleet.pool);
+    fleet.other_pools.push(other.clone());
+    fleet.default_worker("a");
+    fleet.default_worker("b");
+    fleet.default_worker_on("c", &other);
+    fleet.default_worker_on("d", &other);
+    let pools = [fleet.pool.clone(), other];
+    small_default_jobs_all_finish(&fleet, &pools, "", 10, 10);
 }

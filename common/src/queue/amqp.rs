@@ -21,10 +21,12 @@
 //!   [`Delivery::dead_reason`] reads `x-first-death-reason` (or the first `x-death` entry).
 //! - A dead letter's [`Delivery::attempt`] counts deliveries from the dead-letter queue only:
 //!   RabbitMQ does not carry the mini-batch queue's `x-delivery-count` over.
-//! - Each consumer has its own channel and takes a message from the broker only while
-//!   [`Consumer::next`] waits (one subscription per call): nothing is prefetched into an idle
-//!   consumer, so stopping one costs no attempts but for the deliveries it handed out.
-//!   The channel closes once the consumer and its deliveries are gone.
+//! - Each consumer has its own channel and one subscription, opened by the first
+//!   [`Consumer::next`]; the broker pushes up to `prefetch` unsettled messages to it whether or
+//!   not `next` is called. [`Consumer::pause`] cancels the subscription (`basic.cancel`) and
+//!   gives back untried what was pushed and not handed out, so a paused consumer holds
+//!   nothing; the next `next` subscribes again. A consumer dropped unpaused costs what it
+//!   held one attempt. The channel closes once the consumer and its deliveries are gone.
 //! - The connection recovers by itself (`enable_auto_recover`): consumers, QoS and confirm
 //!   mode are replayed and unsettled messages come back with one more attempt, while the old
 //!   deliveries' settlements return `Ok(false)`. A channel the broker closes (a consumer
@@ -48,9 +50,10 @@ use bytes::Bytes;
 use futures::StreamExt;
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
-    BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
-    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
+    BasicPublishOptions, BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions,
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
@@ -295,6 +298,10 @@ impl AmqpQueue {
         }))
     }
 }
+
+/// How long a pausing consumer waits for the end of its cancelled subscription (the broker's
+/// cancel-ok has already arrived behind the last message; this bounds a broken connection).
+const GIVE_BACK_PATIENCE: Duration = Duration::from_secs(5);
 
 /// The broker pushes at most `prefetch` unsettled messages to a consumer.
 async fn consumer_qos(channel: &Channel, prefetch: u16) -> lapin::Result<()> {
@@ -763,12 +770,8 @@ impl AmqpConsumer {
         delivery: AmqpDelivery,
         permit: OwnedSemaphorePermit,
     ) -> Delivery {
+        let attempt = attempt(&delivery);
         let headers = delivery.properties.headers().as_ref();
-        let count = |name| headers.and_then(|h| h.inner().get(name)).and_then(as_count);
-        let attempt = count(names::DELIVERY_COUNT)
-            .unwrap_or(0)
-            .saturating_add(1)
-            .saturating_add(count(names::ATTEMPTS_SPENT).unwrap_or(0));
         let dead_reason = if self.dead_letters {
             headers.and_then(dead_reason)
         } else {
@@ -786,6 +789,43 @@ impl AmqpConsumer {
             _permit: permit,
         };
         Delivery::new(body, attempt, dead_reason, Box::new(acker))
+    }
+}
+
+/// The delivery's attempt: its `x-delivery-count` plus one, plus the attempts it carries.
+fn attempt(delivery: &AmqpDelivery) -> u32 {
+    let headers = delivery.properties.headers().as_ref();
+    let count = |name| headers.and_then(|h| h.inner().get(name)).and_then(as_count);
+    count(names::DELIVERY_COUNT)
+        .unwrap_or(0)
+        .saturating_add(1)
+        .saturating_add(count(names::ATTEMPTS_SPENT).unwrap_or(0))
+}
+
+/// Gives a message back untried: a copy carrying the attempts spent is published, then the
+/// delivery is acknowledged, since a requeue would count one more delivery. Should the ack be
+/// lost, the broker returns the original too; the ledger counts whichever copy finishes
+/// first. A dead letter (which counts toward no limit) is simply put back.
+async fn give_back(
+    shared: &Shared,
+    acker: &lapin::Acker,
+    body: &[u8],
+    attempt: u32,
+    dead_letter: bool,
+) -> lapin::Result<bool> {
+    let requeue = BasicNackOptions {
+        requeue: true,
+        multiple: false,
+    };
+    if dead_letter {
+        return acker.nack(requeue).await;
+    }
+    match shared.publish(body, attempt - 1).await {
+        Ok(()) => acker.ack(BasicAckOptions { multiple: false }).await,
+        Err(e) => {
+            warn!(error = %e, "Cannot give a message back untried; requeueing it.");
+            acker.nack(requeue).await
+        }
     }
 }
 
@@ -868,6 +908,52 @@ impl Consumer for AmqpConsumer {
             )));
         }
     }
+
+    async fn pause(&mut self) -> Result<(), QueueError> {
+        let Some(mut subscription) = self.subscription.take() else {
+            return Ok(());
+        };
+        let mut pushed: Vec<AmqpDelivery> = self.received.take().into_iter().collect();
+        let Some(channel) = self.channel.clone() else {
+            return Ok(());
+        };
+        let tag = subscription.tag();
+        if let Err(e) = channel
+            .basic_cancel(tag, BasicCancelOptions::default())
+            .await
+        {
+            // The channel is failing: what it holds returns to the queue when it closes.
+            self.failed();
+            return Err(QueueError::Backend(format!(
+                "stop consuming from {}: {e}",
+                self.queue
+            )));
+        }
+        // The broker's cancel-ok follows every message it pushed, and the subscription ends
+        // behind them: what it yields now is all this consumer holds.
+        while let Ok(Some(Ok(delivery))) =
+            tokio::time::timeout(GIVE_BACK_PATIENCE, subscription.next()).await
+        {
+            pushed.push(delivery);
+        }
+        let given = pushed.len();
+        for delivery in pushed.into_iter().filter(|d| d.acker.usable()) {
+            let attempt = attempt(&delivery);
+            give_back(
+                &self.shared,
+                &delivery.acker,
+                &delivery.data,
+                attempt,
+                self.dead_letters,
+            )
+            .await
+            .map_err(backend("give back a message untried"))?;
+        }
+        if given > 0 {
+            debug!(queue = %self.queue, messages = given, "Consumer paused; what it held went back untried.");
+        }
+        Ok(())
+    }
 }
 
 /// Settles one delivery on its consumer's channel, which it keeps open until then.
@@ -897,20 +983,11 @@ impl Acker for AmqpAcker {
         };
         let sent = match (disposition, self.dead_letter) {
             (Disposition::Ack, _) => acker.ack(BasicAckOptions { multiple: false }).await,
-            // A requeue counts a delivery: a copy carrying the attempts goes back instead,
-            // then this one is acknowledged. Should the ack be lost, the broker returns the
-            // original too; the ledger counts whichever copy finishes first.
-            (Disposition::Return, false) => {
-                match self.shared.publish(&self.body, self.attempt - 1).await {
-                    Ok(()) => acker.ack(BasicAckOptions { multiple: false }).await,
-                    Err(e) => {
-                        warn!(error = %e, "Cannot give a message back untried; requeueing it.");
-                        acker.nack(requeue).await
-                    }
-                }
+            (Disposition::Return, dead_letter) => {
+                give_back(&self.shared, acker, &self.body, self.attempt, dead_letter).await
             }
             // The dead-letter queue counts toward no limit: anything but an ack puts it back.
-            (Disposition::Requeue | Disposition::Return, _) | (Disposition::DeadLetter, true) => {
+            (Disposition::Requeue, _) | (Disposition::DeadLetter, true) => {
                 acker.nack(requeue).await
             }
             (Disposition::DeadLetter, false) => {

@@ -219,6 +219,11 @@ impl Consumer for MemoryConsumer {
         };
         Ok(Delivery::new(body, attempt, dead_reason, Box::new(acker)))
     }
+
+    async fn pause(&mut self) -> Result<(), QueueError> {
+        // A message is taken only inside `next`: a consumer between calls holds nothing.
+        Ok(())
+    }
 }
 
 struct MemoryAcker {

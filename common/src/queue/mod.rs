@@ -2,7 +2,7 @@
 //!
 //! Semantics every implementation keeps (and [`crate::testing::queue`] checks):
 //! - a message is delivered to one consumer at a time; a consumer holds at most `prefetch`
-//!   unsettled deliveries;
+//!   unsettled deliveries, and none it has not handed out once it is paused;
 //! - [`Delivery::attempt`] is 1 on the first delivery and grows by one on every return,
 //!   including a delivery dropped unsettled (a consumer that died);
 //! - with a delivery limit `L`, a message is delivered at most `L + 1` times; the next return
@@ -62,6 +62,12 @@ pub trait Queue: Send + Sync {
 pub trait Consumer: Send {
     /// Waits for the next delivery.
     async fn next(&mut self) -> Result<Delivery, QueueError>;
+    /// Stops taking messages until the next call to [`Consumer::next`]: whatever the queue
+    /// pushed to this consumer that `next` has not handed out goes back untried, as a
+    /// [`Disposition::Return`] does (no attempt spent). Deliveries already handed out are
+    /// unaffected and are settled as usual. A consumer that will not run work for a while
+    /// pauses, so that it holds nothing another consumer could run.
+    async fn pause(&mut self) -> Result<(), QueueError>;
 }
 
 /// What becomes of a delivery. Decided in one place by the caller, never defaulted.

@@ -20,7 +20,8 @@ macro_rules! queue_conformance {
             publish_then_consume_in_order, first_delivery_is_attempt_one,
             requeue_counts_an_attempt, return_costs_no_attempt, dropped_delivery_comes_back,
             delivery_limit_dead_letters, dead_letter_disposition_is_immediate,
-            prefetch_bounds_unsettled, depth_counts_ready_and_unacked);
+            prefetch_bounds_unsettled, pause_gives_back_what_was_not_handed_out,
+            depth_counts_ready_and_unacked);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -223,6 +224,43 @@ where
     let third = next(&mut c).await;
     b.settle(Disposition::Ack).await.unwrap();
     third.settle(Disposition::Ack).await.unwrap();
+}
+
+/// A paused consumer holds nothing it did not hand out: what the queue pushed to it goes to
+/// another consumer as the same attempt, and the paused one takes work again on `next`.
+pub async fn pause_gives_back_what_was_not_handed_out<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions::default()).await;
+    for i in 0..3u8 {
+        q.publish(vec![i]).await.unwrap();
+    }
+    let mut paused = q.consume(3).await.unwrap();
+    let first = next(&mut paused).await;
+    paused.pause().await.unwrap();
+    let mut other = q.consume(3).await.unwrap();
+    let mut taken = Vec::new();
+    for _ in 0..2 {
+        let d = next(&mut other).await;
+        assert_eq!(
+            d.attempt, 1,
+            "a message given back by a pause costs no attempt"
+        );
+        taken.push(d.body[0]);
+        d.settle(Disposition::Ack).await.unwrap();
+    }
+    taken.sort_unstable();
+    assert_eq!(taken, [1, 2]);
+    // What was handed out before the pause is settled as usual.
+    first.settle(Disposition::Ack).await.unwrap();
+    drop(other);
+    q.publish(vec![3]).await.unwrap();
+    let d = next(&mut paused).await;
+    assert_eq!((d.body[0], d.attempt), (3, 1));
+    d.settle(Disposition::Ack).await.unwrap();
+    wait_depth(&*q, |ready, unacked| ready == 0 && unacked == 0).await;
 }
 
 pub async fn depth_counts_ready_and_unacked<F, Fut>(make: F)

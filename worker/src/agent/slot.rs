@@ -79,7 +79,9 @@ impl Slot {
                 continue;
             }
             if self.index >= self.shared.wanted.slots() {
-                // No job this node serves wants this many runners: take no work.
+                // No job this node serves wants this many runners: take no work, and hold
+                // none either, or what the broker pushed here would wait for another job.
+                pause(self.index, &mut consumer).await;
                 if let Some(active) = self.runner.take() {
                     let status = active.process.shutdown().await;
                     debug!(process = %active.name, code = returncode(&status), "Runner stopped: its slot takes no work now.");
@@ -135,6 +137,10 @@ impl Slot {
                     }
                 }
             }
+        }
+        if !abort.is_cancelled() {
+            // Draining: what was pushed here and not started goes to other nodes untried.
+            pause(self.index, &mut consumer).await;
         }
         // Settle what is being finished before stopping: nothing is left unacknowledged.
         while self.finishing.join_next().await.is_some() {}
@@ -258,6 +264,13 @@ impl Slot {
             }
         };
         settle(self.index, delivery, disposition).await;
+    }
+}
+
+/// Stops the slot's consumer holding work it does not run (see [`Consumer::pause`]).
+async fn pause(slot: usize, consumer: &mut Box<dyn Consumer>) {
+    if let Err(e) = consumer.pause().await {
+        warn!(slot, error = %e, "Cannot give back what the slot's consumer holds; it returns when the channel closes.");
     }
 }
 
