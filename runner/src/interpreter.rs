@@ -195,8 +195,10 @@ fn activate(venv: &Path) {
     }
 }
 
-/// `Py_InitializeFromConfig` with the Python (not isolated) defaults, minus signal handlers
-/// and argv parsing.
+/// `Py_InitializeFromConfig` with the Python (not isolated) defaults, minus argv parsing:
+/// CPython installs its signal handlers as `python3` does (SIGINT raises `KeyboardInterrupt`
+/// in the main thread, which is the only thread the runner runs Python on; SIGPIPE and
+/// SIGXFSZ are ignored, and reset to their defaults in the script's subprocesses).
 ///
 /// # Safety
 /// Must be called once, before any other Python API call.
@@ -207,7 +209,7 @@ unsafe fn initialize(executable: Option<&CStr>) -> Result<(), InterpreterError> 
     // cleared once; the string setters copy their argument.
     unsafe {
         ffi::PyConfig_InitPythonConfig(cfg);
-        (*cfg).install_signal_handlers = 0;
+        (*cfg).install_signal_handlers = 1;
         (*cfg).parse_argv = 0;
         let mut status = ffi::PyStatus_Ok();
         if let Some(exe) = executable {

@@ -96,13 +96,28 @@ pub fn exit(code: i32) -> ! {
     }
 }
 
-/// Before anything Python: ignore SIGINT (so `import signal` leaves it alone and a Ctrl-C on
-/// the user's terminal never raises `KeyboardInterrupt` inside `run()`; the agent stops
-/// runners itself) and die with the agent.
+/// Before anything Python: give the script the signal dispositions `python3` starts with, and
+/// die with the agent.
+///
+/// Rust's runtime catches SIGSEGV and SIGBUS (to report a stack overflow) and returns from a
+/// signal that was sent rather than caused by a fault, so a script's `os.kill(os.getpid(),
+/// SIGSEGV)` would be swallowed once: the fault signals go back to their defaults, and a
+/// crash crashes. SIGINT is left at its default so that CPython installs its own handler
+/// (`KeyboardInterrupt`) at start-up, as it does for `python3`, along with ignoring SIGPIPE
+/// and SIGXFSZ (see `interpreter`). A Ctrl-C on the user's terminal does not reach a runner:
+/// each leads a process group of its own, and the agent stops runners itself.
 fn prepare_process() {
-    // SAFETY: setting a signal disposition and a process attribute; no Rust state involved.
+    // SAFETY: setting signal dispositions and a process attribute; no Rust state involved.
     unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        for signal in [
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGFPE,
+            libc::SIGILL,
+            libc::SIGINT,
+        ] {
+            libc::signal(signal, libc::SIG_DFL);
+        }
         libc::prctl(
             libc::PR_SET_PDEATHSIG,
             libc::SIGKILL as libc::c_ulong,

@@ -741,26 +741,90 @@ fn timing_measures_wall_and_cpu_time_in_run() {
     );
 }
 
+/// What a script learns of its signal dispositions, as one line.
+const DISPOSITIONS: &str = r#"
+import signal
+
+def dispositions():
+    names = ["SIGINT", "SIGPIPE", "SIGXFSZ", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGTERM"]
+    return " ".join(f"{n}={signal.getsignal(getattr(signal, n))!r}" for n in names)
+"#;
+
 #[test]
-fn sigint_is_ignored_and_python_leaves_it_alone() {
+fn signal_dispositions_are_those_of_python3() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        &format!(
+            "{DISPOSITIONS}
+def run(mini_batch):
+    return [dispositions()]
+"
+        ),
+    );
+    let python = format!("{}/bin/python3", build_python_prefix());
+    let plain = Command::new(&python)
+        .arg("-c")
+        .arg(format!(
+            "{DISPOSITIONS}
+print(dispositions())"
+        ))
+        .output()
+        .unwrap();
+    assert!(plain.status.success(), "{plain:?}");
+    let expected = String::from_utf8(plain.stdout).unwrap().trim().to_owned();
+    assert!(expected.contains("default_int_handler"), "{expected}");
+    let (mut runner, _) = job.ready(&job.params(&script));
+    assert_eq!(runner.rows(&["a"]), [expected]);
+}
+
+#[test]
+fn a_script_that_sends_itself_sigsegv_dies_of_it_the_first_time() {
     let job = Job::new();
     let script = job.write(
         "score.py",
         r#"
-        import signal
+        import os, signal
 
         def run(mini_batch):
-            return [str(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)]
+            os.kill(os.getpid(), signal.SIGSEGV)
+            return mini_batch
         "#,
     );
     let (mut runner, _) = job.ready(&job.params(&script));
-    assert_eq!(runner.rows(&["a"]), strings(&["True"]));
-    // SAFETY: signalling our own child.
-    assert_eq!(
-        unsafe { libc::kill(runner.child.id() as i32, libc::SIGINT) },
-        0
+    let channel = runner.channel.as_mut().unwrap();
+    write_frame(
+        channel,
+        &Request::Run {
+            mini_batch: 1,
+            items: vec![PathBuf::from("a")],
+            context: Default::default(),
+            tables: Vec::new(),
+        },
+    )
+    .unwrap();
+    // No reply: the process is gone, killed by the signal.
+    assert!(read_frame::<_, Reply>(channel).unwrap().is_none());
+    let status = runner.wait();
+    assert_eq!(status.signal(), Some(libc::SIGSEGV), "{status:?}");
+}
+
+#[test]
+fn sigint_raises_keyboard_interrupt_in_run_as_under_python3() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        import os, signal
+
+        def run(mini_batch):
+            os.kill(os.getpid(), signal.SIGINT)
+            return mini_batch
+        "#,
     );
-    assert_eq!(runner.rows(&["a"]), strings(&["True"]));
+    let (mut runner, _) = job.ready(&job.params(&script));
+    assert_eq!(runner.failure(&["a"]).message, "KeyboardInterrupt");
+    assert!(runner.shutdown().success());
 }
 
 #[test]

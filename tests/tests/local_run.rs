@@ -274,6 +274,37 @@ def run(mini_batch):
     );
 }
 
+/// A script that sends itself SIGSEGV dies of it, as under `python3`: the attempt fails as a
+/// dead process the first time, and the other mini-batches go on.
+#[test]
+fn sigsegv_in_run_fails_the_attempt_as_a_dead_process_the_first_time() {
+    let script = r#"
+import os, signal
+def run(mini_batch):
+    if any(p.endswith("f0002.txt") for p in mini_batch):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return [open(p).read() for p in mini_batch]
+"#;
+    let job = JobDir::new(
+        script,
+        "mini_batch_size = 1\nrun_max_try = 1\nerror_threshold = -1\nprocess_count_per_node = 1",
+    );
+    job.inputs(5);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0);
+    assert_eq!(job.output_lines(), expected_lines(5, |i| i == 2));
+    let report = job.log("sys/job_report/processed_mini-batches.csv");
+    assert!(
+        report.lines().any(|l| l.starts_with("2,1,died,")),
+        "{report}"
+    );
+    let failed = job.log("failed_items.csv");
+    assert!(
+        failed.contains("f0002.txt") && failed.contains("returncode -11"),
+        "{failed}"
+    );
+}
+
 #[test]
 fn sys_exit_in_run_fails_the_attempt_not_the_runner() {
     let script = r#"
