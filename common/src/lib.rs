@@ -21,6 +21,7 @@
 pub mod ledger;
 pub mod protocol;
 pub mod queue;
+pub mod report;
 pub mod storage;
 pub mod testing;
 pub mod wire;

@@ -5,6 +5,7 @@
 //! seals the total; workers do the rest, and the one that records the last mini-batch
 //! finalizes the output. `--wait` follows the ledger until the job ends.
 
+use futures::StreamExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -42,12 +43,80 @@ pub enum FleetError {
     /// refused before the job is registered.
     #[error("{0}")]
     Refused(String),
+    /// The input lists no item: most often a misspelled folder or prefix, so the job is
+    /// refused unless an empty input was asked for ([`EmptyInput::Accept`]).
+    #[error(
+        "{field}: {location} lists no {what}; check the path, or pass --allow-empty-input to run the job on an empty input"
+    )]
+    EmptyInput {
+        field: &'static str,
+        location: String,
+        what: &'static str,
+    },
     #[error(transparent)]
     Ledger(#[from] LedgerError),
     #[error(transparent)]
     Storage(#[from] StorageError),
     #[error(transparent)]
     Job(#[from] JobError),
+}
+
+impl FleetError {
+    /// A mistake in what was asked (exit 2), as opposed to a fault of the fleet's services.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            FleetError::Conflict { .. }
+            | FleetError::Refused(_)
+            | FleetError::EmptyInput { .. } => true,
+            FleetError::Storage(e) | FleetError::Job(JobError::Storage(e)) => {
+                matches!(e, StorageError::NoBucket { .. })
+            }
+            _ => false,
+        }
+    }
+}
+
+/// What to do with an input that lists no item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmptyInput {
+    /// Refuse the job ([`FleetError::EmptyInput`]): the usual sign of a wrong path.
+    Refuse,
+    /// Run it: it completes at once with an empty output.
+    Accept,
+}
+
+/// Refuses a job whose input lists no item, unless `empty` accepts it. Reads the first item
+/// of the listing only.
+pub async fn check_input(
+    spec: &JobSpec,
+    s3: &fleetrun_common::storage::s3::S3Settings,
+    empty: EmptyInput,
+) -> Result<(), FleetError> {
+    if empty == EmptyInput::Accept {
+        return Ok(());
+    }
+    let input = job::open_input(spec, s3).await?;
+    let (field, what, one) = match &spec.input {
+        fleetrun_config::Input::Files(_) => ("input.files", "file", None),
+        fleetrun_config::Input::Tabular(tabular) => (
+            "input.tabular",
+            "table file",
+            job::tabular_root(&tabular.location).1,
+        ),
+    };
+    let first = input
+        .list_keys(one.as_deref().unwrap_or(""))
+        .next()
+        .await
+        .transpose()?;
+    match first {
+        Some(_) => Ok(()),
+        None => Err(FleetError::EmptyInput {
+            field,
+            location: spec.input.location().to_string(),
+            what,
+        }),
+    }
 }
 
 /// A registered job: new, or one the same id already named (`attached`).
@@ -82,8 +151,10 @@ pub async fn submit(
     spec: JobSpec,
     fleet: &Fleet,
     job_id: Option<&str>,
+    empty: EmptyInput,
     on_id: impl FnOnce(&str),
 ) -> Result<Submitted, FleetError> {
+    check_input(&spec, &fleet.s3, empty).await?;
     let registered = register(spec, fleet, job_id).await?;
     on_id(&registered.job);
     let produced = Arc::new(Produced::default());
@@ -95,7 +166,8 @@ pub async fn submit(
     })
 }
 
-/// Enters the job in the ledger and the registry (see [`submit`] for `job_id`).
+/// Enters the job in the ledger and the registry (see [`submit`] for `job_id`); the input
+/// is taken as [`check_input`] left it.
 pub async fn register(
     spec: JobSpec,
     fleet: &Fleet,

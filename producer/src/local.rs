@@ -57,6 +57,8 @@ pub struct RunOptions {
     pub processes: Option<usize>,
     /// Show progress on the terminal.
     pub progress: bool,
+    /// Whether an input that lists no item is run (else refused).
+    pub empty_input: Option<fleet_cmd::EmptyInput>,
 }
 
 /// A stop asked from outside the run (Ctrl-C, SIGTERM): the job is canceled, its result
@@ -160,6 +162,10 @@ pub async fn run_local(
     // Before the output folder is claimed: a tabular input whose format cannot be told is
     // refused as the job file is.
     fleet_cmd::settle_tabular_format(&mut spec, &S3Settings::default())
+        .await
+        .map_err(|e| RunError::Setup(e.to_string()))?;
+    let empty = options.empty_input.unwrap_or(fleet_cmd::EmptyInput::Refuse);
+    fleet_cmd::check_input(&spec, &S3Settings::default(), empty)
         .await
         .map_err(|e| RunError::Setup(e.to_string()))?;
     let runner_exe = find_runner_exe().map_err(RunError::Runner)?;

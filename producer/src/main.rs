@@ -6,8 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use fleetrun_common::ledger::JobState;
+use fleetrun_common::report::one_line;
 use fleetrun_producer::exit;
-use fleetrun_producer::fleet::{self as fleet_cmd, FleetError};
+use fleetrun_producer::fleet::{self as fleet_cmd, EmptyInput, FleetError};
 use fleetrun_producer::local::{Interrupt, JobReport, RunError, RunOptions, run_local};
 use fleetrun_worker::job::{Fleet, FleetArgs};
 use tokio::signal::unix::{SignalKind, signal};
@@ -56,6 +57,9 @@ enum Command {
         /// No progress display.
         #[arg(long, short)]
         quiet: bool,
+        /// Run the job even if its input lists no item (else refused: exit 2).
+        #[arg(long)]
+        allow_empty_input: bool,
     },
     /// Submit a job to a fleet (RabbitMQ + Redis + S3); prints its id.
     Submit {
@@ -75,6 +79,9 @@ enum Command {
         /// No progress display while waiting.
         #[arg(long, short)]
         quiet: bool,
+        /// Submit the job even if its input lists no item (else refused: exit 2).
+        #[arg(long)]
+        allow_empty_input: bool,
         #[command(flatten)]
         fleet: FleetArgs,
     },
@@ -104,15 +111,24 @@ fn main() -> ExitCode {
             overrides,
             processes,
             quiet,
-        } => run(job, overrides, processes, quiet),
+            allow_empty_input,
+        } => run(
+            job,
+            overrides,
+            processes,
+            quiet,
+            empty_input(allow_empty_input),
+        ),
         Command::Submit {
             job,
             overrides,
             wait,
             job_id,
             quiet,
+            allow_empty_input,
             fleet,
         } => {
+            let empty = empty_input(allow_empty_input);
             let spec = match fleetrun_config::load(&job, &overrides) {
                 Ok(spec) => spec,
                 Err(e) => {
@@ -121,7 +137,7 @@ fn main() -> ExitCode {
                 }
             };
             on_fleet(fleet, |fleet, interrupt| async move {
-                submit(spec, fleet, job_id, wait, !quiet, interrupt).await
+                submit(spec, fleet, job_id, empty, wait, !quiet, interrupt).await
             })
         }
         Command::Status { job, watch, fleet } => on_fleet(fleet, |fleet, interrupt| async move {
@@ -135,9 +151,19 @@ fn main() -> ExitCode {
     }
 }
 
+fn empty_input(allow: bool) -> EmptyInput {
+    if allow {
+        EmptyInput::Accept
+    } else {
+        EmptyInput::Refuse
+    }
+}
+
 fn init_tracing() {
     use tracing_subscriber::{EnvFilter, fmt};
-    let filter = EnvFilter::try_from_env("FLEETRUN_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let filter = EnvFilter::try_from_env("FLEETRUN_LOG")
+        // lapin logs the broker's errors in its own Debug form; fleetrun says what they mean.
+        .unwrap_or_else(|_| EnvFilter::new("warn,lapin=off"));
     // Colour for a person at a terminal only, and never under NO_COLOR (no-color.org).
     let ansi =
         io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
@@ -149,7 +175,13 @@ fn init_tracing() {
         .init();
 }
 
-fn run(job: PathBuf, overrides: Vec<String>, processes: Option<usize>, quiet: bool) -> ExitCode {
+fn run(
+    job: PathBuf,
+    overrides: Vec<String>,
+    processes: Option<usize>,
+    quiet: bool,
+    empty: EmptyInput,
+) -> ExitCode {
     let spec = match fleetrun_config::load(&job, &overrides) {
         Ok(spec) => spec,
         Err(e) => {
@@ -171,6 +203,7 @@ fn run(job: PathBuf, overrides: Vec<String>, processes: Option<usize>, quiet: bo
             RunOptions {
                 processes,
                 progress: !quiet,
+                empty_input: Some(empty),
             },
             interrupt,
         )
@@ -185,12 +218,16 @@ fn run(job: PathBuf, overrides: Vec<String>, processes: Option<usize>, quiet: bo
             eprintln!("error: {}: {e}", job.display());
             ExitCode::from(exit::REFUSED)
         }
+        Ok(Err(RunError::Fleet(e))) if e.is_refusal() => {
+            eprintln!("error: {}: {e}", job.display());
+            ExitCode::from(exit::REFUSED)
+        }
         Ok(Err(e)) => {
-            eprintln!("error: {:#}", anyhow::Error::from(e));
+            eprintln!("error: {}", one_line(&e));
             ExitCode::from(exit::ERROR)
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(e.as_ref()));
             ExitCode::from(exit::ERROR)
         }
     }
@@ -254,7 +291,7 @@ where
         command(fleet, on_signals()?).await
     });
     result.unwrap_or_else(|e: anyhow::Error| {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", one_line(e.as_ref()));
         ExitCode::from(exit::ERROR)
     })
 }
@@ -263,18 +300,19 @@ async fn submit(
     spec: fleetrun_config::JobSpec,
     fleet: Fleet,
     job_id: Option<String>,
+    empty: EmptyInput,
     wait: bool,
     progress: bool,
     interrupt: Interrupt,
 ) -> anyhow::Result<ExitCode> {
     let output = fleet_cmd::output_file(&spec);
-    let submitted = match fleet_cmd::submit(spec, &fleet, job_id.as_deref(), |id| {
+    let submitted = match fleet_cmd::submit(spec, &fleet, job_id.as_deref(), empty, |id| {
         say!("{id}");
     })
     .await
     {
         Ok(submitted) => submitted,
-        Err(e @ (FleetError::Conflict { .. } | FleetError::Refused(_))) => {
+        Err(e) if e.is_refusal() => {
             eprintln!("error: {e}");
             return Ok(ExitCode::from(exit::REFUSED));
         }

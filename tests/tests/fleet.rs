@@ -1677,3 +1677,86 @@ fn small_default_jobs_on_two_pools_all_finish() {
     let pools = [fleet.pool.clone(), other];
     small_default_jobs_all_finish(&fleet, &pools, "", 10, 10);
 }
+
+/// Mistakes in where the data is are said before anything is submitted: an empty prefix and
+/// a bucket that does not exist each give exit 2 and one line naming the location.
+#[test]
+fn an_empty_input_and_a_missing_bucket_are_refused_in_one_line() {
+    let fleet = Fleet::new(ECHO);
+    fleet.inputs(1);
+    let bucket = &fleet.bucket;
+    let cases = [
+        (
+            fleet.job(
+                "",
+                &format!("s3://{bucket}/nothing-here"),
+                &format!("s3://{bucket}/out"),
+            ),
+            format!("input.files: s3://{bucket}/nothing-here lists no file"),
+        ),
+        (
+            fleet.job(
+                "",
+                "s3://fleetrun-no-such-bucket/in",
+                &format!("s3://{bucket}/out"),
+            ),
+            "s3://fleetrun-no-such-bucket: no such bucket".to_owned(),
+        ),
+        (
+            fleet.job(
+                "",
+                &format!("s3://{bucket}/in"),
+                "s3://fleetrun-no-such-bucket/out",
+            ),
+            "s3://fleetrun-no-such-bucket: no such bucket".to_owned(),
+        ),
+    ];
+    for (job, said) in cases {
+        let out = fleet.submit(&job, &[]);
+        assert_eq!(code(&out), 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{stderr}");
+        assert!(lines[0].starts_with(&format!("error: {said}")), "{stderr}");
+    }
+}
+
+/// A broker or ledger that cannot be reached, or refuses the password, is said in one line
+/// naming the service, with its password hidden.
+#[test]
+fn unreachable_services_are_said_once_without_their_password() {
+    let fleet = Fleet::new(ECHO);
+    fleet.inputs(1);
+    let job = fleet.s3_job("");
+    let mut wrong_password = reqwest::Url::parse(&fleet.amqp_url).unwrap();
+    wrong_password.set_password(Some("hunter2-amqp")).unwrap();
+    let cases = [
+        (
+            "FLEETRUN_AMQP_URL",
+            wrong_password.to_string(),
+            "RabbitMQ at amqp://",
+        ),
+        (
+            "FLEETRUN_AMQP_URL",
+            "amqp://guest:hunter2-amqp@127.0.0.1:1/%2f".to_owned(),
+            "RabbitMQ at amqp://guest:***@127.0.0.1:1/",
+        ),
+        (
+            "FLEETRUN_REDIS_URL",
+            "redis://:hunter2-redis@127.0.0.1:1/".to_owned(),
+            "Redis at redis://:***@127.0.0.1:1/",
+        ),
+    ];
+    for (var, url, said) in cases {
+        let mut cmd = Command::new(bin("fleetrun"));
+        fleet.env(&mut cmd);
+        cmd.env(var, &url).args(["submit", "--quiet"]).arg(&job);
+        let out = fleetrun_tests::output_within(&mut cmd, Duration::from_secs(120));
+        assert_eq!(code(&out), 1);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{stderr}");
+        assert!(lines[0].starts_with(&format!("error: {said}")), "{stderr}");
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+    }
+}

@@ -83,10 +83,23 @@ fn same_input_gives_the_same_file_byte_for_byte() {
     assert_eq!(first, second);
 }
 
+/// An input that lists no file is most often a wrong path: refused in one line naming it,
+/// before anything is written; asked for, it completes with an empty output file.
 #[test]
-fn empty_input_completes_with_an_empty_output_file() {
+fn empty_input_is_refused_unless_asked_for() {
     let job = JobDir::new(ECHO, "");
     let out = job.run(&[]);
+    assert_eq!(code(&out), 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let data = job.path("data");
+    assert!(
+        stderr.contains(&format!("input.files: {} lists no file", data.display())),
+        "{stderr}"
+    );
+    assert!(!job.path("out").exists());
+
+    let out = job.run(&["--allow-empty-input"]);
     assert_eq!(code(&out), 0);
     assert_eq!(
         std::fs::read(job.path("out/parallel_run_step.txt")).unwrap(),

@@ -153,17 +153,18 @@ async fn path_style_works_with_a_host_name_endpoint() {
 }
 
 #[tokio::test]
-async fn a_missing_bucket_is_a_backend_error_not_a_missing_object() {
-    let s = S3Storage::new(&bucket_name(), "", &settings())
-        .await
-        .unwrap();
+async fn a_missing_bucket_is_said_as_such_not_as_a_missing_object() {
+    let bucket = bucket_name();
+    let s = S3Storage::new(&bucket, "", &settings()).await.unwrap();
     match s.get("k").await {
-        Err(StorageError::Backend(msg)) => assert!(msg.contains("NoSuchBucket"), "{msg}"),
+        Err(e @ StorageError::NoBucket { .. }) => {
+            assert_eq!(e.to_string(), format!("s3://{bucket}: no such bucket"))
+        }
         other => panic!("{other:?}"),
     }
     let listed: Vec<_> = s.list("").collect().await;
     assert!(
-        matches!(listed[..], [Err(StorageError::Backend(_))]),
+        matches!(listed[..], [Err(StorageError::NoBucket { .. })]),
         "{listed:?}"
     );
 }

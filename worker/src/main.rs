@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use fleetrun_common::report::one_line;
 use fleetrun_worker::agent;
 use fleetrun_worker::job::{self, Fleet, FleetArgs, WorkerConfig};
 use fleetrun_worker::node;
@@ -53,7 +54,9 @@ struct Cli {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     use tracing_subscriber::{EnvFilter, fmt};
-    let filter = EnvFilter::try_from_env("FLEETRUN_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_env("FLEETRUN_LOG")
+        // lapin logs the broker's errors in its own Debug form; fleetrun says what they mean.
+        .unwrap_or_else(|_| EnvFilter::new("info,lapin=off"));
     // Colour for a person at a terminal only, and never under NO_COLOR (no-color.org).
     let ansi = std::io::stderr().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
@@ -66,7 +69,7 @@ fn main() -> ExitCode {
     match runtime.block_on(serve(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(e.as_ref()));
             ExitCode::FAILURE
         }
     }

@@ -26,6 +26,9 @@ pub enum StorageError {
     BadKey { key: String, why: &'static str },
     #[error("{key}: {source}")]
     Io { key: String, source: std::io::Error },
+    /// The S3 bucket a location names does not exist: a mistake in the job, not a fault.
+    #[error("s3://{bucket}: no such bucket")]
+    NoBucket { bucket: String },
     #[error("storage backend: {0}")]
     Backend(String),
 }

@@ -17,7 +17,7 @@ use aws_config::BehaviorVersion;
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::config::{Credentials, Region};
-use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{
     BucketLocationConstraint, CompletedMultipartUpload, CompletedPart, CreateBucketConfiguration,
@@ -319,13 +319,18 @@ impl S3Storage {
 
     fn backend<E>(&self, key: &str, e: &SdkError<E, HttpResponse>) -> StorageError
     where
-        E: std::error::Error + 'static,
+        E: ProvideErrorMetadata + std::error::Error + 'static,
     {
+        if e.code() == Some("NoSuchBucket") {
+            return StorageError::NoBucket {
+                bucket: self.bucket.clone(),
+            };
+        }
         StorageError::Backend(format!(
             "s3://{}/{}{key}: {}",
             self.bucket,
             self.prefix,
-            DisplayErrorContext(e)
+            cause(e)
         ))
     }
 
@@ -549,9 +554,30 @@ async fn collect(body: ByteStream, key: &str) -> Result<Bytes, StorageError> {
         .map_err(|e| {
             StorageError::Backend(format!(
                 "{key}: reading the object: {}",
-                DisplayErrorContext(&e)
+                crate::report::one_line(&e)
             ))
         })
+}
+
+/// An SDK error as one line for a person: what S3 answered (`NoSuchBucket: The specified
+/// bucket does not exist`), or why no answer came (the causes' messages, joined). Never the
+/// SDK's `Debug` form, which carries the raw response.
+fn cause<E>(e: &SdkError<E, HttpResponse>) -> String
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    match e {
+        SdkError::ServiceError(service) => {
+            let err = service.err();
+            let status = service.raw().status().as_u16();
+            match (err.code(), err.message()) {
+                (Some(code), Some(message)) => format!("{code}: {message}"),
+                (Some(code), None) => format!("{code} (HTTP {status})"),
+                _ => format!("S3 answered HTTP {status}"),
+            }
+        }
+        other => crate::report::one_line(other),
+    }
 }
 
 /// The part size for part number `n` (from 1); see [`BASE_PART_SIZE`].
@@ -681,7 +707,7 @@ async fn abort(s: &S3Storage, key: &str, object_key: &str, upload_id: &str) {
         .send()
         .await
     {
-        tracing::warn!(bucket = %s.bucket, key = %object_key, upload_id, error = %DisplayErrorContext(&e), "Could not abort a multipart upload; its parts stay until a lifecycle rule removes them.");
+        tracing::warn!(bucket = %s.bucket, key = %object_key, upload_id, error = %cause(&e), "Could not abort a multipart upload; its parts stay until a lifecycle rule removes them.");
     } else {
         tracing::debug!(bucket = %s.bucket, key, upload_id, "Aborted a multipart upload.");
     }

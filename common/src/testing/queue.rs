@@ -255,7 +255,7 @@ where
     assert_eq!(taken, [1, 2]);
     // What was handed out before the pause is settled as usual.
     first.settle(Disposition::Ack).await.unwrap();
-    drop(other);
+    other.pause().await.unwrap();
     q.publish(vec![3]).await.unwrap();
     let d = next(&mut paused).await;
     assert_eq!((d.body[0], d.attempt), (3, 1));

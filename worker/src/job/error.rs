@@ -57,12 +57,14 @@ pub enum SettingsError {
         flag: &'static str,
         key: &'static str,
     },
+    /// `url` with its password hidden.
     #[error("RabbitMQ at {url}: {source}")]
     Queue {
         url: String,
         #[source]
         source: QueueError,
     },
+    /// `url` with its password hidden.
     #[error("Redis at {url}: {source}")]
     Redis {
         url: String,

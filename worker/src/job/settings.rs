@@ -121,7 +121,7 @@ impl Fleet {
             key: "redis_url",
         })?;
         let redis_error = |source| SettingsError::Redis {
-            url: redis.to_owned(),
+            url: fleetrun_common::report::redact_url(redis),
             source,
         };
         let pool = args.pool().to_owned();
@@ -131,7 +131,7 @@ impl Fleet {
         let queue = AmqpQueue::connect(amqp, &pool, options, args.amqp_management_url.as_deref())
             .await
             .map_err(|source| SettingsError::Queue {
-                url: amqp.to_owned(),
+                url: fleetrun_common::report::redact_url(amqp),
                 source,
             })?;
         let ledger = RedisLedger::connect(redis, KEY_PREFIX)
