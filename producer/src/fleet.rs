@@ -140,6 +140,11 @@ pub struct Submitted {
 /// rules see a submitter that died mid-publish by this count standing still.
 const CREATED_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a submitter's claim to publish a job lasts unrenewed (it renews it every
+/// [`CREATED_EVERY`]): another submitter of the same id takes over this long after the
+/// publishing one died.
+const PUBLISH_LEASE: Duration = Duration::from_secs(10);
+
 /// Registers a job and partitions its input; returns once every mini-batch is published.
 ///
 /// `job_id` names the job (else an id is made from its name and the time). Submitting again
@@ -218,6 +223,10 @@ pub async fn register(
 
 /// Partitions a registered job's input onto the pool's queue and seals the total, unless
 /// the job is sealed already or no longer runs. `produced` counts what the queue took.
+///
+/// One submitter publishes a job at a time (its claim in the ledger): another submitting
+/// the same id waits here until the job is sealed or ended, and takes over only if the
+/// publishing one stops renewing its claim (it died).
 pub async fn publish(
     fleet: &Fleet,
     registered: &Registered,
@@ -225,25 +234,37 @@ pub async fn publish(
 ) -> Result<(), FleetError> {
     let job = &registered.job;
     let spec = &registered.record.spec;
-    let status = fleet
-        .ledger
-        .status(job)
-        .await?
-        .ok_or_else(|| LedgerError::UnknownJob(job.clone()))?;
-    if !status.state.accepts_work() || status.total.is_some() {
-        // Published whole already, or over: nothing to add.
-        return Ok(());
+    let owner = format!("{}-{:016x}", std::process::id(), rand::random::<u64>());
+    loop {
+        let status = fleet
+            .ledger
+            .status(job)
+            .await?
+            .ok_or_else(|| LedgerError::UnknownJob(job.clone()))?;
+        if !status.state.accepts_work() || status.total.is_some() {
+            // Published whole already, or over: nothing to add.
+            return Ok(());
+        }
+        if fleet
+            .ledger
+            .claim_publication(job, &owner, PUBLISH_LEASE)
+            .await?
+        {
+            break;
+        }
+        tokio::time::sleep(CREATED_EVERY).await;
     }
     let input = job::open_input(spec, &fleet.s3).await?;
     // Stop publishing as soon as the job stops (threshold, cancel); meanwhile tell the
     // ledger how far publication has come.
     let stop = CancellationToken::new();
     let watcher = {
-        let (ledger, job, stop, produced) = (
+        let (ledger, job, stop, produced, owner) = (
             fleet.ledger.clone(),
             job.clone(),
             stop.clone(),
             produced.clone(),
+            owner.clone(),
         );
         tokio::spawn(async move {
             let mut beat = tokio::time::interval(CREATED_EVERY);
@@ -252,6 +273,12 @@ pub async fn publish(
                 let created = produced.mini_batches.load(Ordering::Relaxed);
                 if let Err(e) = ledger.created(&job, created).await {
                     tracing::warn!(job = %job, error = %e, "Cannot note the mini-batches created.");
+                }
+                if let Ok(false) = ledger.claim_publication(&job, &owner, PUBLISH_LEASE).await {
+                    // Another submitter took over (this one stood still past its lease), or
+                    // the job ended: it publishes, this one stops.
+                    stop.cancel();
+                    return;
                 }
                 if let Ok(Some(s)) = ledger.status(&job).await
                     && !s.state.accepts_work()

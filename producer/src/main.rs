@@ -72,8 +72,9 @@ enum Command {
         #[arg(long)]
         wait: bool,
         /// The job's id (default: made from its name and the time). Submitting the same job
-        /// again with the same id attaches to it, finishing what a submitter that died left
-        /// unpublished; the same id with another job is refused (exit 2).
+        /// again with the same id attaches to it: one submitter publishes, and another
+        /// finishes what a submitter that died left unpublished; the same id with another
+        /// job is refused (exit 2).
         #[arg(long, value_name = "ID", value_parser = parse_job_id)]
         job_id: Option<String>,
         /// No progress display while waiting.

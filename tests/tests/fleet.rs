@@ -1760,3 +1760,39 @@ fn unreachable_services_are_said_once_without_their_password() {
         assert!(!stderr.contains("hunter2"), "{stderr}");
     }
 }
+
+/// Three submitters of one job under one id at once: one publishes, the others attach, so
+/// each mini-batch runs once (the report has one attempt row per mini-batch).
+#[test]
+fn concurrent_submits_of_one_job_id_publish_once() {
+    let mut fleet = Fleet::new(ECHO);
+    fleet.inputs(100);
+    fleet.worker("w1", 2);
+    let job = fleet.s3_job("mini_batch_size = 1");
+    let id = format!("once-{}", random_suffix());
+    let submitters: Vec<Submitted> = (0..3)
+        .map(|_| {
+            let mut cmd = Command::new(bin("fleetrun"));
+            fleet.env(&mut cmd);
+            cmd.args(["submit", "--quiet", "--wait", "--job-id", &id])
+                .arg(&job);
+            Submitted(cmd.spawn().unwrap())
+        })
+        .collect();
+    for mut submitted in submitters {
+        let status = exit_within(&mut submitted.0, Duration::from_secs(120));
+        assert_eq!(status.code(), Some(0));
+    }
+    assert_eq!(
+        lines(&fleet.output("out/parallel_run_step.txt")),
+        expected_lines(100, |_| false)
+    );
+    // The node uploads its log files once it sees the job ended.
+    let key = "out/logs/sys/job_report/processed_mini-batches.w1.csv";
+    let s3 = fleet.storage("");
+    wait_for("the node's report", Duration::from_secs(30), || {
+        fleet.runtime.block_on(s3.get(key)).is_ok()
+    });
+    let report = fleet.text(key);
+    assert_eq!(report.lines().count(), 1 + 100, "{report}");
+}

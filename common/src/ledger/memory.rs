@@ -21,6 +21,8 @@ struct Job {
     parts: HashMap<u64, String>,
     /// Who finalizes the job, and until when.
     finalizer: Option<(String, Instant)>,
+    /// Who publishes the job, and until when.
+    publisher: Option<(String, Instant)>,
     /// When the ledger forgets the job (set once it has ended and is retired).
     forget_at: Option<Instant>,
 }
@@ -86,6 +88,7 @@ impl Ledger for MemoryLedger {
                 done: HashSet::new(),
                 parts: HashMap::new(),
                 finalizer: None,
+                publisher: None,
                 forget_at: None,
             },
         );
@@ -170,18 +173,20 @@ impl Ledger for MemoryLedger {
         lease: Duration,
     ) -> Result<bool, LedgerError> {
         self.with_job(job, |j| {
-            if j.status.state != JobState::Finalizing {
-                return false;
-            }
-            let now = Instant::now();
-            if let Some((holder, until)) = &j.finalizer
-                && holder != owner
-                && *until > now
-            {
-                return false;
-            }
-            j.finalizer = Some((owner.to_owned(), now + lease));
-            true
+            j.status.state == JobState::Finalizing && take_lease(&mut j.finalizer, owner, lease)
+        })
+    }
+
+    async fn claim_publication(
+        &self,
+        job: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool, LedgerError> {
+        self.with_job(job, |j| {
+            j.status.state == JobState::Running
+                && j.status.total.is_none()
+                && take_lease(&mut j.publisher, owner, lease)
         })
     }
 
@@ -208,4 +213,17 @@ impl Ledger for MemoryLedger {
             ended
         })
     }
+}
+
+/// Gives `owner` the lease (until `lease` from now) unless another holds it unexpired.
+fn take_lease(held: &mut Option<(String, Instant)>, owner: &str, lease: Duration) -> bool {
+    let now = Instant::now();
+    if let Some((holder, until)) = held
+        && holder != owner
+        && *until > now
+    {
+        return false;
+    }
+    *held = Some((owner.to_owned(), now + lease));
+    true
 }

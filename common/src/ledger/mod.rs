@@ -257,6 +257,16 @@ pub trait Ledger: Send + Sync {
         owner: &str,
         lease: std::time::Duration,
     ) -> Result<bool, LedgerError>;
+    /// Claims, or renews, the publication of a Running job that is not sealed yet for
+    /// `owner` until `lease` from now: true if `owner` holds it. One submitter publishes a
+    /// job at a time; others with the same id attach, and take over only once the holder's
+    /// lease runs out (it died). A sealed or ended job is claimed by no one.
+    async fn claim_publication(
+        &self,
+        job: &str,
+        owner: &str,
+        lease: std::time::Duration,
+    ) -> Result<bool, LedgerError>;
     /// Keeps an ended job (Completed, Failed, Canceled) `keep` longer, then forgets it: from
     /// then on the ledger does not know the job. True if the job has ended; a Running or
     /// Finalizing job is left as it is.

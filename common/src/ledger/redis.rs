@@ -86,6 +86,17 @@ fn prelude() -> String {
         r#"
 local RUNNING, FINALIZING, FAILED = '{}', '{}', '{}'
 
+-- Gives ARGV-style `owner` the lease `field` of the job at `key` for `ms` unless another holds
+-- it unexpired: 1 if `owner` holds it after, else 0.
+local function lease(key, field, owner, ms)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local f = redis.call('HMGET', key, field, field .. '_until')
+  if f[1] and f[1] ~= owner and tonumber(f[2]) > now then return 0 end
+  redis.call('HSET', key, field, owner, field .. '_until', now + tonumber(ms))
+  return 1
+end
+
 -- 1 if the call `call` was the last to move the job's state (its reply may have been lost).
 local function moved_by(key, call)
   if redis.call('HGET', key, 'moved_by') == call then return 1 end
@@ -217,12 +228,16 @@ return 1
 const CLAIM_LUA: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 if redis.call('HGET', KEYS[1], 'state') ~= FINALIZING then return 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local f = redis.call('HMGET', KEYS[1], 'finalizer', 'finalizer_until')
-if f[1] and f[1] ~= ARGV[1] and tonumber(f[2]) > now then return 0 end
-redis.call('HSET', KEYS[1], 'finalizer', ARGV[1], 'finalizer_until', now + tonumber(ARGV[2]))
-return 1
+return lease(KEYS[1], 'finalizer', ARGV[1], ARGV[2])
+"#;
+
+/// KEYS: state. ARGV: owner, lease in ms. Returns nil for an unknown job, 1 if `owner`
+/// publishes the Running, unsealed job, else 0.
+const PUBLISH_CLAIM_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+if redis.call('HGET', KEYS[1], 'state') ~= RUNNING then return 0 end
+if redis.call('HEXISTS', KEYS[1], 'total') == 1 then return 0 end
+return lease(KEYS[1], 'publisher', ARGV[1], ARGV[2])
 "#;
 
 /// KEYS: state. ARGV: mini-batches created. Keeps the highest. Returns nil for an unknown
@@ -250,6 +265,7 @@ static SEAL: LazyLock<Script> = LazyLock::new(|| script(SEAL_LUA));
 static RECORD: LazyLock<Script> = LazyLock::new(|| script(RECORD_LUA));
 static TRANSITION: LazyLock<Script> = LazyLock::new(|| script(TRANSITION_LUA));
 static CLAIM: LazyLock<Script> = LazyLock::new(|| script(CLAIM_LUA));
+static PUBLISH_CLAIM: LazyLock<Script> = LazyLock::new(|| script(PUBLISH_CLAIM_LUA));
 static RETIRE: LazyLock<Script> = LazyLock::new(|| script(RETIRE_LUA));
 static CREATED: LazyLock<Script> = LazyLock::new(|| script(CREATED_LUA));
 static STARTED: LazyLock<Script> = LazyLock::new(|| script(STARTED_LUA));
@@ -291,6 +307,36 @@ impl RedisLedger {
             instance: instance_id(),
             calls: AtomicU64::new(0),
         })
+    }
+
+    /// Runs a lease script (`CLAIM` or `PUBLISH_CLAIM`) for `owner`.
+    async fn claim(
+        &self,
+        script: &Script,
+        job: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool, LedgerError> {
+        let keys = self.keys(job);
+        let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        // Idempotent: a retry by the same owner renews its own claim.
+        let held: Option<i64> = retrying("claim", job, || {
+            let mut conn = self.conn.clone();
+            let key = &keys.state;
+            async move {
+                script
+                    .key(key)
+                    .arg(owner)
+                    .arg(lease_ms)
+                    .invoke_async(&mut conn)
+                    .await
+            }
+        })
+        .await?;
+        match held {
+            Some(held) => Ok(held == 1),
+            None => Err(LedgerError::UnknownJob(job.to_owned())),
+        }
     }
 
     fn keys(&self, job: &str) -> JobKeys {
@@ -489,26 +535,16 @@ impl Ledger for RedisLedger {
         owner: &str,
         lease: Duration,
     ) -> Result<bool, LedgerError> {
-        let keys = self.keys(job);
-        let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
-        // Idempotent: a retry by the same owner renews its own claim.
-        let held: Option<i64> = retrying("claim", job, || {
-            let mut conn = self.conn.clone();
-            let key = &keys.state;
-            async move {
-                CLAIM
-                    .key(key)
-                    .arg(owner)
-                    .arg(lease_ms)
-                    .invoke_async(&mut conn)
-                    .await
-            }
-        })
-        .await?;
-        match held {
-            Some(held) => Ok(held == 1),
-            None => Err(LedgerError::UnknownJob(job.to_owned())),
-        }
+        self.claim(&CLAIM, job, owner, lease).await
+    }
+
+    async fn claim_publication(
+        &self,
+        job: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool, LedgerError> {
+        self.claim(&PUBLISH_CLAIM, job, owner, lease).await
     }
 
     async fn retire(&self, job: &str, keep: Duration) -> Result<bool, LedgerError> {

@@ -17,6 +17,7 @@ macro_rules! ledger_conformance {
             failed_batch_count_and_percent, transition_only_from_allowed_states,
             concurrent_records_count_once, unknown_job_is_an_error,
             parts_are_the_first_recordings, finalization_is_claimed_by_one_until_its_lease_ends,
+            publication_is_claimed_by_one_until_sealed,
             an_ended_job_is_forgotten_in_its_time_once_retired,
             creation_and_start_are_noted);
     };
@@ -399,6 +400,48 @@ where
         .await
         .unwrap();
     assert!(!l.claim_finalization(&j, "b", long).await.unwrap());
+}
+
+pub async fn publication_is_claimed_by_one_until_sealed<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    use std::time::Duration;
+    let l = make().await;
+    let j = job();
+    let long = Duration::from_secs(60);
+    assert!(l.claim_publication(&j, "a", long).await.is_err());
+    l.create(&j, Limits::NONE).await.unwrap();
+    assert!(l.claim_publication(&j, "a", long).await.unwrap());
+    assert!(!l.claim_publication(&j, "b", long).await.unwrap());
+    assert!(
+        l.claim_publication(&j, "a", Duration::from_millis(1))
+            .await
+            .unwrap(),
+        "the holder renews"
+    );
+    // "a" stopped renewing; its lease runs out and "b" takes over.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !l.claim_publication(&j, "b", long).await.unwrap() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lease never ran out"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!l.claim_publication(&j, "a", long).await.unwrap());
+    l.seal(&j, 1).await.unwrap();
+    assert!(
+        !l.claim_publication(&j, "b", long).await.unwrap(),
+        "a sealed job is published whole"
+    );
+    let ended = job();
+    l.create(&ended, Limits::NONE).await.unwrap();
+    l.transition(&ended, &[JobState::Running], JobState::Canceled, None)
+        .await
+        .unwrap();
+    assert!(!l.claim_publication(&ended, "a", long).await.unwrap());
 }
 
 pub async fn an_ended_job_is_forgotten_in_its_time_once_retired<F, Fut>(make: F)
