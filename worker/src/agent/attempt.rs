@@ -442,9 +442,11 @@ fn system_error(ctx: &JobContext, e: &FolderError) -> String {
     )
 }
 
-/// Records a mini-batch that failed whole (its attempts spent, or dead-lettered): lists its
-/// items in `failed_items.csv` and counts them all as failed, with no part (one an earlier
-/// attempt stored is never read).
+/// Records a mini-batch that failed whole (its attempts spent, or dead-lettered): counts its
+/// items all as failed, with no part (one an earlier attempt stored is never read), and
+/// lists them in `failed_items.csv` if this recording was the first. A mini-batch already
+/// recorded (it succeeded on an attempt whose acknowledgement was lost, and came back past
+/// its attempts) keeps its outcome, and its items are not listed as failed.
 pub async fn record_failed_batch(
     ledger: &dyn Ledger,
     ctx: &JobContext,
@@ -462,21 +464,24 @@ pub async fn record_failed_batch(
             .await
             .unwrap_or(batch.chunks.len() as u64)
     };
-    for item in batch.items.iter().chain(&described) {
-        ctx.logs.csv(
-            logs::FAILED_ITEMS_CSV,
-            logs::FAILED_ITEMS_HEADER,
-            &format!(
-                "{},{},{attempts},{cause_line}",
-                csv_field(item),
-                batch.index
-            ),
-        );
-    }
-    ledger
+    let recorded = ledger
         .record(&ctx.id, batch.index, Outcome::all_failed(failed), None)
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    if recorded.first {
+        for item in batch.items.iter().chain(&described) {
+            ctx.logs.csv(
+                logs::FAILED_ITEMS_CSV,
+                logs::FAILED_ITEMS_HEADER,
+                &format!(
+                    "{},{},{attempts},{cause_line}",
+                    csv_field(item),
+                    batch.index
+                ),
+            );
+        }
+    }
+    Ok(recorded)
 }
 
 /// A part: the rows, one per line.
