@@ -44,8 +44,9 @@ pub enum Request {
 /// Its `minibatch_index` is the request's `mini_batch`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunContext {
-    /// The `partition_keys` values this mini-batch holds; `None` without `partition_keys`.
-    pub partition_key_value: Option<BTreeMap<String, String>>,
+    /// The `partition_keys` values this mini-batch holds, in the order of `partition_keys`;
+    /// `None` without `partition_keys`.
+    pub partition_key_value: Option<crate::wire::PartitionValues>,
     /// What the mini-batch was cut from: the job's input location.
     pub dataset: String,
 }

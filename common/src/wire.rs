@@ -1,9 +1,8 @@
 //! Messages on the queue, MessagePack-encoded as named maps so that producers and workers of
 //! different versions can read each other during a rolling deploy.
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
+use serde::de::{MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The version written into every message of a file input. A worker refuses (dead-letters)
 /// messages of a version it does not know.
@@ -26,9 +25,9 @@ pub struct MiniBatch {
     /// Object keys of the input files, relative to the job's input location.
     pub items: Vec<String>,
     /// The `partition_keys` values every item of this mini-batch shares (column or path part
-    /// name → value); `None` when the job has no `partition_keys`.
+    /// name → value), in the order of `partition_keys`; `None` when the job has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub partition: Option<BTreeMap<String, String>>,
+    pub partition: Option<PartitionValues>,
     /// A tabular input's mini-batch: the byte ranges of records it holds, one [`Chunk`] per
     /// file (several only with `partition_keys`). Empty for a file input.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -137,6 +136,55 @@ impl MiniBatch {
     }
 }
 
+/// The `partition_keys` values of a mini-batch, name → value, in the order of the job's
+/// `partition_keys` (not of the names): a script that builds a path from `.values()` gets
+/// `1000/dominicks` for `partition_keys = ["Store", "Brand"]`, as on Azure ML. A map on the
+/// wire, in that order, so a reader keeping a map of its own still decodes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PartitionValues(pub Vec<(String, String)>);
+
+impl PartitionValues {
+    /// The value of `name`, if the mini-batch has one.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+impl FromIterator<(String, String)> for PartitionValues {
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(pairs: I) -> Self {
+        PartitionValues(pairs.into_iter().collect())
+    }
+}
+
+impl Serialize for PartitionValues {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
+}
+
+impl<'de> Deserialize<'de> for PartitionValues {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct InOrder;
+        impl<'de> Visitor<'de> for InOrder {
+            type Value = PartitionValues;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map of partition key names to values")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                while let Some(pair) = map.next_entry()? {
+                    pairs.push(pair);
+                }
+                Ok(PartitionValues(pairs))
+            }
+        }
+        deserializer.deserialize_map(InOrder)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,6 +213,29 @@ mod tests {
         assert_eq!(m.chunks[0].describe(), "a.csv bytes 10-60 rows 0-4");
         // A file input's message is what workers before tabular inputs read.
         assert_eq!(MiniBatch::new("j", 0, vec![]).v, 1);
+    }
+
+    #[test]
+    fn partition_values_keep_the_order_of_partition_keys_and_are_a_map_on_the_wire() {
+        let mut m = MiniBatch::new("j", 0, vec!["x".into()]);
+        m.partition = Some(
+            [("Store", "1000"), ("Brand", "dominicks")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .into_iter()
+                .collect(),
+        );
+        let decoded = MiniBatch::decode(&m.encode()).unwrap();
+        assert_eq!(decoded, m);
+        let values = decoded.partition.unwrap();
+        assert_eq!(values.0[0].0, "Store");
+        assert_eq!(values.get("Brand"), Some("dominicks"));
+        // A reader that keeps a map of its own (a worker before this order) decodes it.
+        #[derive(Deserialize)]
+        struct Older {
+            partition: std::collections::BTreeMap<String, String>,
+        }
+        let older: Older = rmp_serde::from_slice(&m.encode()).unwrap();
+        assert_eq!(older.partition["Store"], "1000");
     }
 
     #[test]

@@ -337,17 +337,13 @@ mod tests {
         type Seen = (Vec<String>, Vec<(String, String)>);
         let seen: Vec<Seen> = batches
             .iter()
-            .map(|b| {
-                (
-                    b.items.clone(),
-                    b.partition.clone().unwrap().into_iter().collect(),
-                )
-            })
+            .map(|b| (b.items.clone(), b.partition.clone().unwrap().0))
             .collect();
+        // In the order of `partition_keys`, not of the names.
         let kv = |u: &str, g: &str| {
             vec![
-                ("genres".to_owned(), g.to_owned()),
                 ("user".to_owned(), u.to_owned()),
+                ("genres".to_owned(), g.to_owned()),
             ]
         };
         assert_eq!(

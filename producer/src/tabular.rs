@@ -148,7 +148,7 @@ impl<'a> Publisher<'a> {
     async fn publish(
         &mut self,
         chunks: Vec<Chunk>,
-        partition: Option<BTreeMap<String, String>>,
+        partition: Option<fleetrun_common::wire::PartitionValues>,
     ) -> Result<(), PartitionError> {
         let rows = chunks.iter().filter_map(|c| c.rows).sum::<u64>();
         let mut batch = MiniBatch::tabular(self.job, self.index, chunks);

@@ -191,7 +191,8 @@ impl EntryScript {
         let context = match &self.context {
             None => None,
             Some(make) => match make.bind(py).call1((
-                context.partition_key_value.clone(),
+                // Pairs, which `dict()` keeps in the order of `partition_keys`.
+                context.partition_key_value.clone().map(|values| values.0),
                 &context.dataset,
                 index,
             )) {

@@ -1167,7 +1167,7 @@ fn a_run_with_two_parameters_gets_the_mini_batch_context() {
         r#"
         def run(mini_batch, mini_batch_context):
             c = mini_batch_context
-            return [repr(sorted(c.partition_key_value.items())), c.dataset, c.minibatch_index]
+            return [repr(list(c.partition_key_value.items())), c.dataset, c.minibatch_index]
         "#,
     );
     let (mut runner, _) = job.ready(&job.params(&script));
@@ -1175,7 +1175,13 @@ fn a_run_with_two_parameters_gets_the_mini_batch_context() {
         mini_batch: 4,
         items: vec![PathBuf::from("a")],
         context: fleetrun_runner::protocol::RunContext {
-            partition_key_value: Some([("user".to_owned(), "ann".to_owned())].into()),
+            // In the order of `partition_keys`, which is not the names' order.
+            partition_key_value: Some(
+                [("user", "ann"), ("genres", "jazz")]
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .into_iter()
+                    .collect(),
+            ),
             dataset: "s3://bkt/in".into(),
         },
         tables: Vec::new(),
@@ -1183,7 +1189,10 @@ fn a_run_with_two_parameters_gets_the_mini_batch_context() {
     let Reply::Done { rows, .. } = reply else {
         panic!("expected Done, got {reply:?}");
     };
-    assert_eq!(rows, ["[('user', 'ann')]", "s3://bkt/in", "4"]);
+    assert_eq!(
+        rows,
+        ["[('user', 'ann'), ('genres', 'jazz')]", "s3://bkt/in", "4"]
+    );
     // Without partition keys the dict is empty.
     assert_eq!(runner.rows(&["a"])[0], "[]");
 }
