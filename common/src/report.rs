@@ -24,17 +24,21 @@ pub fn one_line(e: &(dyn Error + 'static)) -> String {
 /// A service URL fit for a message or a log: its password, if any, is replaced by `***`.
 /// A URL that does not parse is cut to its scheme, so nothing it carries is shown.
 pub fn redact_url(url: &str) -> String {
-    match reqwest::Url::parse(url) {
-        Ok(mut parsed) => {
+    // A URL without an authority (`redis:/:pw@host`) keeps what looks like a password in
+    // its path: it is treated as one that does not parse.
+    match reqwest::Url::parse(url).ok().filter(|u| u.has_host()) {
+        Some(mut parsed) => {
             if parsed.password().is_some() {
                 // Only URLs that cannot have a password (no host) refuse this.
                 let _ = parsed.set_password(Some("***"));
             }
             parsed.to_string()
         }
-        Err(_) => match url.split_once("://") {
-            Some((scheme, _)) => format!("{scheme}://… (not a valid URL)"),
-            None => "(not a valid URL)".to_owned(),
+        None => match url.split_once(':') {
+            Some((scheme, _)) if scheme.chars().all(|c| c.is_ascii_alphanumeric()) => {
+                format!("{scheme}://… (not a valid URL)")
+            }
+            _ => "(not a valid URL)".to_owned(),
         },
     }
 }
@@ -73,5 +77,7 @@ mod tests {
         );
         assert_eq!(redact_url("redis://host:6379/"), "redis://host:6379/");
         assert!(!redact_url("redis://:hun ter2@[bad").contains("hun"));
+        assert!(!redact_url("redis:/:hunter2@host").contains("hunter2"));
+        assert!(!redact_url("amqp:guest:hunter2@host").contains("hunter2"));
     }
 }

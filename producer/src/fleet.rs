@@ -270,15 +270,16 @@ pub async fn publish(
             let mut beat = tokio::time::interval(CREATED_EVERY);
             loop {
                 beat.tick().await;
-                let created = produced.mini_batches.load(Ordering::Relaxed);
-                if let Err(e) = ledger.created(&job, created).await {
-                    tracing::warn!(job = %job, error = %e, "Cannot note the mini-batches created.");
-                }
+                // The claim first: a slow note below must not let the lease run out.
                 if let Ok(false) = ledger.claim_publication(&job, &owner, PUBLISH_LEASE).await {
                     // Another submitter took over (this one stood still past its lease), or
                     // the job ended: it publishes, this one stops.
                     stop.cancel();
                     return;
+                }
+                let created = produced.mini_batches.load(Ordering::Relaxed);
+                if let Err(e) = ledger.created(&job, created).await {
+                    tracing::warn!(job = %job, error = %e, "Cannot note the mini-batches created.");
                 }
                 if let Ok(Some(s)) = ledger.status(&job).await
                     && !s.state.accepts_work()

@@ -193,7 +193,10 @@ impl AmqpQueue {
     ) -> Result<AmqpQueue, QueueError> {
         let vhost = url
             .parse::<lapin::uri::AMQPUri>()
-            .map_err(|e| QueueError::Backend(format!("bad AMQP URL: {e}")))?
+            // lapin's error quotes the URL, password and all.
+            .map_err(|_| {
+                QueueError::Backend(format!("bad AMQP URL: {}", crate::report::redact_url(url)))
+            })?
             .vhost;
         let management = management_url
             .map(|base| Management::new(base, &vhost))
@@ -918,11 +921,18 @@ impl Consumer for AmqpConsumer {
             return Ok(());
         };
         let tag = subscription.tag();
-        if let Err(e) = channel
-            .basic_cancel(tag, BasicCancelOptions::default())
-            .await
-        {
-            // The channel is failing: what it holds returns to the queue when it closes.
+        let cancel = || channel.basic_cancel(tag.clone(), BasicCancelOptions::default());
+        let cancelled = match cancel().await {
+            // The connection is being recovered, and the subscription with it: cancel it
+            // once it is back, or it would go on receiving on a channel nobody reads.
+            Err(e) => match channel.wait_for_recovery(e).await {
+                Ok(()) => cancel().await,
+                Err(e) => Err(e),
+            },
+            cancelled => cancelled,
+        };
+        if let Err(e) = cancelled {
+            // The channel is gone: what it holds returns to the queue as it closes.
             self.failed();
             return Err(QueueError::Backend(format!(
                 "stop consuming from {}: {e}",
@@ -937,17 +947,25 @@ impl Consumer for AmqpConsumer {
             pushed.push(delivery);
         }
         let given = pushed.len();
+        let mut failure = None;
         for delivery in pushed.into_iter().filter(|d| d.acker.usable()) {
             let attempt = attempt(&delivery);
-            give_back(
+            let back = give_back(
                 &self.shared,
                 &delivery.acker,
                 &delivery.data,
                 attempt,
                 self.dead_letters,
             )
-            .await
-            .map_err(backend("give back a message untried"))?;
+            .await;
+            if let Err(e) = back {
+                // The channel failed: the rest return to the queue as it closes.
+                failure.get_or_insert(e);
+            }
+        }
+        if let Some(e) = failure {
+            self.failed();
+            return Err(backend("give back a message untried")(e));
         }
         if given > 0 {
             debug!(queue = %self.queue, messages = given, "Consumer paused; what it held went back untried.");

@@ -200,9 +200,15 @@ impl Slot {
         if delivery.attempt > max {
             let cause =
                 format!("all {max} attempts were lost with the process or worker that held them");
-            self.record_failure(&ctx, &batch, delivery.attempt - 1, &cause)
+            // Unrecorded (the ledger did not answer), it comes back: nothing is lost.
+            let recorded = self
+                .record_failure(&ctx, &batch, delivery.attempt - 1, &cause)
                 .await;
-            return Verdict::Settle(Disposition::Ack);
+            return Verdict::Settle(if recorded {
+                Disposition::Ack
+            } else {
+                Disposition::Return
+            });
         }
         if !self.ensure_runner(&ctx).await {
             if std::mem::take(&mut self.seatless) {

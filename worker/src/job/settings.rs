@@ -34,13 +34,13 @@ pub const KEEP_ENDED_JOBS: Duration = Duration::from_secs(7 * 24 * 3600);
 #[serde(default, deny_unknown_fields)]
 pub struct FleetArgs {
     /// RabbitMQ URL, e.g. amqp://guest:guest@127.0.0.1:5672/%2f
-    #[arg(long, env = "FLEETRUN_AMQP_URL")]
+    #[arg(long, env = "FLEETRUN_AMQP_URL", hide_env_values = true)]
     pub amqp_url: Option<String>,
     /// RabbitMQ management API URL (for the unacknowledged count), e.g. http://guest:guest@127.0.0.1:15672
-    #[arg(long, env = "FLEETRUN_AMQP_MANAGEMENT_URL")]
+    #[arg(long, env = "FLEETRUN_AMQP_MANAGEMENT_URL", hide_env_values = true)]
     pub amqp_management_url: Option<String>,
     /// Redis URL, e.g. redis://127.0.0.1:6379/
-    #[arg(long, env = "FLEETRUN_REDIS_URL")]
+    #[arg(long, env = "FLEETRUN_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
     /// The worker pool (its queue is `fleetrun.<pool>.batches`).
     #[arg(long, env = "FLEETRUN_POOL")]
