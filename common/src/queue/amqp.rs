@@ -296,6 +296,7 @@ impl AmqpQueue {
             permits: Arc::new(Semaphore::new(usize::from(prefetch.max(1)))),
             channel: Some(channel),
             subscription: None,
+            opening: None,
             received: None,
             reopen: None,
         }))
@@ -680,6 +681,8 @@ struct AmqpConsumer {
     channel: Option<Channel>,
     /// The subscription a waiting (or abandoned) `next` opened.
     subscription: Option<lapin::Consumer>,
+    /// A subscription being opened (see `subscribe`).
+    opening: Option<tokio::task::JoinHandle<lapin::Result<lapin::Consumer>>>,
     /// A message received but not yet handed out.
     received: Option<AmqpDelivery>,
     /// Pauses between failed reopenings; reset by a delivery.
@@ -726,31 +729,58 @@ impl AmqpConsumer {
     fn failed(&mut self) {
         self.channel = None;
         self.subscription = None;
+        // A subscription still opening on the old channel is dropped once it opens, which
+        // cancels it.
+        self.opening = None;
         self.reopen.get_or_insert_with(reopen_backoff);
     }
 
+    /// Opens the subscription. The `basic.consume` runs in a task of its own, kept across
+    /// calls: a `next` dropped while it waits (its caller chose another branch of a
+    /// `select!`) leaves no subscription that nobody reads, as the next call takes up the
+    /// same task's result.
     async fn subscribe(&mut self, channel: &Channel) -> Result<(), QueueError> {
-        let n = self.shared.consumers.fetch_add(1, Ordering::Relaxed);
-        let tag = format!("{} #{n}", self.shared.connection_name);
-        let options = BasicConsumeOptions {
-            no_ack: false,
-            ..Default::default()
+        let opening = match &mut self.opening {
+            Some(opening) => opening,
+            None => {
+                let n = self.shared.consumers.fetch_add(1, Ordering::Relaxed);
+                let tag = format!("{} #{n}", self.shared.connection_name);
+                let (channel, queue) = (channel.clone(), self.queue.clone());
+                self.opening.insert(tokio::spawn(async move {
+                    let options = BasicConsumeOptions {
+                        no_ack: false,
+                        ..Default::default()
+                    };
+                    let subscribe = || {
+                        channel.basic_consume(
+                            queue.as_str().into(),
+                            tag.as_str().into(),
+                            options,
+                            FieldTable::default(),
+                        )
+                    };
+                    match subscribe().await {
+                        // The connection is being recovered: wait for it, then try once more.
+                        Err(e) => match channel.wait_for_recovery(e).await {
+                            Ok(()) => subscribe().await,
+                            Err(e) => Err(e),
+                        },
+                        subscribed => subscribed,
+                    }
+                }))
+            }
         };
-        let subscribe = || {
-            channel.basic_consume(
-                self.queue.as_str().into(),
-                tag.as_str().into(),
-                options,
-                FieldTable::default(),
-            )
-        };
-        let subscribed = match subscribe().await {
-            // The connection is being recovered: wait for it, then try once more.
-            Err(e) => match channel.wait_for_recovery(e).await {
-                Ok(()) => subscribe().await,
-                Err(e) => Err(e),
-            },
-            subscribed => subscribed,
+        let subscribed = opening.await;
+        self.opening = None;
+        let subscribed = match subscribed {
+            Ok(subscribed) => subscribed,
+            Err(e) => {
+                self.failed();
+                return Err(QueueError::Backend(format!(
+                    "consume from {}: {e}",
+                    self.queue
+                )));
+            }
         };
         match subscribed {
             Ok(subscription) => {
@@ -913,6 +943,12 @@ impl Consumer for AmqpConsumer {
     }
 
     async fn pause(&mut self) -> Result<(), QueueError> {
+        if self.opening.is_some()
+            && let Some(channel) = self.channel.clone()
+        {
+            // A subscription an abandoned `next` was opening: take it up, to cancel it.
+            self.subscribe(&channel).await?;
+        }
         let Some(mut subscription) = self.subscription.take() else {
             return Ok(());
         };

@@ -21,6 +21,7 @@ macro_rules! queue_conformance {
             requeue_counts_an_attempt, return_costs_no_attempt, dropped_delivery_comes_back,
             delivery_limit_dead_letters, dead_letter_disposition_is_immediate,
             prefetch_bounds_unsettled, pause_gives_back_what_was_not_handed_out,
+            a_next_dropped_midway_leaves_nothing_held,
             depth_counts_ready_and_unacked);
     };
     (@cases $make:expr; $($case:ident),*) => {
@@ -261,6 +262,35 @@ where
     assert_eq!((d.body[0], d.attempt), (3, 1));
     d.settle(Disposition::Ack).await.unwrap();
     wait_depth(&*q, |ready, unacked| ready == 0 && unacked == 0).await;
+}
+
+/// A `next` dropped while it waits (a `select!` took another branch) leaves the consumer
+/// holding nothing once it pauses: every message reaches another consumer, untried.
+pub async fn a_next_dropped_midway_leaves_nothing_held<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions::default()).await;
+    let mut dropping = q.consume(3).await.unwrap();
+    for _ in 0..3 {
+        // Polled once, then dropped: whatever it had started is left midway.
+        let _ = tokio::time::timeout(Duration::ZERO, dropping.next()).await;
+    }
+    for i in 0..3u8 {
+        q.publish(vec![i]).await.unwrap();
+    }
+    dropping.pause().await.unwrap();
+    let mut other = q.consume(3).await.unwrap();
+    let mut taken = Vec::new();
+    for _ in 0..3 {
+        let d = next(&mut other).await;
+        assert_eq!(d.attempt, 1);
+        taken.push(d.body[0]);
+        d.settle(Disposition::Ack).await.unwrap();
+    }
+    taken.sort_unstable();
+    assert_eq!(taken, [0, 1, 2]);
 }
 
 pub async fn depth_counts_ready_and_unacked<F, Fut>(make: F)
