@@ -190,6 +190,14 @@ fn run(
             return ExitCode::from(exit::REFUSED);
         }
     };
+    if spec.node_count > 1 {
+        eprintln!(
+            "note: {}: node_count = {n}: `fleetrun run` runs the job on this machine alone, as \
+             one node; `fleetrun submit` spreads it over {n} workers.",
+            job.display(),
+            n = spec.node_count
+        );
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -83,6 +83,21 @@ fn same_input_gives_the_same_file_byte_for_byte() {
     assert_eq!(first, second);
 }
 
+/// `node_count` is the fleet's: `fleetrun run` says it runs the job as one node, and runs it.
+#[test]
+fn node_count_above_one_is_noted_by_run() {
+    let job = JobDir::new(ECHO, "node_count = 2");
+    job.inputs(3);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("node_count = 2: `fleetrun run` runs the job on this machine alone"),
+        "{stderr}"
+    );
+    assert_eq!(job.output_lines(), expected_lines(3, |_| false));
+}
+
 /// An input that lists no file is most often a wrong path: refused in one line naming it,
 /// before anything is written; asked for, it completes with an empty output file.
 #[test]
