@@ -143,16 +143,6 @@ impl MiniBatch {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PartitionValues(pub Vec<(String, String)>);
 
-impl PartitionValues {
-    /// The value of `name`, if the mini-batch has one.
-    pub fn get(&self, name: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(key, _)| key == name)
-            .map(|(_, value)| value.as_str())
-    }
-}
-
 impl FromIterator<(String, String)> for PartitionValues {
     fn from_iter<I: IntoIterator<Item = (String, String)>>(pairs: I) -> Self {
         PartitionValues(pairs.into_iter().collect())
@@ -227,8 +217,7 @@ mod tests {
         let decoded = MiniBatch::decode(&m.encode()).unwrap();
         assert_eq!(decoded, m);
         let values = decoded.partition.unwrap();
-        assert_eq!(values.0[0].0, "Store");
-        assert_eq!(values.get("Brand"), Some("dominicks"));
+        assert_eq!(values.0[0], ("Store".to_owned(), "1000".to_owned()));
         // A reader that keeps a map of its own (a worker before this order) decodes it.
         #[derive(Deserialize)]
         struct Older {

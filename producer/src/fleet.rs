@@ -77,9 +77,10 @@ impl FleetError {
 }
 
 /// What to do with an input that lists no item.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum EmptyInput {
     /// Refuse the job ([`FleetError::EmptyInput`]): the usual sign of a wrong path.
+    #[default]
     Refuse,
     /// Run it: it completes at once with an empty output.
     Accept,

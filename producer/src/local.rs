@@ -57,8 +57,8 @@ pub struct RunOptions {
     pub processes: Option<usize>,
     /// Show progress on the terminal.
     pub progress: bool,
-    /// Whether an input that lists no item is run (else refused).
-    pub empty_input: Option<fleet_cmd::EmptyInput>,
+    /// Whether an input that lists no item is run (by default it is refused).
+    pub empty_input: fleet_cmd::EmptyInput,
 }
 
 /// A stop asked from outside the run (Ctrl-C, SIGTERM): the job is canceled, its result
@@ -164,8 +164,7 @@ pub async fn run_local(
     fleet_cmd::settle_tabular_format(&mut spec, &S3Settings::default())
         .await
         .map_err(|e| RunError::Setup(e.to_string()))?;
-    let empty = options.empty_input.unwrap_or(fleet_cmd::EmptyInput::Refuse);
-    fleet_cmd::check_input(&spec, &S3Settings::default(), empty)
+    fleet_cmd::check_input(&spec, &S3Settings::default(), options.empty_input)
         .await
         .map_err(|e| RunError::Setup(e.to_string()))?;
     let runner_exe = find_runner_exe().map_err(RunError::Runner)?;

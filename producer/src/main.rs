@@ -212,7 +212,7 @@ fn run(
             RunOptions {
                 processes,
                 progress: !quiet,
-                empty_input: Some(empty),
+                empty_input: empty,
             },
             interrupt,
         )

@@ -362,44 +362,60 @@ where
     assert!(l.parts(&j, 2..2).await.unwrap().is_empty());
 }
 
+/// The two leases a job has: who finalizes it, who publishes it.
+#[derive(Clone, Copy)]
+enum Lease {
+    Finalization,
+    Publication,
+}
+
+async fn claim(l: &dyn Ledger, j: &str, lease: Lease, owner: &str, ms: u64) -> bool {
+    let time = std::time::Duration::from_millis(ms);
+    match lease {
+        Lease::Finalization => l.claim_finalization(j, owner, time).await,
+        Lease::Publication => l.claim_publication(j, owner, time).await,
+    }
+    .unwrap()
+}
+
+/// `lease` of a job that may be claimed: "a" holds it and renews it, "b" is refused until
+/// "a" stops renewing and its lease runs out, then "b" holds it.
+async fn held_by_one_until_it_runs_out(l: &dyn Ledger, j: &str, lease: Lease) {
+    const LONG: u64 = 60_000;
+    assert!(claim(l, j, lease, "a", LONG).await);
+    assert!(!claim(l, j, lease, "b", LONG).await);
+    assert!(claim(l, j, lease, "a", 1).await, "the holder renews");
+    // "a" stopped renewing; its lease runs out and "b" takes over.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !claim(l, j, lease, "b", LONG).await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lease never ran out"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(!claim(l, j, lease, "a", LONG).await);
+}
+
 pub async fn finalization_is_claimed_by_one_until_its_lease_ends<F, Fut>(make: F)
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Arc<dyn Ledger>>,
 {
-    use std::time::Duration;
     let l = make().await;
     let j = job();
     l.create(&j, Limits::NONE).await.unwrap();
-    let long = Duration::from_secs(60);
     assert!(
-        !l.claim_finalization(&j, "a", long).await.unwrap(),
+        !claim(&*l, &j, Lease::Finalization, "a", 60_000).await,
         "only a Finalizing job is claimed"
     );
     l.seal(&j, 1).await.unwrap();
     l.record(&j, 0, OK, None).await.unwrap();
-    assert!(l.claim_finalization(&j, "a", long).await.unwrap());
-    assert!(!l.claim_finalization(&j, "b", long).await.unwrap());
-    assert!(
-        l.claim_finalization(&j, "a", Duration::from_millis(1))
-            .await
-            .unwrap(),
-        "the holder renews"
-    );
-    // "a" stopped renewing; its lease runs out and "b" takes over.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !l.claim_finalization(&j, "b", long).await.unwrap() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the lease never ran out"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(!l.claim_finalization(&j, "a", long).await.unwrap());
+    held_by_one_until_it_runs_out(&*l, &j, Lease::Finalization).await;
     l.transition(&j, &[JobState::Finalizing], JobState::Completed, None)
         .await
         .unwrap();
-    assert!(!l.claim_finalization(&j, "b", long).await.unwrap());
+    assert!(!claim(&*l, &j, Lease::Finalization, "b", 60_000).await);
 }
 
 pub async fn publication_is_claimed_by_one_until_sealed<F, Fut>(make: F)
@@ -407,33 +423,15 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = Arc<dyn Ledger>>,
 {
-    use std::time::Duration;
     let l = make().await;
     let j = job();
-    let long = Duration::from_secs(60);
+    let long = std::time::Duration::from_secs(60);
     assert!(l.claim_publication(&j, "a", long).await.is_err());
     l.create(&j, Limits::NONE).await.unwrap();
-    assert!(l.claim_publication(&j, "a", long).await.unwrap());
-    assert!(!l.claim_publication(&j, "b", long).await.unwrap());
-    assert!(
-        l.claim_publication(&j, "a", Duration::from_millis(1))
-            .await
-            .unwrap(),
-        "the holder renews"
-    );
-    // "a" stopped renewing; its lease runs out and "b" takes over.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !l.claim_publication(&j, "b", long).await.unwrap() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the lease never ran out"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(!l.claim_publication(&j, "a", long).await.unwrap());
+    held_by_one_until_it_runs_out(&*l, &j, Lease::Publication).await;
     l.seal(&j, 1).await.unwrap();
     assert!(
-        !l.claim_publication(&j, "b", long).await.unwrap(),
+        !claim(&*l, &j, Lease::Publication, "b", 60_000).await,
         "a sealed job is published whole"
     );
     let ended = job();
@@ -441,7 +439,7 @@ where
     l.transition(&ended, &[JobState::Running], JobState::Canceled, None)
         .await
         .unwrap();
-    assert!(!l.claim_publication(&ended, "a", long).await.unwrap());
+    assert!(!claim(&*l, &ended, Lease::Publication, "a", 60_000).await);
 }
 
 pub async fn an_ended_job_is_forgotten_in_its_time_once_retired<F, Fut>(make: F)
