@@ -15,7 +15,7 @@ use fleetrun_common::queue::Depth;
 use fleetrun_common::storage::StorageError;
 use fleetrun_config::{JobSpec, Location, MiniBatchSize, OutputAction};
 use fleetrun_worker::agent::JobContext;
-use fleetrun_worker::job::{self, Fleet, JobError, JobRecord, StopRules};
+use fleetrun_worker::job::{self, Fleet, Job, JobError, JobRecord, StopRules};
 use fleetrun_worker::logs::JobLogs;
 use fleetrun_worker::parts;
 use tokio_util::sync::CancellationToken;
@@ -342,17 +342,16 @@ pub async fn publish(
         Ok(total) => total,
         Err(e) => {
             let reason = format!("partitioning the input failed: {e}");
-            let output = job::open_storage(&spec.output, &fleet.s3).await?;
-            job::fail(&*fleet.ledger, &*output, None, registered.view(), &reason).await?;
+            registered.job(fleet).await?.fail(&reason, None).await?;
             return Err(e.into());
         }
     };
     if !stop.is_cancelled() {
-        fleet.ledger.created(job, total).await?;
-        let sealed = fleet.ledger.seal(job, total).await?;
+        let handle = registered.job(fleet).await?;
+        let sealed = handle.seal(total).await?;
         if sealed.transitioned && sealed.status.state == JobState::Finalizing {
             // Every mini-batch was done before the seal (or there were none): finalize here.
-            let ctx = context(fleet, job, &registered.record).await?;
+            let ctx = context(fleet, handle).await?;
             job::conclude(&*fleet.ledger, &ctx, sealed.status).await;
         }
     }
@@ -386,33 +385,21 @@ pub async fn settle_tabular_format(
 }
 
 impl Registered {
-    pub fn view(&self) -> job::JobView<'_> {
-        job::JobView {
-            id: &self.job,
-            spec: &self.record.spec,
-            submitted_at: self.record.submitted_at,
-        }
+    /// The registered job's handle, through which its state moves.
+    pub async fn job(&self, fleet: &Fleet) -> Result<Job, FleetError> {
+        Ok(Job::open(fleet, &self.job, &self.record).await?)
     }
 }
 
-async fn context(fleet: &Fleet, job: &str, record: &JobRecord) -> Result<JobContext, FleetError> {
-    let spec = &record.spec;
-    let input = job::open_input(spec, &fleet.s3).await?;
-    let output = job::open_storage(&spec.output, &fleet.s3).await?;
+async fn context(fleet: &Fleet, job: Job) -> Result<JobContext, FleetError> {
+    let input = job::open_input(job.spec(), &fleet.s3).await?;
     // Its logs are never written: the job's results go to its output.
     let logs = Arc::new(JobLogs::new(
-        std::env::temp_dir().join(format!("fleetrun-submit-{job}")),
+        std::env::temp_dir().join(format!("fleetrun-submit-{}", job.id())),
     ));
-    let parts = parts::for_job(output.clone(), job, &parts::writer_name("submit"));
-    Ok(JobContext::new(
-        job.to_owned(),
-        spec.clone(),
-        input,
-        output,
-        parts,
-        logs,
-        record.submitted_at,
-    ))
+    let writer = parts::writer_name("submit");
+    let parts = parts::for_job(job.output().clone(), job.id(), &writer);
+    Ok(JobContext::new(job, input, parts, logs))
 }
 
 /// Follows the job in the ledger until it ends; `interrupt` stops following (not the job).
@@ -442,13 +429,10 @@ pub async fn wait(
             return Ok(status);
         }
         if let Some(reason) = rules.check(&status, job::serving(fleet, &status).await) {
-            let output = job::open_storage(&record.spec.output, &fleet.s3).await?;
-            let view = job::JobView {
-                id: job,
-                spec: &record.spec,
-                submitted_at: record.submitted_at,
-            };
-            job::fail(&*fleet.ledger, &*output, None, view, &reason).await?;
+            Job::open(fleet, job, record)
+                .await?
+                .fail(&reason, None)
+                .await?;
             continue;
         }
         if let Some(b) = bar.as_mut() {
@@ -474,13 +458,8 @@ pub async fn cancel(fleet: &Fleet, job: &str, reason: &str) -> Result<Status, Fl
     let record = record(fleet, job)
         .await?
         .ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
-    let output = job::open_storage(&record.spec.output, &fleet.s3).await?;
-    let view = job::JobView {
-        id: job,
-        spec: &record.spec,
-        submitted_at: record.submitted_at,
-    };
-    Ok(job::cancel(&*fleet.ledger, &*output, view, reason).await?)
+    let handle = Job::open(fleet, job, &record).await?;
+    Ok(handle.cancel(reason).await?)
 }
 
 pub async fn record(fleet: &Fleet, job: &str) -> Result<Option<JobRecord>, FleetError> {

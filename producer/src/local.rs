@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 
 use fleetrun_common::ledger::{JobState, MemoryLedger, MemoryRegistry, Status};
 use fleetrun_common::queue::{MemoryQueue, QueueOptions};
-use fleetrun_common::storage::LocalStorage;
 use fleetrun_common::storage::s3::S3Settings;
+use fleetrun_common::storage::{LocalStorage, Storage};
 use fleetrun_config::{Input, JobSpec, Location, OutputAction};
 use fleetrun_worker::agent;
-use fleetrun_worker::job::{self, Fleet, WorkerConfig};
+use fleetrun_worker::job::{self, Fleet, Job, WorkerConfig};
 use fleetrun_worker::logs::JobLogs;
 use fleetrun_worker::node;
 use fleetrun_worker::output::{OutputError, OutputGuard};
@@ -225,6 +225,14 @@ pub async fn run_local(
     };
 
     let record = &registered.record;
+    let output: Arc<dyn Storage> = Arc::new(LocalStorage::new(&output_dir));
+    let handle = Job::new(
+        &job_id,
+        record.spec.clone(),
+        record.submitted_at,
+        fleet.ledger.clone(),
+        output,
+    );
     let mut status = fleet_cmd::wait(
         &fleet,
         &job_id,
@@ -237,10 +245,7 @@ pub async fn run_local(
     if !status.state.is_terminal() {
         let signal = interrupt.signal().unwrap_or(exit::SIGINT);
         let reason = format!("interrupted by {}", signal_name(signal));
-        let output = LocalStorage::new(&output_dir);
-        status = job::cancel(&*fleet.ledger, &output, registered.view(), &reason)
-            .await
-            .map_err(FleetError::from)?;
+        status = handle.cancel(&reason).await.map_err(FleetError::from)?;
     }
 
     // Stop the work: a completed job's runners call shutdown(); anything else is cut short.
@@ -267,9 +272,8 @@ pub async fn run_local(
     if status.state != JobState::Completed {
         // The worker was stopped at once: make sure the results it may have been writing
         // are whole.
-        let output = LocalStorage::new(&output_dir);
         let logs = JobLogs::new(guard.log_dir());
-        job::write_results(&output, Some(&logs), registered.view(), &status).await;
+        handle.write_results(Some(&logs), &status).await;
     }
     let log_dir = guard.log_dir();
     if let Err(e) = guard.finish() {

@@ -24,9 +24,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use fleetrun_common::ledger::{JobState, Ledger};
+use fleetrun_common::ledger::Ledger;
 use fleetrun_common::storage::Storage;
-use fleetrun_config::{JobSpec, OutputAction};
 use futures::{StreamExt, TryStreamExt};
 
 use crate::scratch::FolderError;
@@ -56,72 +55,6 @@ pub trait Parts: Send + Sync {
     async fn get(&self, part: &str) -> Result<Bytes, String>;
     /// Removes every part of the job.
     async fn clear(&self) -> Result<(), String>;
-}
-
-/// Ends a Finalizing job: joins its counted parts into the output file (`append_row`), moves
-/// it to Completed and removes the parts. If the output cannot be written, the job fails,
-/// provided `may_fail` still agrees (on a fleet: this node still holds the finalization
-/// claim); else it is left Finalizing for whoever holds it. Returns the job's state after.
-pub async fn finish_job<F, Fut>(
-    ledger: &dyn Ledger,
-    job: &str,
-    spec: &JobSpec,
-    output: &dyn Storage,
-    parts: &dyn Parts,
-    may_fail: F,
-) -> JobState
-where
-    F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let total = ledger
-        .status(job)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|s| s.total)
-        .unwrap_or(0);
-    if spec.output_action == OutputAction::AppendRow
-        && let Err(e) = join_parts(
-            parts,
-            ledger,
-            job,
-            total,
-            output,
-            &spec.append_row_file_name,
-            spec.append_row_dataframe_header,
-        )
-        .await
-    {
-        if !may_fail().await {
-            return JobState::Finalizing;
-        }
-        let reason = format!("writing the output file failed: {e}");
-        return match ledger
-            .transition(
-                job,
-                &[JobState::Finalizing],
-                JobState::Failed,
-                Some(&reason),
-            )
-            .await
-        {
-            Ok((_, s)) => s.state,
-            Err(_) => JobState::Failed,
-        };
-    }
-    match ledger
-        .transition(job, &[JobState::Finalizing], JobState::Completed, None)
-        .await
-    {
-        Ok((moved, s)) => {
-            if moved && let Err(e) = parts.clear().await {
-                tracing::warn!(job, error = %e, "Cannot remove the job's parts.");
-            }
-            s.state
-        }
-        Err(_) => JobState::Failed,
-    }
 }
 
 /// Writes the parts the ledger recorded for mini-batches `0..total`, in order, into

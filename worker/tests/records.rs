@@ -6,6 +6,7 @@ use fleetrun_common::ledger::{Ledger, Limits, MemoryLedger, Outcome};
 use fleetrun_common::storage::LocalStorage;
 use fleetrun_common::wire::MiniBatch;
 use fleetrun_worker::agent::{JobContext, record_failed_batch};
+use fleetrun_worker::job::Job;
 use fleetrun_worker::logs::{self, JobLogs};
 use fleetrun_worker::parts;
 
@@ -24,7 +25,7 @@ async fn a_mini_batch_that_succeeded_is_never_listed_as_failed() {
     std::fs::write(dir.path().join("score.py"), "def run(b): return b\n").unwrap();
     std::fs::create_dir(dir.path().join("data")).unwrap();
     let spec = fleetrun_config::load(&job_file, &[]).unwrap();
-    let ledger = MemoryLedger::new();
+    let ledger = Arc::new(MemoryLedger::new());
     ledger.create("j", Limits::NONE).await.unwrap();
     let succeeded = Outcome {
         succeeded: 1,
@@ -35,26 +36,20 @@ async fn a_mini_batch_that_succeeded_is_never_listed_as_failed() {
 
     let output: Arc<LocalStorage> = Arc::new(LocalStorage::new(dir.path().join("out")));
     let logs_dir = dir.path().join("out/logs");
+    let job = Job::new("j", spec, 0.0, ledger.clone(), output.clone());
     let ctx = JobContext::new(
-        "j".to_owned(),
-        spec,
+        job,
         Arc::new(LocalStorage::new(dir.path().join("data"))),
-        output.clone(),
         parts::for_job(output, "j", "n"),
         Arc::new(JobLogs::new(&logs_dir)),
-        0.0,
     );
     let lost = "all 1 attempts were lost with the process or worker that held them";
     let done = MiniBatch::new("j", 0, vec!["a.txt".to_owned()]);
-    let recorded = record_failed_batch(&ledger, &ctx, &done, 2, lost)
-        .await
-        .unwrap();
+    let recorded = record_failed_batch(&ctx, &done, 2, lost).await.unwrap();
     assert!(!recorded.first);
     assert_eq!(recorded.status.items_failed, 0);
     let never = MiniBatch::new("j", 1, vec!["b.txt".to_owned()]);
-    let recorded = record_failed_batch(&ledger, &ctx, &never, 2, lost)
-        .await
-        .unwrap();
+    let recorded = record_failed_batch(&ctx, &never, 2, lost).await.unwrap();
     assert!(recorded.first);
     ctx.logs.flush();
 

@@ -44,8 +44,8 @@ impl Slot {
         };
         let sent = match MiniBatch::decode(&delivery.body) {
             Ok(batch)
-                if batch.job == ctx.id
-                    && delivery.attempt <= ctx.spec.run_max_try
+                if batch.job == ctx.job.id()
+                    && delivery.attempt <= ctx.job.spec().run_max_try
                     && !ctx.stop.is_cancelled()
                     && !ctx.gave_up.load(Ordering::Relaxed) =>
             {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fleetrun_common::ledger::{JobState, Ledger, Outcome, Recorded, Status};
+use fleetrun_common::ledger::{Outcome, Recorded, Status};
 use fleetrun_common::protocol::ScriptError;
 use fleetrun_common::queue::{Consumer, Disposition};
 use fleetrun_common::wire::MiniBatch;
@@ -41,7 +41,7 @@ impl Slot {
                     return Verdict::Settle(fail_job(&self.shared, ctx, &e).await);
                 }
                 Err(e @ StageError::Input(_)) => {
-                    warn!(job = %ctx.id, mini_batch = batch.index, error = %e, "Staging inputs failed.");
+                    warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Staging inputs failed.");
                     let process = self.runner.as_ref().map_or("_main", |a| a.name.as_str());
                     ctx.logs.log(
                         logs::JobLogs::sys_error(&node, process),
@@ -56,7 +56,7 @@ impl Slot {
                 }
             },
         };
-        let timeout = Duration::from_secs(ctx.spec.run_invocation_timeout);
+        let timeout = Duration::from_secs(ctx.job.spec().run_invocation_timeout);
         let start_wall = logs::now();
         let started = Instant::now();
         let active = self.runner.as_mut().expect("ensure_runner made one");
@@ -110,7 +110,7 @@ impl Slot {
                         format!("returned {returned} elements for {items} items")
                     }
                     std::cmp::Ordering::Greater => {
-                        warn!(job = %ctx.id, mini_batch = batch.index, returned, items, "run() returned more elements than it got; keeping them.");
+                        warn!(job = %ctx.job.id(), mini_batch = batch.index, returned, items, "run() returned more elements than it got; keeping them.");
                         format!("returned MORE elements than items: {returned} for {items}")
                     }
                     std::cmp::Ordering::Equal => String::new(),
@@ -139,12 +139,12 @@ impl Slot {
                     timing.run_seconds,
                     &note,
                 );
-                let part = (ctx.spec.output_action == OutputAction::AppendRow).then(|| {
-                    let header = header.filter(|_| ctx.spec.append_row_dataframe_header);
+                let part = (ctx.job.spec().output_action == OutputAction::AppendRow).then(|| {
+                    let header = header.filter(|_| ctx.job.spec().append_row_dataframe_header);
                     crate::parts::with_header(
                         header.as_deref(),
                         &rows,
-                        ctx.spec.append_row_dataframe_header,
+                        ctx.job.spec().append_row_dataframe_header,
                     )
                 });
                 let (shared, ctx, index) = (self.shared.clone(), ctx.clone(), batch.index);
@@ -154,7 +154,7 @@ impl Slot {
                             Ok(part) => Some(part),
                             Err(PartError::Folder(e)) => return fail_job(&shared, &ctx, &e).await,
                             Err(e @ PartError::Other(_)) => {
-                                warn!(job = %ctx.id, mini_batch = index, error = %e, "Writing the output part failed; requeueing.");
+                                warn!(job = %ctx.job.id(), mini_batch = index, error = %e, "Writing the output part failed; requeueing.");
                                 return Disposition::Requeue;
                             }
                         },
@@ -208,7 +208,7 @@ impl Slot {
                     _ => {
                         let cause = format!(
                             "run() exceeded run_invocation_timeout ({}s); the process was killed",
-                            ctx.spec.run_invocation_timeout
+                            ctx.job.spec().run_invocation_timeout
                         );
                         (
                             "timeout",
@@ -248,8 +248,8 @@ impl Slot {
         if ctx.stop.is_cancelled() {
             return Verdict::Drop;
         }
-        if attempt < ctx.spec.run_max_try {
-            info!(job = %ctx.id, mini_batch = batch.index, attempt, "Attempt failed; requeueing.");
+        if attempt < ctx.job.spec().run_max_try {
+            info!(job = %ctx.job.id(), mini_batch = batch.index, attempt, "Attempt failed; requeueing.");
             return Verdict::Settle(Disposition::Requeue);
         }
         if self.record_failure(ctx, batch, attempt, cause).await {
@@ -267,13 +267,13 @@ impl Slot {
         attempts: u32,
         cause: &str,
     ) -> bool {
-        match record_failed_batch(&*self.shared.agent.ledger, ctx, batch, attempts, cause).await {
+        match record_failed_batch(ctx, batch, attempts, cause).await {
             Ok(recorded) => {
                 report_recorded(&self.shared, ctx, recorded.transitioned, recorded.status);
                 true
             }
             Err(e) => {
-                warn!(job = %ctx.id, mini_batch = batch.index, error = %e, "Recording a failed mini-batch failed; requeueing.");
+                warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Recording a failed mini-batch failed; requeueing.");
                 false
             }
         }
@@ -354,18 +354,13 @@ async fn record_outcome(
     outcome: Outcome,
     part: Option<&str>,
 ) -> bool {
-    match shared
-        .agent
-        .ledger
-        .record(&ctx.id, index, outcome, part)
-        .await
-    {
+    match ctx.job.record(index, outcome, part).await {
         Ok(recorded) => {
             report_recorded(shared, ctx, recorded.transitioned, recorded.status);
             true
         }
         Err(e) => {
-            warn!(job = %ctx.id, mini_batch = index, error = %e, "Recording in the ledger failed; requeueing.");
+            warn!(job = %ctx.job.id(), mini_batch = index, error = %e, "Recording in the ledger failed; requeueing.");
             false
         }
     }
@@ -379,15 +374,14 @@ fn report_recorded(shared: &Shared, ctx: &JobContext, transitioned: bool, status
     }
     if transitioned {
         let _ = shared.agent.events.send(AgentEvent::Transitioned {
-            job: ctx.id.clone(),
+            job: ctx.job.id().to_owned(),
             status,
         });
     }
 }
 
 /// Fails the job for a folder of this node's that cannot take its writes: a system error,
-/// which every further attempt would meet, and no item's fault. The job moves to Failed as a
-/// threshold would move it, and whoever drives it hears of it the same way. Returns what
+/// which every further attempt would meet, and no item's fault. Returns what
 /// becomes of the delivery in hand: dropped, as the job no longer runs, or handed back
 /// untried (no attempt spent) when the ledger could not be told.
 async fn fail_job(shared: &Shared, ctx: &JobContext, folder: &FolderError) -> Disposition {
@@ -396,24 +390,16 @@ async fn fail_job(shared: &Shared, ctx: &JobContext, folder: &FolderError) -> Di
         logs::JobLogs::sys_error(&shared.agent.config.node_id, "_main"),
         &format!("Failing the job: {reason}"),
     );
-    error!(job = %ctx.id, folder = %folder.folder.display(), error = %folder.source, "A folder of this node cannot take its writes; failing the job.");
-    match shared
-        .agent
-        .ledger
-        .transition(
-            &ctx.id,
-            &[JobState::Running],
-            JobState::Failed,
-            Some(&reason),
-        )
-        .await
-    {
-        Ok((moved, status)) => {
-            report_recorded(shared, ctx, moved, status);
+    error!(job = %ctx.job.id(), folder = %folder.folder.display(), error = %folder.source, "A folder of this node cannot take its writes; failing the job.");
+    match ctx.job.fail(&reason, Some(&ctx.logs)).await {
+        Ok(status) => {
+            if !status.state.accepts_work() {
+                ctx.stop.cancel();
+            }
             Disposition::Ack
         }
         Err(e) => {
-            warn!(job = %ctx.id, error = %e, "Cannot fail the job in the ledger; handing the mini-batch back.");
+            warn!(job = %ctx.job.id(), error = %e, "Cannot fail the job in the ledger; handing the mini-batch back.");
             Disposition::Return
         }
     }
@@ -422,7 +408,7 @@ async fn fail_job(shared: &Shared, ctx: &JobContext, folder: &FolderError) -> Di
 /// The cause of a job failed by a folder of the node's: which folder, what is wrong with it,
 /// and what to do. A folder in the job's output is the output's; any other is scratch.
 fn system_error(ctx: &JobContext, e: &FolderError) -> String {
-    let output = ctx.output.local_path("_parts");
+    let output = ctx.job.output().local_path("_parts");
     let in_output =
         matches!(output.as_deref().and_then(Path::parent), Some(o) if e.folder.starts_with(o));
     let hint = match (in_output, e.is_out_of_space()) {
@@ -448,7 +434,6 @@ fn system_error(ctx: &JobContext, e: &FolderError) -> String {
 /// recorded (it succeeded on an attempt whose acknowledgement was lost, and came back past
 /// its attempts) keeps its outcome, and its items are not listed as failed.
 pub async fn record_failed_batch(
-    ledger: &dyn Ledger,
     ctx: &JobContext,
     batch: &MiniBatch,
     attempts: u32,
@@ -464,8 +449,9 @@ pub async fn record_failed_batch(
             .await
             .unwrap_or(batch.chunks.len() as u64)
     };
-    let recorded = ledger
-        .record(&ctx.id, batch.index, Outcome::all_failed(failed), None)
+    let recorded = ctx
+        .job
+        .record(batch.index, Outcome::all_failed(failed), None)
         .await
         .map_err(|e| e.to_string())?;
     if recorded.first {

@@ -27,12 +27,12 @@ use fleetrun_common::ledger::{JobState, Ledger, Status};
 use fleetrun_common::protocol::RunContext;
 use fleetrun_common::queue::Queue;
 use fleetrun_common::storage::Storage;
-use fleetrun_config::JobSpec;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::gpu::GpuPool;
+use crate::job::Job;
 use crate::logs::JobLogs;
 use crate::parts::Parts;
 use crate::process::Launcher;
@@ -76,15 +76,11 @@ pub struct AgentConfig {
     pub gpus: usize,
 }
 
-/// A job as a node sees it: its spec, its storages, its log folder, and what this node
-/// learned about it.
+/// A job as a node sees it: the job (its spec as staged here, its output, the moves of its
+/// state), its input, its log folder, and what this node learned about it.
 pub struct JobContext {
-    pub id: String,
-    pub spec: JobSpec,
-    /// When the job was submitted, in seconds since the Unix epoch (its record's).
-    pub submitted_at: f64,
+    pub job: Job,
     pub input: Arc<dyn Storage>,
-    pub output: Arc<dyn Storage>,
     /// Where the mini-batches' output parts wait for the finalizer.
     pub parts: Arc<dyn Parts>,
     pub logs: Arc<JobLogs>,
@@ -114,18 +110,13 @@ pub struct JobContext {
 
 impl JobContext {
     pub fn new(
-        id: String,
-        spec: JobSpec,
+        job: Job,
         input: Arc<dyn Storage>,
-        output: Arc<dyn Storage>,
         parts: Arc<dyn Parts>,
         logs: Arc<JobLogs>,
-        submitted_at: f64,
     ) -> JobContext {
         JobContext {
-            id,
-            spec,
-            submitted_at,
+            job,
             started_noted: AtomicBool::new(false),
             end_noted: AtomicBool::new(false),
             gpus_noted: AtomicBool::new(false),
@@ -133,7 +124,6 @@ impl JobContext {
             seats: seats::Seats::new(crate::node::MAX_PROCESSES as usize),
             place: AtomicBool::new(true),
             input,
-            output,
             parts,
             logs,
             stop: CancellationToken::new(),
@@ -163,15 +153,6 @@ impl JobContext {
     /// Notes whether this node holds one of the job's places.
     pub fn set_place(&self, held: bool) {
         self.place.store(held, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// The job as its results name it.
-    pub fn view(&self) -> crate::job::JobView<'_> {
-        crate::job::JobView {
-            id: &self.id,
-            spec: &self.spec,
-            submitted_at: self.submitted_at,
-        }
     }
 
     /// True once per node and job: the first mini-batch this node starts notes the job
@@ -312,6 +293,6 @@ pub fn is_stopped(state: JobState) -> bool {
 fn run_context(ctx: &JobContext, batch: &fleetrun_common::wire::MiniBatch) -> RunContext {
     RunContext {
         partition_key_value: batch.partition.clone(),
-        dataset: ctx.spec.input.location().to_string(),
+        dataset: ctx.job.spec().input.location().to_string(),
     }
 }

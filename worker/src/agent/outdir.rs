@@ -24,7 +24,7 @@ pub type Uploaded = HashMap<String, (u64, i128)>;
 
 /// The folder `EntryScript().output_dir` names on this node.
 pub fn local_output_dir(ctx: &JobContext) -> PathBuf {
-    match &ctx.spec.output {
+    match &ctx.job.spec().output {
         Location::Local(dir) => dir.clone(),
         Location::S3 { .. } => ctx
             .logs
@@ -38,7 +38,7 @@ pub fn local_output_dir(ctx: &JobContext) -> PathBuf {
 /// Uploads the new or changed files of the node's output folder to an S3 output; returns how
 /// many. Nothing to do on a local output.
 pub async fn sync(ctx: &JobContext) -> Result<usize, StorageError> {
-    if ctx.spec.output.as_local().is_some() {
+    if ctx.job.spec().output.as_local().is_some() {
         return Ok(0);
     }
     let dir = local_output_dir(ctx);
@@ -54,8 +54,8 @@ pub async fn sync(ctx: &JobContext) -> Result<usize, StorageError> {
         if uploaded.get(&key) == Some(&(size, mtime)) {
             continue;
         }
-        if reserved(&key, &ctx.spec.append_row_file_name) {
-            warn!(job = %ctx.id, key, "A file in output_dir has a name fleetrun keeps for itself; not uploaded.");
+        if reserved(&key, &ctx.job.spec().append_row_file_name) {
+            warn!(job = %ctx.job.id(), key, "A file in output_dir has a name fleetrun keeps for itself; not uploaded.");
             uploaded.insert(key, (size, mtime));
             continue;
         }
@@ -65,7 +65,7 @@ pub async fn sync(ctx: &JobContext) -> Result<usize, StorageError> {
                 key: key.clone(),
                 source,
             })?;
-        ctx.output.put(&key, Bytes::from(body)).await?;
+        ctx.job.output().put(&key, Bytes::from(body)).await?;
         uploaded.insert(key, (size, mtime));
         count += 1;
     }
@@ -75,7 +75,7 @@ pub async fn sync(ctx: &JobContext) -> Result<usize, StorageError> {
 /// [`sync`], a failure logged: the next mini-batch or the job's end tries again.
 pub async fn sync_logged(ctx: &JobContext) {
     if let Err(e) = sync(ctx).await {
-        warn!(job = %ctx.id, error = %e, "Cannot upload output_dir's files to the output.");
+        warn!(job = %ctx.job.id(), error = %e, "Cannot upload output_dir's files to the output.");
     }
 }
 

@@ -74,7 +74,7 @@ impl Slot {
     /// Makes sure this slot has a ready runner for the job. On an init failure, counts it and
     /// gives up on the job on this node after `3 × process_count_per_node` of them.
     pub(super) async fn ensure_runner(&mut self, ctx: &Arc<JobContext>) -> bool {
-        if self.runner.as_ref().is_some_and(|a| a.job == ctx.id) {
+        if self.runner.as_ref().is_some_and(|a| a.job == ctx.job.id()) {
             return true;
         }
         if let Some(previous) = self.runner.take() {
@@ -109,19 +109,19 @@ impl Slot {
             env,
             env_remove,
         };
-        let spec = &ctx.spec;
+        let spec = ctx.job.spec();
         // The node's cache folder holds the staging folder and the working folders.
         let cache = self.config().staging_dir.parent().unwrap_or(Path::new("/"));
-        let working_dir = match super::workdir::make(cache, &ctx.id, &node, &name, spec) {
+        let working_dir = match super::workdir::make(cache, ctx.job.id(), &node, &name, spec) {
             Ok(dir) => Some(dir.display().to_string()),
             Err(e) => {
-                warn!(job = %ctx.id, process = %name, error = %e, "Cannot make the runner's working folder; it starts in the worker's.");
+                warn!(job = %ctx.job.id(), process = %name, error = %e, "Cannot make the runner's working folder; it starts in the worker's.");
                 None
             }
         };
         let output_dir = super::outdir::local_output_dir(ctx);
         if let Err(e) = std::fs::create_dir_all(&output_dir) {
-            warn!(job = %ctx.id, folder = %output_dir.display(), error = %e, "Cannot make the script's output_dir.");
+            warn!(job = %ctx.job.id(), folder = %output_dir.display(), error = %e, "Cannot make the script's output_dir.");
         }
         let params = InitParams {
             entry_script: local_path_string(&spec.entry_script),
@@ -185,7 +185,7 @@ impl Slot {
                 );
                 ctx.monitor.runner_started(&name, info.pid);
                 self.runner = Some(Active {
-                    job: ctx.id.clone(),
+                    job: ctx.job.id().to_owned(),
                     name,
                     process,
                     job_stop: ctx.stop.clone(),
@@ -216,7 +216,7 @@ impl Slot {
                         "no progress: every runner process on node {node} was stuck in init() (the last, {name}: {failure}) and no mini-batch has started"
                     );
                     let _ = self.shared.agent.events.send(AgentEvent::StuckInInit {
-                        job: ctx.id.clone(),
+                        job: ctx.job.id().to_owned(),
                         reason,
                     });
                 }
@@ -242,9 +242,9 @@ impl Slot {
         }
         let failures = ctx.init_failures.fetch_add(1, Ordering::Relaxed) + 1;
         let processes = ctx.seats.cap() as u32;
-        warn!(job = %ctx.id, process = %name, failures, "Runner failed to start: {failure}");
+        warn!(job = %ctx.job.id(), process = %name, failures, "Runner failed to start: {failure}");
         let _ = self.shared.agent.events.send(AgentEvent::InitFailed {
-            job: ctx.id.clone(),
+            job: ctx.job.id().to_owned(),
             processes,
             failure: failure.clone(),
         });
@@ -258,10 +258,10 @@ impl Slot {
             };
             ctx.logs.log(
                 &main_log,
-                &format!("Giving up on job {}: {reason}.", ctx.id),
+                &format!("Giving up on job {}: {reason}.", ctx.job.id()),
             );
             let _ = self.shared.agent.events.send(AgentEvent::GaveUp {
-                job: ctx.id.clone(),
+                job: ctx.job.id().to_owned(),
                 reason,
             });
         }
@@ -313,12 +313,13 @@ fn gpu_line(count: usize) -> String {
 /// The runner's environment: the job's variables and who the process is.
 fn runner_env(ctx: &JobContext, node: &str, process: &str) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = ctx
-        .spec
+        .job
+        .spec()
         .environment_variables
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    env.push(("FLEETRUN_JOB_ID".into(), ctx.id.clone()));
+    env.push(("FLEETRUN_JOB_ID".into(), ctx.job.id().to_owned()));
     env.push(("FLEETRUN_NODE_ID".into(), node.to_owned()));
     env.push(("FLEETRUN_PROCESS_NAME".into(), process.to_owned()));
     env
@@ -328,7 +329,7 @@ fn runner_env(ctx: &JobContext, node: &str, process: &str) -> Vec<(String, Strin
 /// systems matter to the job (its logs, its local output and input, the node's staging
 /// folder, the temp folder).
 fn monitor_settings(ctx: &JobContext, config: &super::AgentConfig) -> MonitorSettings {
-    let spec = &ctx.spec;
+    let spec = ctx.job.spec();
     let mut folders = vec![("logs".to_owned(), ctx.logs.dir().to_owned())];
     if let Some(output) = spec.output.as_local() {
         folders.push(("output".into(), output.to_owned()));

@@ -196,7 +196,7 @@ impl Slot {
             // This node cannot start the job's script; leave the work to other nodes.
             return self.hand_back(&ctx).await;
         }
-        let max = ctx.spec.run_max_try;
+        let max = ctx.job.spec().run_max_try;
         if delivery.attempt > max {
             let cause =
                 format!("all {max} attempts were lost with the process or worker that held them");
@@ -219,7 +219,7 @@ impl Slot {
             return Verdict::Settle(Disposition::Return);
         }
         if ctx.first_start() {
-            let (ledger, job) = (self.shared.agent.ledger.clone(), ctx.id.clone());
+            let (ledger, job) = (self.shared.agent.ledger.clone(), ctx.job.id().to_owned());
             tokio::spawn(async move {
                 if let Err(e) = ledger.started(&job).await {
                     warn!(job = %job, error = %e, "Cannot note the job started.");
@@ -247,7 +247,7 @@ impl Slot {
             return false;
         }
         if ctx.due_for_check()
-            && let Ok(Some(status)) = self.shared.agent.ledger.status(&ctx.id).await
+            && let Ok(Some(status)) = self.shared.agent.ledger.status(ctx.job.id()).await
             && !status.state.accepts_work()
         {
             ctx.stop.cancel();

@@ -65,7 +65,7 @@ impl Slot {
         batch: &MiniBatch,
     ) -> Result<Staged, StageError> {
         let staging = &self.shared.agent.config.staging_dir;
-        let name = format!("{}-slot{}-{}", ctx.id, self.index, self.stagings + 1);
+        let name = format!("{}-slot{}-{}", ctx.job.id(), self.index, self.stagings + 1);
         if !batch.chunks.is_empty() {
             let folder = super::tabular::folder(staging, &name);
             self.stagings += 1;

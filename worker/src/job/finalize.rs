@@ -7,10 +7,7 @@ use std::time::Duration;
 use fleetrun_common::ledger::{JobState, Ledger, Status};
 use tracing::{info, warn};
 
-use super::record::{JobRecord, unix_now};
-use super::settings::Fleet;
 use crate::agent::JobContext;
-use crate::parts;
 
 /// How long a finalization claim lasts unless renewed (every third of it): a worker that
 /// dies while finalizing is replaced, this long after, by another that served the job.
@@ -30,14 +27,9 @@ pub async fn conclude(ledger: &dyn Ledger, ctx: &JobContext, status: Status) -> 
     } else {
         status.state
     };
-    let status = ledger
-        .status(&ctx.id)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or(status);
-    info!(job = %ctx.id, state = %state, "Job ended.");
-    write_job_result(ctx, &status).await;
+    let status = ctx.job.status().await.ok().flatten().unwrap_or(status);
+    info!(job = %ctx.job.id(), state = %state, "Job ended.");
+    ctx.job.write_results(Some(&ctx.logs), &status).await;
     state
 }
 
@@ -47,7 +39,7 @@ async fn finalize_claimed(ledger: &dyn Ledger, ctx: &JobContext) -> Option<JobSt
     if ctx.finalizing.swap(true, Ordering::Relaxed) {
         return None;
     }
-    let claim = || ledger.claim_finalization(&ctx.id, &ctx.finalizer, FINALIZE_LEASE);
+    let claim = || ledger.claim_finalization(ctx.job.id(), &ctx.finalizer, FINALIZE_LEASE);
     let state = if claim().await.unwrap_or(false) {
         let finalize = finalize_job(ledger, ctx);
         tokio::pin!(finalize);
@@ -56,7 +48,7 @@ async fn finalize_claimed(ledger: &dyn Ledger, ctx: &JobContext) -> Option<JobSt
                 state = &mut finalize => break state,
                 _ = tokio::time::sleep(FINALIZE_LEASE / 3) => {
                     if let Err(e) = claim().await {
-                        warn!(job = %ctx.id, error = %e, "Cannot renew the finalization claim.");
+                        warn!(job = %ctx.job.id(), error = %e, "Cannot renew the finalization claim.");
                     }
                 }
             }
@@ -75,67 +67,26 @@ async fn finalize_claimed(ledger: &dyn Ledger, ctx: &JobContext) -> Option<JobSt
 async fn finalize_job(ledger: &dyn Ledger, ctx: &JobContext) -> JobState {
     let still_held = || async {
         ledger
-            .claim_finalization(&ctx.id, &ctx.finalizer, FINALIZE_LEASE)
+            .claim_finalization(ctx.job.id(), &ctx.finalizer, FINALIZE_LEASE)
             .await
             .unwrap_or(false)
     };
-    parts::finish_job(
-        ledger,
-        &ctx.id,
-        &ctx.spec,
-        &*ctx.output,
-        &*ctx.parts,
-        still_held,
-    )
-    .await
-}
-
-/// Writes the ended job's results into its output's `logs/`.
-pub async fn write_job_result(ctx: &JobContext, status: &Status) {
-    super::results::write_results(&*ctx.output, Some(&ctx.logs), ctx.view(), status).await;
-}
-
-/// Fails a Running job and writes its result, if this call moved it.
-pub(super) async fn fail_job(fleet: &Fleet, ctx: &JobContext, reason: &str) {
-    let failed = super::results::fail(
-        &*fleet.ledger,
-        &*ctx.output,
-        Some(&ctx.logs),
-        ctx.view(),
-        reason,
-    );
-    if let Err(e) = failed.await {
-        warn!(job = %ctx.id, error = %e, "Cannot fail the job.");
-    }
-}
-
-/// How long ago the job was submitted, from its record.
-pub(super) async fn job_age(fleet: &Fleet, job: &str) -> Option<Duration> {
-    let bytes = fleet.registry.record(job).await.ok()??;
-    let record = JobRecord::decode(&bytes).ok()?;
-    Some(Duration::from_secs_f64(
-        (unix_now() - record.submitted_at).max(0.0),
-    ))
+    ctx.job.finish(&*ctx.parts, still_held).await
 }
 
 /// Fails the job if its init failures over all nodes break CONTRACT §5 rule 2; `detail`
 /// ends the reason. True if the rule fails the job.
 pub(super) async fn check_init_failures(
-    fleet: &Fleet,
     ctx: &JobContext,
     processes: u32,
     failures: u64,
     detail: &str,
 ) -> bool {
-    let Some(age) = job_age(fleet, &ctx.id).await else {
-        return false;
-    };
-    check_init_failures_at(fleet, ctx, processes, failures, detail, age).await
+    check_init_failures_at(ctx, processes, failures, detail, ctx.job.age()).await
 }
 
 /// [`check_init_failures`] for a job `age` old by the caller's clock.
 pub(super) async fn check_init_failures_at(
-    fleet: &Fleet,
     ctx: &JobContext,
     processes: u32,
     failures: u64,
@@ -143,10 +94,11 @@ pub(super) async fn check_init_failures_at(
     age: Duration,
 ) -> bool {
     let Some(reason) =
-        super::driver::init_failures_fail_job(ctx.spec.node_count, processes, failures, age)
+        super::driver::init_failures_fail_job(ctx.job.spec().node_count, processes, failures, age)
     else {
         return false;
     };
-    fail_job(fleet, ctx, &format!("{reason}; {detail}")).await;
+    let reason = format!("{reason}; {detail}");
+    ctx.job.fail_or_warn(&reason, Some(&ctx.logs)).await;
     true
 }

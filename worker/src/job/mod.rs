@@ -15,8 +15,10 @@
 //! - `code`: shipping a job's code to S3 and staging it on a worker.
 //! - `side`: staging a job's side inputs and models into the node's cache, shared by jobs.
 //! - `watch`: serving the pool: the jobs a node follows, adopting orphans, the agent's events.
+//! - `lifecycle`: the [`Job`] handle, the one mover of a job's state and writer of its
+//!   result files.
 //! - `results`: what a job tells its user: its overview while it runs, its result when it
-//!   ends, written the same by whoever ends it.
+//!   ends.
 //! - `finalize`: concluding a job: its finalization, its result, failing it.
 //! - `dead_letters`: dead-lettered mini-batches, recorded against their job.
 
@@ -25,6 +27,7 @@ mod dead_letters;
 mod driver;
 mod error;
 mod finalize;
+mod lifecycle;
 mod record;
 mod results;
 mod settings;
@@ -34,9 +37,10 @@ mod watch;
 pub use code::{CODE_PREFIX, ship_code};
 pub use driver::{INIT_FAILURE_GRACE, StopRules, init_failures_fail_job};
 pub use error::{JobError, SettingsError};
-pub use finalize::{conclude, write_job_result};
+pub use finalize::conclude;
+pub use lifecycle::Job;
 pub use record::{JobRecord, unix_now};
-pub use results::{JobView, cancel, fail, overview_text, result_text, write_results};
+pub use results::{overview_text, result_text};
 pub use settings::{
     DEFAULT_POOL, Fleet, FleetArgs, KEEP_ENDED_JOBS, KEY_PREFIX, POOL_DELIVERY_LIMIT, WorkerConfig,
     open_input, open_storage, tabular_root,

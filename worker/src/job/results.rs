@@ -1,36 +1,18 @@
 //! What a job tells its user (CONTRACT §7): `job_progress_overview.txt` while it runs, and
-//! `job_result.txt`, the final overview and `job_error.txt` when it ends. Written the same
-//! way by whichever process ends the job: a node that finalizes it or fails it, a waiting
-//! submitter whose stop rules fire, a cancel, `fleetrun run`.
+//! `job_result.txt`, the final overview and `job_error.txt` when it ends, written through
+//! the job's handle ([`Job::write_results`]) by whichever process ends it.
 
 use bytes::Bytes;
-use fleetrun_common::ledger::{JobState, Ledger, LedgerError, Status};
-use fleetrun_common::storage::Storage;
-use fleetrun_config::JobSpec;
-use tracing::{info, warn};
+use fleetrun_common::ledger::{JobState, Status};
+use tracing::warn;
 
-use super::record::unix_now;
+use super::lifecycle::Job;
 use crate::logs::{self, JobLogs};
-
-/// A job as its results name it.
-#[derive(Debug, Clone, Copy)]
-pub struct JobView<'a> {
-    pub id: &'a str,
-    pub spec: &'a JobSpec,
-    /// Seconds since the Unix epoch, from the job's record.
-    pub submitted_at: f64,
-}
-
-impl JobView<'_> {
-    fn elapsed(&self) -> f64 {
-        (unix_now() - self.submitted_at).max(0.0)
-    }
-}
 
 /// `job_result.txt`: the result, the counts and, for a job that did not complete, why and
 /// where to look.
-pub fn result_text(job: JobView<'_>, status: &Status) -> String {
-    let threshold = match job.spec.error_threshold {
+pub fn result_text(job: &Job, status: &Status) -> String {
+    let threshold = match job.spec().error_threshold {
         -1 => "-1 (failures ignored)".to_owned(),
         n => n.to_string(),
     };
@@ -40,9 +22,9 @@ pub fn result_text(job: JobView<'_>, status: &Status) -> String {
     );
     let mut text = format!(
         "Job: {}\nResult: {}\nElapsed: {:.1}s\nMini-batches: {} processed of {total}\nItems: {} succeeded, {} failed (error_threshold {threshold})\nMini-batches failed: {}\n",
-        job.id,
+        job.id(),
         status.state,
-        job.elapsed(),
+        job.age().as_secs_f64(),
         status.done,
         status.items_succeeded,
         status.items_failed,
@@ -110,64 +92,21 @@ fn error_summary(logs: Option<&JobLogs>) -> String {
     summary
 }
 
-/// Writes an ended job's results into its output's `logs/`. `logs` are this process's log
-/// files of the job, when it has any (the script errors it saw).
-pub async fn write_results(
-    output: &dyn Storage,
-    logs: Option<&JobLogs>,
-    job: JobView<'_>,
-    status: &Status,
-) {
+/// Writes an ended job's results into its output's `logs/`; [`Job::write_results`] is the
+/// way in.
+pub(super) async fn write(job: &Job, logs: Option<&JobLogs>, status: &Status) {
     let files = [
         (logs::JOB_RESULT, result_text(job, status)),
         (logs::PROGRESS_OVERVIEW, overview_text(status)),
         (logs::JOB_ERROR, error_summary(logs)),
     ];
     for (name, text) in files {
-        if let Err(e) = output.put(&format!("logs/{name}"), Bytes::from(text)).await {
-            warn!(job = %job.id, file = name, error = %e, "Cannot write a result file.");
+        if let Err(e) = job
+            .output()
+            .put(&format!("logs/{name}"), Bytes::from(text))
+            .await
+        {
+            warn!(job = %job.id(), file = name, error = %e, "Cannot write a result file.");
         }
     }
-}
-
-/// Fails a Running job for `reason` and writes its results, if this call moved it (exactly
-/// one of the processes that watch a job does). Returns the status after.
-pub async fn fail(
-    ledger: &dyn Ledger,
-    output: &dyn Storage,
-    logs: Option<&JobLogs>,
-    job: JobView<'_>,
-    reason: &str,
-) -> Result<Status, LedgerError> {
-    let (moved, status) = ledger
-        .transition(job.id, &[JobState::Running], JobState::Failed, Some(reason))
-        .await?;
-    if moved {
-        info!(job = %job.id, "Job failed: {reason}.");
-        write_results(output, logs, job, &status).await;
-    }
-    Ok(status)
-}
-
-/// Cancels a Running or Finalizing job for `reason` and writes its results, if this call
-/// moved it. Returns the status after.
-pub async fn cancel(
-    ledger: &dyn Ledger,
-    output: &dyn Storage,
-    job: JobView<'_>,
-    reason: &str,
-) -> Result<Status, LedgerError> {
-    let (moved, status) = ledger
-        .transition(
-            job.id,
-            &[JobState::Running, JobState::Finalizing],
-            JobState::Canceled,
-            Some(reason),
-        )
-        .await?;
-    if moved {
-        info!(job = %job.id, "Job canceled: {reason}.");
-        write_results(output, None, job, &status).await;
-    }
-    Ok(status)
 }

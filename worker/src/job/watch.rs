@@ -18,9 +18,8 @@ use super::code::stage_code;
 use super::dead_letters::record_dead_letters;
 use super::driver::StopRules;
 use super::error::JobError;
-use super::finalize::{
-    FINALIZE_LEASE, check_init_failures, check_init_failures_at, conclude, fail_job, job_age,
-};
+use super::finalize::{FINALIZE_LEASE, check_init_failures, check_init_failures_at, conclude};
+use super::lifecycle::Job;
 use super::record::JobRecord;
 use super::results::overview_text;
 use super::settings::{Fleet, KEEP_ENDED_JOBS, WorkerConfig, open_input, open_storage};
@@ -105,9 +104,12 @@ pub async fn serve(
         ctx.monitor.stop().await;
         if ctx.has_place() && !config.sole_node {
             // Another node takes this one's place in the job now, not when it runs out.
-            let _ = fleet.registry.release_place(&ctx.id, &config.node_id).await;
+            let _ = fleet
+                .registry
+                .release_place(ctx.job.id(), &config.node_id)
+                .await;
         }
-        if let Ok(Some(status)) = fleet.ledger.status(&ctx.id).await {
+        if let Ok(Some(status)) = fleet.ledger.status(ctx.job.id()).await {
             note_end(&ctx, &status);
         }
         ctx.logs.flush();
@@ -146,13 +148,9 @@ async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, event: AgentE
             let Ok(Some(ctx)) = jobs.get(&job).await else {
                 return;
             };
-            if ctx.spec.node_count <= 1 || jobs.config.sole_node {
-                fail_job(
-                    fleet,
-                    &ctx,
-                    &format!("no runner process could start: {reason}"),
-                )
-                .await;
+            if ctx.job.spec().node_count <= 1 || jobs.config.sole_node {
+                let reason = format!("no runner process could start: {reason}");
+                ctx.job.fail_or_warn(&reason, Some(&ctx.logs)).await;
             } else {
                 warn!(job = %job, node, "This node gave up on the job; other nodes keep serving it.");
                 let processes = ctx.seats.cap() as u32;
@@ -167,7 +165,7 @@ async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, event: AgentE
             // is stuck (CONTRACT §5 rule 3).
             match fleet.ledger.status(&job).await {
                 Ok(Some(status)) if !status.started && status.state == JobState::Running => {
-                    fail_job(fleet, &ctx, &reason).await;
+                    ctx.job.fail_or_warn(&reason, Some(&ctx.logs)).await;
                 }
                 Ok(_) => {}
                 Err(e) => warn!(job = %job, error = %e, "Cannot read the job's state."),
@@ -187,7 +185,7 @@ async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, event: AgentE
             };
             if let Some(ctx) = jobs.cached(&job) {
                 let last = format!("the last: {failure}");
-                check_init_failures(fleet, &ctx, processes, failures, &last).await;
+                check_init_failures(&ctx, processes, failures, &last).await;
             }
         }
     }
@@ -200,10 +198,8 @@ async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, event: AgentE
 /// mini-batch has ended anywhere.
 async fn recheck_given_up(fleet: Fleet, ctx: Arc<JobContext>, processes: u32, reason: String) {
     let gave_up = tokio::time::Instant::now();
-    let Some(age) = job_age(&fleet, &ctx.id).await else {
-        return;
-    };
-    let spec = &ctx.spec;
+    let age = ctx.job.age();
+    let spec = ctx.job.spec();
     let rule_2 =
         gave_up + super::driver::INIT_FAILURE_GRACE.saturating_sub(age) + Duration::from_secs(1);
     let timeout = spec.run_invocation_timeout;
@@ -213,7 +209,7 @@ async fn recheck_given_up(fleet: Fleet, ctx: Arc<JobContext>, processes: u32, re
     checks.sort();
     for at in checks {
         tokio::time::sleep_until(at).await;
-        let Ok(Some(status)) = fleet.ledger.status(&ctx.id).await else {
+        let Ok(Some(status)) = fleet.ledger.status(ctx.job.id()).await else {
             continue;
         };
         if status.state != JobState::Running {
@@ -221,8 +217,8 @@ async fn recheck_given_up(fleet: Fleet, ctx: Arc<JobContext>, processes: u32, re
         }
         // The job's age by this node's clock since it gave up (paused in flow tests).
         let age_now = age + gave_up.elapsed();
-        if let Ok(failures) = fleet.registry.init_failures(&ctx.id).await
-            && check_init_failures_at(&fleet, &ctx, processes, failures, &reason, age_now).await
+        if let Ok(failures) = fleet.registry.init_failures(ctx.job.id()).await
+            && check_init_failures_at(&ctx, processes, failures, &reason, age_now).await
         {
             return;
         }
@@ -231,7 +227,7 @@ async fn recheck_given_up(fleet: Fleet, ctx: Arc<JobContext>, processes: u32, re
             let why = format!(
                 "no mini-batch has ended on any node {waited}s after this one gave up on the job: {reason}"
             );
-            fail_job(&fleet, &ctx, &why).await;
+            ctx.job.fail_or_warn(&why, Some(&ctx.logs)).await;
             return;
         }
     }
@@ -327,19 +323,14 @@ async fn watch_unserved(fleet: &Fleet, jobs: &FleetJobs, job: &str) -> Result<()
     let Some(reason) = reason else {
         return Ok(());
     };
-    let output = match open_storage(&record.spec.output, &fleet.s3).await {
-        Ok(output) => output,
+    let job_handle = match Job::open(fleet, job, &record).await {
+        Ok(handle) => handle,
         Err(e) => {
             warn!(job = %job, error = %e, "Cannot open the job's output to fail it.");
             return Ok(());
         }
     };
-    let view = super::results::JobView {
-        id: job,
-        spec: &record.spec,
-        submitted_at: record.submitted_at,
-    };
-    super::results::fail(&*fleet.ledger, &*output, None, view, &reason).await?;
+    job_handle.fail(&reason, None).await?;
     jobs.unserved
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -412,16 +403,10 @@ impl FleetJobs {
                         self.config.node_id
                     );
                     let output = open_storage(&spec.output, &self.fleet.s3).await?;
-                    let view = super::results::JobView {
-                        id: job,
-                        spec: &spec,
-                        submitted_at: record.submitted_at,
-                    };
-                    let failed =
-                        super::results::fail(&*self.fleet.ledger, &*output, None, view, &reason);
-                    if let Err(e) = failed.await {
-                        warn!(job = %job, error = %e, "Cannot fail the job.");
-                    }
+                    let ledger = self.fleet.ledger.clone();
+                    Job::new(job, spec.clone(), record.submitted_at, ledger, output)
+                        .fail_or_warn(&reason, None)
+                        .await;
                     (spec, Held::default())
                 }
             };
@@ -453,18 +438,12 @@ impl FleetJobs {
             &parts::writer_name(&self.config.node_id),
         );
         let processes = job_processes(&self.config, &spec);
+        let ledger = self.fleet.ledger.clone();
+        let handle = Job::new(job, spec, record.submitted_at, ledger, output);
         let ctx = Arc::new(
-            JobContext::new(
-                job.to_owned(),
-                spec,
-                input,
-                output,
-                parts,
-                logs,
-                record.submitted_at,
-            )
-            // `fleetrun run` is the job's one node; fleet nodes take one of its places.
-            .with_seats(processes, !self.config.sole_node),
+            JobContext::new(handle, input, parts, logs)
+                // `fleetrun run` is the job's one node; fleet nodes take one of its places.
+                .with_seats(processes, !self.config.sole_node),
         );
         tokio::spawn(watch_job(
             self.fleet.clone(),
@@ -501,17 +480,23 @@ impl Jobs for FleetJobs {
         let claimed = self
             .fleet
             .registry
-            .claim_place(&ctx.id, &self.config.node_id, ctx.spec.node_count, BEAT_TTL)
+            .claim_place(
+                ctx.job.id(),
+                &self.config.node_id,
+                ctx.job.spec().node_count,
+                BEAT_TTL,
+            )
             .await;
         match claimed {
             Ok(held) => {
                 if held {
-                    info!(job = %ctx.id, node_count = ctx.spec.node_count, "This node took one of the job's places.");
+                    info!(job = %ctx.job.id(), node_count = ctx.job.spec().node_count, "This node took one of the job's places.");
                     ctx.logs.log(
                         JobLogs::node_main(&self.config.node_id),
                         &format!(
                             "Node {} took one of the job's {} node places (node_count).",
-                            self.config.node_id, ctx.spec.node_count
+                            self.config.node_id,
+                            ctx.job.spec().node_count
                         ),
                     );
                 }
@@ -519,7 +504,7 @@ impl Jobs for FleetJobs {
                 held
             }
             Err(e) => {
-                warn!(job = %ctx.id, error = %e, "Cannot claim a place in the job.");
+                warn!(job = %ctx.job.id(), error = %e, "Cannot claim a place in the job.");
                 false
             }
         }
@@ -556,16 +541,17 @@ async fn watch_job(
     stop: CancellationToken,
     held: Arc<Mutex<HashMap<String, NodeJob>>>,
 ) {
-    let age = Duration::from_secs_f64((super::record::unix_now() - ctx.submitted_at).max(0.0));
+    let age =
+        Duration::from_secs_f64((super::record::unix_now() - ctx.job.submitted_at()).max(0.0));
     let ledger = fleet.ledger.clone();
-    let mut rules = StopRules::new(&ctx.spec, age);
+    let mut rules = StopRules::new(ctx.job.spec(), age);
     let mut seen: Option<(JobState, Option<u64>)> = None;
     let mut place_renewed = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = stop.cancelled() => {
                 if ctx.has_place() {
-                    let _ = fleet.registry.release_place(&ctx.id, &node).await;
+                    let _ = fleet.registry.release_place(ctx.job.id(), &node).await;
                 }
                 return;
             }
@@ -576,24 +562,20 @@ async fn watch_job(
             renew_place(&fleet, &ctx, &node).await;
         }
         ctx.logs.flush();
-        let status = match ledger.status(&ctx.id).await {
+        let status = match ledger.status(ctx.job.id()).await {
             Ok(Some(status)) => status,
             Ok(None) => continue,
             Err(e) => {
-                warn!(job = %ctx.id, error = %e, "Cannot read the job's state.");
+                warn!(job = %ctx.job.id(), error = %e, "Cannot read the job's state.");
                 continue;
             }
         };
         note_changes(&ctx, &node, &mut seen, &status);
         if let Some(reason) = rules.check(&status, serving(&fleet, &status).await) {
-            let failed =
-                super::results::fail(&*ledger, &*ctx.output, Some(&ctx.logs), ctx.view(), &reason);
-            if let Err(e) = failed.await {
-                warn!(job = %ctx.id, error = %e, "Cannot fail the job.");
-            }
+            ctx.job.fail_or_warn(&reason, Some(&ctx.logs)).await;
             continue;
         }
-        if !status.state.is_terminal() && ctx.spec.output.as_local().is_some() {
+        if !status.state.is_terminal() && ctx.job.spec().output.as_local().is_some() {
             // On a local output the log folder is the output's: the overview is in place.
             ctx.logs
                 .write(logs::PROGRESS_OVERVIEW, &overview_text(&status));
@@ -613,7 +595,7 @@ async fn watch_job(
                     upload_logs(&ctx, &node).await;
                     held.lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .remove(&ctx.id);
+                        .remove(ctx.job.id());
                     return;
                 }
             }
@@ -627,15 +609,17 @@ async fn watch_job(
 async fn renew_place(fleet: &Fleet, ctx: &JobContext, node: &str) {
     let renewed = fleet
         .registry
-        .claim_place(&ctx.id, node, ctx.spec.node_count, BEAT_TTL)
+        .claim_place(ctx.job.id(), node, ctx.job.spec().node_count, BEAT_TTL)
         .await;
     match renewed {
         Ok(true) => {}
         Ok(false) => {
-            warn!(job = %ctx.id, node, "This node lost its place in the job to another.");
+            warn!(job = %ctx.job.id(), node, "This node lost its place in the job to another.");
             ctx.set_place(false);
         }
-        Err(e) => warn!(job = %ctx.id, error = %e, "Cannot renew this node's place in the job."),
+        Err(e) => {
+            warn!(job = %ctx.job.id(), error = %e, "Cannot renew this node's place in the job.")
+        }
     }
 }
 
@@ -651,9 +635,9 @@ fn note_changes(
     let (state, total) = seen.get_or_insert_with(|| {
         master(&format!(
             "Job {} followed by node {node}: input {}, output {}; {} created so far.",
-            ctx.id,
-            input_name(&ctx.spec),
-            ctx.spec.output,
+            ctx.job.id(),
+            input_name(ctx.job.spec()),
+            ctx.job.spec().output,
             status.created
         ));
         (JobState::Running, None)
@@ -680,7 +664,7 @@ fn note_end(ctx: &JobContext, status: &Status) {
         let reason = status.reason.as_deref().map(|r| format!(": {r}"));
         let line = format!(
             "Job {} ended {}{}.",
-            ctx.id,
+            ctx.job.id(),
             status.state,
             reason.unwrap_or_default()
         );
@@ -695,7 +679,7 @@ fn input_name(spec: &fleetrun_config::JobSpec) -> String {
 /// Copies this node's log files of a job whose output is on S3 under `<output>/logs/`.
 async fn upload_logs(ctx: &JobContext, node: &str) {
     // Local outputs hold the logs already; a node that wrote none has nothing to send.
-    if ctx.spec.output.as_local().is_some() || !ctx.logs.dir().is_dir() {
+    if ctx.job.spec().output.as_local().is_some() || !ctx.logs.dir().is_dir() {
         return;
     }
     let logs = LocalStorage::new(ctx.logs.dir());
@@ -703,13 +687,18 @@ async fn upload_logs(ctx: &JobContext, node: &str) {
     while let Some(object) = listing.next().await {
         let copied = match object {
             Ok(object) => match logs.get(&object.key).await {
-                Ok(body) => ctx.output.put(&format!("logs/{}", object.key), body).await,
+                Ok(body) => {
+                    ctx.job
+                        .output()
+                        .put(&format!("logs/{}", object.key), body)
+                        .await
+                }
                 Err(e) => Err(e),
             },
             Err(e) => Err(e),
         };
         if let Err(e) = copied {
-            warn!(job = %ctx.id, node, error = %e, "Cannot upload a log file.");
+            warn!(job = %ctx.job.id(), node, error = %e, "Cannot upload a log file.");
         }
     }
 }

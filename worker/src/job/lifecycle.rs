@@ -1,0 +1,234 @@
+//! A job's life: the one handle through which any process moves a job between its states
+//! (Running, Finalizing, Completed, Failed, Canceled) and writes its result files.
+//!
+//! Every move is one atomic ledger step, so of all the parties that may end a job (a node
+//! whose recording breaks a limit or does the last mini-batch, a watcher whose stop rule
+//! fires, the finalizer, a cancel, the submitter) exactly one moves it, and only that one
+//! writes the results. Nothing outside this file and `common/` calls
+//! [`Ledger::transition`], [`Ledger::record`] or [`Ledger::seal`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetrun_common::ledger::{JobState, Ledger, LedgerError, Outcome, Recorded, Status};
+use fleetrun_common::storage::Storage;
+use fleetrun_config::{JobSpec, OutputAction};
+use tracing::{info, warn};
+
+use super::error::JobError;
+use super::record::{JobRecord, unix_now};
+use super::results;
+use super::settings::{Fleet, open_storage};
+use crate::logs::JobLogs;
+use crate::parts::{self, Parts};
+
+/// A job, and the ledger and output through which its life is moved and told.
+#[derive(Clone)]
+pub struct Job {
+    id: String,
+    /// The spec as this process uses it (on a node, with its code and side inputs staged).
+    spec: Arc<JobSpec>,
+    /// Seconds since the Unix epoch, from the job's record.
+    submitted_at: f64,
+    ledger: Arc<dyn Ledger>,
+    output: Arc<dyn Storage>,
+}
+
+impl Job {
+    pub fn new(
+        id: &str,
+        spec: JobSpec,
+        submitted_at: f64,
+        ledger: Arc<dyn Ledger>,
+        output: Arc<dyn Storage>,
+    ) -> Job {
+        Job {
+            id: id.to_owned(),
+            spec: Arc::new(spec),
+            submitted_at,
+            ledger,
+            output,
+        }
+    }
+
+    /// The job of `record` on the fleet's ledger, with its output opened.
+    pub async fn open(fleet: &Fleet, id: &str, record: &JobRecord) -> Result<Job, JobError> {
+        let output = open_storage(&record.spec.output, &fleet.s3).await?;
+        Ok(Job::new(
+            id,
+            record.spec.clone(),
+            record.submitted_at,
+            fleet.ledger.clone(),
+            output,
+        ))
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn spec(&self) -> &JobSpec {
+        &self.spec
+    }
+
+    /// Seconds since the Unix epoch, from the job's record.
+    pub fn submitted_at(&self) -> f64 {
+        self.submitted_at
+    }
+
+    /// How long ago the job was submitted, by this process's clock.
+    pub fn age(&self) -> Duration {
+        Duration::from_secs_f64((unix_now() - self.submitted_at).max(0.0))
+    }
+
+    /// Where the job's output file and `logs/` go.
+    pub fn output(&self) -> &Arc<dyn Storage> {
+        &self.output
+    }
+
+    /// The job's state and counts, `None` once the ledger forgot it.
+    pub async fn status(&self) -> Result<Option<Status>, LedgerError> {
+        self.ledger.status(&self.id).await
+    }
+
+    /// Records mini-batch `index`'s outcome (and its part); only the first recording counts.
+    /// A recording that breaks a limit moves the job to Failed, one that does its last
+    /// mini-batch moves it to Finalizing: `transitioned` says this call moved it, and its
+    /// caller then owns what follows ([`super::conclude`]).
+    pub async fn record(
+        &self,
+        index: u64,
+        outcome: Outcome,
+        part: Option<&str>,
+    ) -> Result<Recorded, LedgerError> {
+        self.ledger.record(&self.id, index, outcome, part).await
+    }
+
+    /// Seals the job's total once every mini-batch is published; a job whose every
+    /// mini-batch is already done moves to Finalizing (`transitioned`).
+    pub async fn seal(&self, total: u64) -> Result<Recorded, LedgerError> {
+        self.ledger.created(&self.id, total).await?;
+        self.ledger.seal(&self.id, total).await
+    }
+
+    /// Fails a Running job for `reason` and writes its results, if this call moved it
+    /// (exactly one of the processes that watch a job does). `logs` are this process's log
+    /// files of the job, when it has any. Returns the status after.
+    pub async fn fail(&self, reason: &str, logs: Option<&JobLogs>) -> Result<Status, LedgerError> {
+        let (moved, status) = self
+            .ledger
+            .transition(
+                &self.id,
+                &[JobState::Running],
+                JobState::Failed,
+                Some(reason),
+            )
+            .await?;
+        if moved {
+            info!(job = %self.id, "Job failed: {reason}.");
+            self.write_results(logs, &status).await;
+        }
+        Ok(status)
+    }
+
+    /// [`Job::fail`], for callers that can do nothing more when the ledger cannot be told
+    /// than say so: another watcher tries again.
+    pub async fn fail_or_warn(&self, reason: &str, logs: Option<&JobLogs>) {
+        if let Err(e) = self.fail(reason, logs).await {
+            warn!(job = %self.id, error = %e, "Cannot fail the job.");
+        }
+    }
+
+    /// Cancels a Running or Finalizing job for `reason` and writes its results, if this
+    /// call moved it. Returns the status after.
+    pub async fn cancel(&self, reason: &str) -> Result<Status, LedgerError> {
+        let (moved, status) = self
+            .ledger
+            .transition(
+                &self.id,
+                &[JobState::Running, JobState::Finalizing],
+                JobState::Canceled,
+                Some(reason),
+            )
+            .await?;
+        if moved {
+            info!(job = %self.id, "Job canceled: {reason}.");
+            self.write_results(None, &status).await;
+        }
+        Ok(status)
+    }
+
+    /// Ends a Finalizing job: joins its counted parts into the output file (`append_row`),
+    /// moves it to Completed and removes the parts. If the output cannot be written, the job
+    /// fails, provided `may_fail` still agrees (on a fleet: this node still holds the
+    /// finalization claim); else it is left Finalizing for whoever holds it. Returns the
+    /// job's state after. The result files are the caller's to write, once it knows the
+    /// state holds.
+    pub async fn finish<F, Fut>(&self, parts: &dyn Parts, may_fail: F) -> JobState
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let spec = &self.spec;
+        let total = self
+            .status()
+            .await
+            .ok()
+            .flatten()
+            .and_then(|s| s.total)
+            .unwrap_or(0);
+        if spec.output_action == OutputAction::AppendRow
+            && let Err(e) = parts::join_parts(
+                parts,
+                &*self.ledger,
+                &self.id,
+                total,
+                &*self.output,
+                &spec.append_row_file_name,
+                spec.append_row_dataframe_header,
+            )
+            .await
+        {
+            if !may_fail().await {
+                return JobState::Finalizing;
+            }
+            let reason = format!("writing the output file failed: {e}");
+            let failed = self
+                .ledger
+                .transition(
+                    &self.id,
+                    &[JobState::Finalizing],
+                    JobState::Failed,
+                    Some(&reason),
+                )
+                .await;
+            return failed.map_or(JobState::Failed, |(_, s)| s.state);
+        }
+        let completed = self
+            .ledger
+            .transition(&self.id, &[JobState::Finalizing], JobState::Completed, None)
+            .await;
+        match completed {
+            Ok((moved, s)) => {
+                if moved && let Err(e) = parts.clear().await {
+                    warn!(job = %self.id, error = %e, "Cannot remove the job's parts.");
+                }
+                s.state
+            }
+            Err(_) => JobState::Failed,
+        }
+    }
+
+    /// Writes an ended job's results into its output's `logs/`: `job_result.txt`, the final
+    /// overview and `job_error.txt`. `logs` are this process's log files of the job, when
+    /// it has any (the script errors it saw).
+    pub async fn write_results(&self, logs: Option<&JobLogs>, status: &Status) {
+        results::write(self, logs, status).await;
+    }
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job").field("id", &self.id).finish()
+    }
+}
