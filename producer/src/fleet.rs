@@ -17,7 +17,6 @@ use fleetrun_config::{JobSpec, Location, MiniBatchSize, OutputAction};
 use fleetrun_worker::agent::JobContext;
 use fleetrun_worker::job::{self, Fleet, Job, JobError, JobRecord, StopRules};
 use fleetrun_worker::logs::JobLogs;
-use fleetrun_worker::parts;
 use tokio_util::sync::CancellationToken;
 
 use crate::local::new_job_id;
@@ -397,9 +396,7 @@ async fn context(fleet: &Fleet, job: Job) -> Result<JobContext, FleetError> {
     let logs = Arc::new(JobLogs::new(
         std::env::temp_dir().join(format!("fleetrun-submit-{}", job.id())),
     ));
-    let writer = parts::writer_name("submit");
-    let parts = parts::for_job(job.output().clone(), job.id(), &writer);
-    Ok(JobContext::new(job, input, parts, logs))
+    Ok(JobContext::new(job, input, logs))
 }
 
 /// Follows the job in the ledger until it ends; `interrupt` stops following (not the job).

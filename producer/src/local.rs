@@ -232,6 +232,7 @@ pub async fn run_local(
         record.submitted_at,
         fleet.ledger.clone(),
         output,
+        &fleetrun_worker::parts::writer_name("run"),
     );
     let mut status = fleet_cmd::wait(
         &fleet,
@@ -257,11 +258,6 @@ pub async fn run_local(
     publisher.abort();
     let _ = worker.await;
     let _ = std::fs::remove_dir_all(&scratch);
-    // A completed job has removed its parts; another's are of no use to anyone (nothing
-    // resumes a local run). The folder goes too once no job's parts are left in it.
-    let parts = output_dir.join(fleetrun_worker::output::PARTS_DIR);
-    let _ = std::fs::remove_dir_all(parts.join(&job_id));
-    let _ = std::fs::remove_dir(&parts);
     let status = fleet
         .ledger
         .status(&job_id)
@@ -271,10 +267,15 @@ pub async fn run_local(
         .unwrap_or(status);
     if status.state != JobState::Completed {
         // The worker was stopped at once: make sure the results it may have been writing
-        // are whole.
+        // are whole (failed_items.csv is joined from the parts, so before they go).
         let logs = JobLogs::new(guard.log_dir());
         handle.write_results(Some(&logs), &status).await;
     }
+    // A completed job has removed its parts; another's are of no use to anyone (nothing
+    // resumes a local run). The folder goes too once no job's parts are left in it.
+    let parts = output_dir.join(fleetrun_worker::output::PARTS_DIR);
+    let _ = std::fs::remove_dir_all(parts.join(&job_id));
+    let _ = std::fs::remove_dir(&parts);
     let log_dir = guard.log_dir();
     if let Err(e) = guard.finish() {
         tracing::warn!(error = %e, "Cannot record what the job wrote in its output folder.");

@@ -15,6 +15,7 @@ pub const REPORT_HEADER: &str = "mini_batch,attempt,result,items,succeeded,faile
 pub const FAILED_ITEMS_HEADER: &str = "item,mini_batch,attempts,cause";
 
 pub const REPORT_CSV: &str = "sys/job_report/processed_mini-batches.csv";
+/// One file for the job, joined from every node's failed mini-batches when it ends.
 pub const FAILED_ITEMS_CSV: &str = "failed_items.csv";
 pub const USER_ERROR: &str = "user/error.txt";
 pub const JOB_RESULT: &str = "job_result.txt";
@@ -23,7 +24,7 @@ pub const PROGRESS_OVERVIEW: &str = "job_progress_overview.txt";
 pub const MASTER_ROLE: &str = "sys/master_role.txt";
 
 /// Files every node of a job appends to; on a fleet each node keeps its own copy.
-const SHARED: [&str; 4] = [REPORT_CSV, FAILED_ITEMS_CSV, USER_ERROR, MASTER_ROLE];
+const SHARED: [&str; 3] = [REPORT_CSV, USER_ERROR, MASTER_ROLE];
 
 pub struct JobLogs {
     dir: PathBuf,

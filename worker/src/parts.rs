@@ -57,6 +57,63 @@ pub trait Parts: Send + Sync {
     async fn clear(&self) -> Result<(), String>;
 }
 
+/// What a part the ledger names holds: a mini-batch's rows, or the lines of
+/// `failed_items.csv` for a mini-batch that failed whole. A failed mini-batch's reference
+/// carries this mark before the part's own.
+const FAILED_ITEMS_MARK: char = '!';
+
+/// Which of the counted parts a join takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartKind {
+    /// Rows, for the output file.
+    Rows,
+    /// Failed items' lines, for `failed_items.csv`.
+    FailedItems,
+}
+
+impl PartKind {
+    /// The reference to record in the ledger for a part of this kind stored as `part`.
+    pub fn reference(self, part: &str) -> String {
+        match self {
+            PartKind::Rows => part.to_owned(),
+            PartKind::FailedItems => format!("{FAILED_ITEMS_MARK}{part}"),
+        }
+    }
+
+    /// The stored part a ledger reference names, if it is of this kind.
+    fn take(self, reference: String) -> Option<String> {
+        match (self, reference.strip_prefix(FAILED_ITEMS_MARK)) {
+            (PartKind::Rows, None) => Some(reference),
+            (PartKind::FailedItems, Some(part)) => Some(part.to_owned()),
+            _ => None,
+        }
+    }
+}
+
+/// The bodies of the parts of `kind` the ledger counted for mini-batches `0..total`, in
+/// mini-batch order, read a few ahead. The ledger is asked for its references a thousand
+/// at a time, so memory does not grow with the job.
+fn counted<'a>(
+    parts: &'a dyn Parts,
+    ledger: &'a dyn Ledger,
+    job: &'a str,
+    total: u64,
+    kind: PartKind,
+) -> impl futures::Stream<Item = Result<Bytes, String>> + 'a {
+    let ranges = (0..total)
+        .step_by(REFS_PER_CALL as usize)
+        .map(move |start| start..total.min(start + REFS_PER_CALL));
+    futures::stream::iter(ranges)
+        .then(move |range| async move { ledger.parts(job, range).await.map_err(|e| e.to_string()) })
+        .map_ok(move |refs| {
+            let wanted = refs.into_iter().flatten().filter_map(move |r| kind.take(r));
+            futures::stream::iter(wanted.map(Ok::<_, String>))
+        })
+        .try_flatten()
+        .map_ok(move |part| async move { parts.get(&part).await })
+        .try_buffered(READ_AHEAD)
+}
+
 /// Writes the parts the ledger recorded for mini-batches `0..total`, in order, into
 /// `file_name` of `output`. Returns the output's size. The parts stay until the caller
 /// clears them, once the job is Completed: another finalizer may still be reading them.
@@ -71,34 +128,53 @@ pub async fn join_parts(
 ) -> Result<u64, String> {
     let mut header_written = false;
     let mut writer = output.writer(file_name).await.map_err(|e| e.to_string())?;
-    let mut start = 0;
-    while start < total {
-        let end = total.min(start + REFS_PER_CALL);
-        let refs = ledger
-            .parts(job, start..end)
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut bodies = futures::stream::iter(refs.into_iter().flatten())
-            .map(|part| async move { parts.get(&part).await })
-            .buffered(READ_AHEAD);
-        while let Some(body) = bodies.try_next().await? {
-            let body = if framed {
-                let (header, rows) = split_header(body)?;
-                if !header_written && !header.is_empty() {
-                    header_written = true;
-                    let mut line = header.to_vec();
-                    line.push(b'\n');
-                    writer.write(line.into()).await.map_err(|e| e.to_string())?;
-                }
-                rows
-            } else {
-                body
-            };
-            writer.write(body).await.map_err(|e| e.to_string())?;
-        }
-        start = end;
+    let bodies = counted(parts, ledger, job, total, PartKind::Rows);
+    futures::pin_mut!(bodies);
+    while let Some(body) = bodies.try_next().await? {
+        let body = if framed {
+            let (header, rows) = split_header(body)?;
+            if !header_written && !header.is_empty() {
+                header_written = true;
+                let mut line = header.to_vec();
+                line.push(b'\n');
+                writer.write(line.into()).await.map_err(|e| e.to_string())?;
+            }
+            rows
+        } else {
+            body
+        };
+        writer.write(body).await.map_err(|e| e.to_string())?;
     }
     writer.finish().await.map_err(|e| e.to_string())
+}
+
+/// Writes the failed items the ledger counted for mini-batches `0..total`, in order, into
+/// `key` of `output` under `header`: one file for the job, whichever nodes failed them.
+/// Writes nothing when no mini-batch failed whole; true when it wrote.
+pub async fn join_failed_items(
+    parts: &dyn Parts,
+    ledger: &dyn Ledger,
+    job: &str,
+    total: u64,
+    output: &dyn Storage,
+    key: &str,
+    header: &str,
+) -> Result<bool, String> {
+    let bodies = counted(parts, ledger, job, total, PartKind::FailedItems);
+    futures::pin_mut!(bodies);
+    let Some(first) = bodies.try_next().await? else {
+        return Ok(false);
+    };
+    let mut writer = output.writer(key).await.map_err(|e| e.to_string())?;
+    let top = Bytes::from(format!("{header}\n"));
+    for body in [top, first] {
+        writer.write(body).await.map_err(|e| e.to_string())?;
+    }
+    while let Some(body) = bodies.try_next().await? {
+        writer.write(body).await.map_err(|e| e.to_string())?;
+    }
+    writer.finish().await.map_err(|e| e.to_string())?;
+    Ok(true)
 }
 
 /// The bytes before a part's rows that say its DataFrame's header, for a job with

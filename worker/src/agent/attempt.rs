@@ -17,7 +17,7 @@ use super::slot::{Slot, Verdict};
 use super::stage::{StageError, Staged};
 use super::{AgentEvent, JobContext, Shared};
 use crate::logs::{self, csv_field};
-use crate::parts::PartError;
+use crate::parts::{PartError, PartKind};
 use crate::process::{RunOutcome, returncode};
 use crate::scratch::FolderError;
 
@@ -150,7 +150,7 @@ impl Slot {
                 let (shared, ctx, index) = (self.shared.clone(), ctx.clone(), batch.index);
                 Verdict::Finish(Box::pin(async move {
                     let part = match part {
-                        Some(body) => match ctx.parts.put(index, body).await {
+                        Some(body) => match ctx.job.parts().put(index, body).await {
                             Ok(part) => Some(part),
                             Err(PartError::Folder(e)) => return fail_job(&shared, &ctx, &e).await,
                             Err(e @ PartError::Other(_)) => {
@@ -429,10 +429,11 @@ fn system_error(ctx: &JobContext, e: &FolderError) -> String {
 }
 
 /// Records a mini-batch that failed whole (its attempts spent, or dead-lettered): counts its
-/// items all as failed, with no part (one an earlier attempt stored is never read), and
-/// lists them in `failed_items.csv` if this recording was the first. A mini-batch already
-/// recorded (it succeeded on an attempt whose acknowledgement was lost, and came back past
-/// its attempts) keeps its outcome, and its items are not listed as failed.
+/// items all as failed, and stores their lines of `failed_items.csv` as its part, which the
+/// job's results join with every other node's (one an earlier attempt stored of rows is
+/// never read). A mini-batch already recorded (it succeeded on an attempt whose
+/// acknowledgement was lost, and came back past its attempts) keeps its outcome and its
+/// part, so its items are never listed as failed.
 pub async fn record_failed_batch(
     ctx: &JobContext,
     batch: &MiniBatch,
@@ -449,25 +450,29 @@ pub async fn record_failed_batch(
             .await
             .unwrap_or(batch.chunks.len() as u64)
     };
-    let recorded = ctx
+    let lines: Vec<String> = batch
+        .items
+        .iter()
+        .chain(&described)
+        .map(|item| {
+            format!(
+                "{},{},{attempts},{cause_line}",
+                csv_field(item),
+                batch.index
+            )
+        })
+        .collect();
+    let part = ctx
         .job
-        .record(batch.index, Outcome::all_failed(failed), None)
+        .parts()
+        .put(batch.index, join_rows(&lines))
         .await
         .map_err(|e| e.to_string())?;
-    if recorded.first {
-        for item in batch.items.iter().chain(&described) {
-            ctx.logs.csv(
-                logs::FAILED_ITEMS_CSV,
-                logs::FAILED_ITEMS_HEADER,
-                &format!(
-                    "{},{},{attempts},{cause_line}",
-                    csv_field(item),
-                    batch.index
-                ),
-            );
-        }
-    }
-    Ok(recorded)
+    let reference = PartKind::FailedItems.reference(&part);
+    ctx.job
+        .record(batch.index, Outcome::all_failed(failed), Some(&reference))
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// A part: the rows, one per line.

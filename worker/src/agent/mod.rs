@@ -34,7 +34,6 @@ use tracing::warn;
 use crate::gpu::GpuPool;
 use crate::job::Job;
 use crate::logs::JobLogs;
-use crate::parts::Parts;
 use crate::process::Launcher;
 
 mod ahead;
@@ -76,13 +75,11 @@ pub struct AgentConfig {
     pub gpus: usize,
 }
 
-/// A job as a node sees it: the job (its spec as staged here, its output, the moves of its
-/// state), its input, its log folder, and what this node learned about it.
+/// A job as a node sees it: the job (its spec as staged here, its output and parts, the
+/// moves of its state), its input, its log folder, and what this node learned about it.
 pub struct JobContext {
     pub job: Job,
     pub input: Arc<dyn Storage>,
-    /// Where the mini-batches' output parts wait for the finalizer.
-    pub parts: Arc<dyn Parts>,
     pub logs: Arc<JobLogs>,
     /// Cancelled once the job stops accepting work; running attempts are killed.
     pub stop: CancellationToken,
@@ -109,12 +106,7 @@ pub struct JobContext {
 }
 
 impl JobContext {
-    pub fn new(
-        job: Job,
-        input: Arc<dyn Storage>,
-        parts: Arc<dyn Parts>,
-        logs: Arc<JobLogs>,
-    ) -> JobContext {
+    pub fn new(job: Job, input: Arc<dyn Storage>, logs: Arc<JobLogs>) -> JobContext {
         JobContext {
             job,
             started_noted: AtomicBool::new(false),
@@ -124,7 +116,6 @@ impl JobContext {
             seats: seats::Seats::new(crate::node::MAX_PROCESSES as usize),
             place: AtomicBool::new(true),
             input,
-            parts,
             logs,
             stop: CancellationToken::new(),
             finalizer: format!("{}-{:016x}", std::process::id(), rand::random::<u64>()),

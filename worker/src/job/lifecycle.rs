@@ -19,7 +19,7 @@ use super::error::JobError;
 use super::record::{JobRecord, unix_now};
 use super::results;
 use super::settings::{Fleet, open_storage};
-use crate::logs::JobLogs;
+use crate::logs::{self, JobLogs};
 use crate::parts::{self, Parts};
 
 /// A job, and the ledger and output through which its life is moved and told.
@@ -32,26 +32,34 @@ pub struct Job {
     submitted_at: f64,
     ledger: Arc<dyn Ledger>,
     output: Arc<dyn Storage>,
+    /// Where its mini-batches' rows and failed items wait for the end of the job.
+    parts: Arc<dyn Parts>,
 }
 
 impl Job {
+    /// `writer` names this process among the writers of the job's parts
+    /// ([`parts::writer_name`]).
     pub fn new(
         id: &str,
         spec: JobSpec,
         submitted_at: f64,
         ledger: Arc<dyn Ledger>,
         output: Arc<dyn Storage>,
+        writer: &str,
     ) -> Job {
         Job {
             id: id.to_owned(),
             spec: Arc::new(spec),
             submitted_at,
             ledger,
+            parts: parts::for_job(output.clone(), id, writer),
             output,
         }
     }
 
-    /// The job of `record` on the fleet's ledger, with its output opened.
+    /// The job of `record` on the fleet's ledger, with its output opened, for a process
+    /// that ends it or finalizes it but runs none of its mini-batches (a submitter, a
+    /// watcher of a job it does not serve).
     pub async fn open(fleet: &Fleet, id: &str, record: &JobRecord) -> Result<Job, JobError> {
         let output = open_storage(&record.spec.output, &fleet.s3).await?;
         Ok(Job::new(
@@ -60,6 +68,7 @@ impl Job {
             record.submitted_at,
             fleet.ledger.clone(),
             output,
+            &parts::writer_name("submit"),
         ))
     }
 
@@ -84,6 +93,11 @@ impl Job {
     /// Where the job's output file and `logs/` go.
     pub fn output(&self) -> &Arc<dyn Storage> {
         &self.output
+    }
+
+    /// Where the job's mini-batches' rows and failed items wait for the end of the job.
+    pub fn parts(&self) -> &dyn Parts {
+        &*self.parts
     }
 
     /// The job's state and counts, `None` once the ledger forgot it.
@@ -158,48 +172,29 @@ impl Job {
         Ok(status)
     }
 
-    /// Ends a Finalizing job: joins its counted parts into the output file (`append_row`),
-    /// moves it to Completed and removes the parts. If the output cannot be written, the job
-    /// fails, provided `may_fail` still agrees (on a fleet: this node still holds the
-    /// finalization claim); else it is left Finalizing for whoever holds it. Returns the
-    /// job's state after. The result files are the caller's to write, once it knows the
-    /// state holds.
-    pub async fn finish<F, Fut>(&self, parts: &dyn Parts, may_fail: F) -> JobState
+    /// Ends a Finalizing job: joins its counted parts into the output file (`append_row`)
+    /// and its failed items into `failed_items.csv`, moves it to Completed and removes the
+    /// parts. If those cannot be written, the job fails, provided `may_fail` still agrees
+    /// (on a fleet: this node still holds the finalization claim); else it is left
+    /// Finalizing for whoever holds it. Returns the job's state after. The result files are
+    /// the caller's to write, once it knows the state holds.
+    pub async fn finish<F, Fut>(&self, may_fail: F) -> JobState
     where
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = bool>,
     {
-        let spec = &self.spec;
-        let total = self
-            .status()
-            .await
-            .ok()
-            .flatten()
-            .and_then(|s| s.total)
-            .unwrap_or(0);
-        if spec.output_action == OutputAction::AppendRow
-            && let Err(e) = parts::join_parts(
-                parts,
-                &*self.ledger,
-                &self.id,
-                total,
-                &*self.output,
-                &spec.append_row_file_name,
-                spec.append_row_dataframe_header,
-            )
-            .await
-        {
+        let total = self.status().await.ok().flatten().and_then(|s| s.total);
+        if let Err(e) = self.join(total.unwrap_or(0)).await {
             if !may_fail().await {
                 return JobState::Finalizing;
             }
-            let reason = format!("writing the output file failed: {e}");
             let failed = self
                 .ledger
                 .transition(
                     &self.id,
                     &[JobState::Finalizing],
                     JobState::Failed,
-                    Some(&reason),
+                    Some(&e),
                 )
                 .await;
             return failed.map_or(JobState::Failed, |(_, s)| s.state);
@@ -210,7 +205,7 @@ impl Job {
             .await;
         match completed {
             Ok((moved, s)) => {
-                if moved && let Err(e) = parts.clear().await {
+                if moved && let Err(e) = self.parts.clear().await {
                     warn!(job = %self.id, error = %e, "Cannot remove the job's parts.");
                 }
                 s.state
@@ -219,10 +214,57 @@ impl Job {
         }
     }
 
+    /// Writes the output file and `failed_items.csv` of a job whose `total` mini-batches
+    /// are all recorded; the error says which could not be written.
+    async fn join(&self, total: u64) -> Result<(), String> {
+        let spec = &self.spec;
+        if spec.output_action == OutputAction::AppendRow {
+            parts::join_parts(
+                &*self.parts,
+                &*self.ledger,
+                &self.id,
+                total,
+                &*self.output,
+                &spec.append_row_file_name,
+                spec.append_row_dataframe_header,
+            )
+            .await
+            .map_err(|e| format!("writing the output file failed: {e}"))?;
+        }
+        self.join_failed_items(total)
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("writing logs/{} failed: {e}", logs::FAILED_ITEMS_CSV))
+    }
+
+    /// Writes `logs/failed_items.csv` from the failed mini-batches the ledger counted among
+    /// the first `total`.
+    async fn join_failed_items(&self, total: u64) -> Result<bool, String> {
+        parts::join_failed_items(
+            &*self.parts,
+            &*self.ledger,
+            &self.id,
+            total,
+            &*self.output,
+            &format!("logs/{}", logs::FAILED_ITEMS_CSV),
+            logs::FAILED_ITEMS_HEADER,
+        )
+        .await
+    }
+
     /// Writes an ended job's results into its output's `logs/`: `job_result.txt`, the final
-    /// overview and `job_error.txt`. `logs` are this process's log files of the job, when
-    /// it has any (the script errors it saw).
+    /// overview and `job_error.txt`, and, for a job that did not complete (a completed
+    /// one's was written as it finished), `failed_items.csv` as far as the ledger counted.
+    /// `logs` are this process's log files of the job, when it has any (the script errors
+    /// it saw).
     pub async fn write_results(&self, logs: Option<&JobLogs>, status: &Status) {
+        if status.state != JobState::Completed {
+            // Mini-batches may be recorded past the count of those created so far.
+            let seen = status.total.unwrap_or(status.created).max(status.done);
+            if let Err(e) = self.join_failed_items(seen).await {
+                warn!(job = %self.id, error = %e, "Cannot write failed_items.csv.");
+            }
+        }
         results::write(self, logs, status).await;
     }
 }

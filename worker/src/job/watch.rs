@@ -404,9 +404,17 @@ impl FleetJobs {
                     );
                     let output = open_storage(&spec.output, &self.fleet.s3).await?;
                     let ledger = self.fleet.ledger.clone();
-                    Job::new(job, spec.clone(), record.submitted_at, ledger, output)
-                        .fail_or_warn(&reason, None)
-                        .await;
+                    let writer = parts::writer_name(&self.config.node_id);
+                    Job::new(
+                        job,
+                        spec.clone(),
+                        record.submitted_at,
+                        ledger,
+                        output,
+                        &writer,
+                    )
+                    .fail_or_warn(&reason, None)
+                    .await;
                     (spec, Held::default())
                 }
             };
@@ -432,16 +440,12 @@ impl FleetJobs {
         } else {
             JobLogs::for_node(log_dir, &self.config.node_id)
         });
-        let parts = parts::for_job(
-            output.clone(),
-            job,
-            &parts::writer_name(&self.config.node_id),
-        );
         let processes = job_processes(&self.config, &spec);
         let ledger = self.fleet.ledger.clone();
-        let handle = Job::new(job, spec, record.submitted_at, ledger, output);
+        let writer = parts::writer_name(&self.config.node_id);
+        let handle = Job::new(job, spec, record.submitted_at, ledger, output, &writer);
         let ctx = Arc::new(
-            JobContext::new(handle, input, parts, logs)
+            JobContext::new(handle, input, logs)
                 // `fleetrun run` is the job's one node; fleet nodes take one of its places.
                 .with_seats(processes, !self.config.sole_node),
         );
