@@ -2,6 +2,7 @@
 //! loopback, served by real `fleetrun-worker` processes.
 #![cfg(feature = "services")]
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::sync::Arc;
@@ -288,7 +289,14 @@ fn s3_job_on_three_workers_matches_a_local_run() {
 
     assert_eq!(fleet_bytes, fleet.local_run("mini_batch_size = 7"));
     assert_eq!(lines(&fleet_bytes), expected_lines(120, |_| false));
-    // Work was spread: more than one node reports (each uploads its logs as the job ends).
+    // Work was spread: the job's one report names more than one node.
+    let report = fleet.text("out/logs/sys/job_report/processed_mini-batches.csv");
+    let nodes: std::collections::BTreeSet<&str> = report
+        .lines()
+        .skip(1)
+        .filter_map(|row| row.split(',').nth(6))
+        .collect();
+    assert!(nodes.len() >= 2, "{report}");
     let s3 = fleet.storage("out/logs");
     let keys = || -> Vec<String> {
         fleet
@@ -296,24 +304,12 @@ fn s3_job_on_three_workers_matches_a_local_run() {
             .block_on(s3.list("").map_ok(|m| m.key).try_collect())
             .unwrap()
     };
-    wait_for("two nodes' reports", Duration::from_secs(20), || {
-        keys()
-            .iter()
-            .filter(|k| k.starts_with("sys/job_report/"))
-            .count()
-            >= 2
-    });
-    let keys = keys();
-    assert!(keys.contains(&"job_result.txt".to_owned()));
+    assert!(keys().contains(&"job_result.txt".to_owned()));
     // Each node that ran mini-batches had its resource monitor sample it from its first
-    // runner on, and uploaded that with its other logs.
-    for node in ["w1", "w2", "w3"] {
-        let report = format!("sys/job_report/processed_mini-batches.{node}.csv");
+    // runner on, and uploads that with its other logs once it sees the job ended.
+    for node in nodes {
         let perf = format!("perf/{node}/node_resource_usage.csv");
-        assert!(
-            !keys.contains(&report) || keys.contains(&perf),
-            "{perf} in {keys:?}"
-        );
+        wait_for(&perf, Duration::from_secs(20), || keys().contains(&perf));
     }
 }
 
@@ -352,12 +348,56 @@ fn a_worker_killed_mid_job_with_local_output_loses_and_duplicates_nothing() {
     );
 }
 
+/// The same with one attempt per mini-batch: the output and `failed_items.csv` are disjoint
+/// and together cover the input, and the job's one report has a row for every attempt, the
+/// killed worker's included: those it ended before it died, and those it held as it died,
+/// reported lost, naming it, by the worker that found them.
+#[test]
+fn a_worker_killed_with_one_attempt_lists_what_failed_and_reports_every_attempt() {
+    let (fleet, markers) = kill_a_worker_mid_job(|fleet| {
+        fleet.s3_job("mini_batch_size = 5\nrun_max_try = 1\nnode_count = 2")
+    });
+    let output = lines(&fleet.output("out/parallel_run_step.txt"));
+    assert_output_and_failed_items_cover(&fleet, &output, 150);
+    let out: BTreeSet<&String> = output.iter().collect();
+
+    // Mini-batch `n` holds f(5n)..f(5n+4); each had at most one attempt.
+    let report = fleet.text("out/logs/sys/job_report/processed_mini-batches.csv");
+    let mut rows: BTreeMap<u64, (String, String)> = BTreeMap::new();
+    for row in report.lines().skip(1) {
+        let fields: Vec<&str> = row.split(',').collect();
+        let index: u64 = fields[0].parse().unwrap();
+        let seen = rows.insert(index, (fields[2].to_owned(), fields[6].to_owned()));
+        assert!(seen.is_none(), "two rows for mini-batch {index}:\n{report}");
+    }
+    let runs = std::fs::read_to_string(markers.path().join("runs")).unwrap();
+    for run in runs.lines() {
+        let (node, first) = run.split_once(' ').unwrap();
+        let n: u64 = first[1..5].parse().unwrap();
+        let index = n / 5;
+        let (result, named) = rows
+            .get(&index)
+            .unwrap_or_else(|| panic!("no row for mini-batch {index} run on {node}:\n{report}"));
+        assert_eq!(named, node, "mini-batch {index}:\n{report}");
+        let succeeded = out.contains(&format!("f{n:04}"));
+        match result.as_str() {
+            "succeeded" => assert!(succeeded, "mini-batch {index}"),
+            "lost" => assert!(node == "victim" && !succeeded, "mini-batch {index}"),
+            other => panic!("mini-batch {index}: {other}"),
+        }
+    }
+    assert!(
+        rows.values().any(|(result, _)| result == "lost"),
+        "the victim held a mini-batch as it died:\n{report}"
+    );
+}
+
 /// Runs the job `make_job` gives on two workers (150 inputs), SIGKILLs one while it runs a
 /// mini-batch, and waits for `submit --wait` to exit 0.
 fn kill_a_worker_mid_job(make_job: impl Fn(&Fleet) -> PathBuf) -> (Fleet, tempfile::TempDir) {
     let markers = tempfile::tempdir().unwrap();
     let script = format!(
-        "import os, time\nMARKS = {:?}\ndef run(mini_batch):\n    node = os.environ['FLEETRUN_NODE_ID']\n    open(os.path.join(MARKS, node + '-' + str(os.getpid())), 'a').close()\n    time.sleep(0.2)\n    return [open(p).read() for p in mini_batch]\n",
+        "import os, time\nMARKS = {:?}\ndef run(mini_batch):\n    node = os.environ['FLEETRUN_NODE_ID']\n    with open(os.path.join(MARKS, 'runs'), 'a') as f:\n        f.write(node + ' ' + os.path.basename(mini_batch[0]) + '\\n')\n    open(os.path.join(MARKS, node + '-' + str(os.getpid())), 'a').close()\n    time.sleep(0.2)\n    return [open(p).read() for p in mini_batch]\n",
         markers.path().display().to_string()
     );
     let mut fleet = Fleet::new(&script);
@@ -698,9 +738,13 @@ fn a_broker_restart_mid_job_loses_and_duplicates_nothing() {
 fn a_broker_restart_with_one_attempt_lists_exactly_what_failed() {
     let (_broker, fleet) = restart_the_broker_mid_job("run_max_try = 1");
     let output = lines(&fleet.output("out/parallel_run_step.txt"));
+    assert_output_and_failed_items_cover(&fleet, &output, 200);
+}
+
+/// Checks that the output lines and the items of the job's `failed_items.csv` (none when
+/// nothing failed) are each there once, disjoint, and together the `n` inputs.
+fn assert_output_and_failed_items_cover(fleet: &Fleet, output: &[String], n: usize) {
     let s3 = fleet.storage("out/logs");
-    // One file for the job, joined by whoever finalized it, whichever nodes failed what
-    // (none when nothing failed: the output then covers the input alone).
     let text = fleet
         .runtime
         .block_on(s3.get("failed_items.csv"))
@@ -711,26 +755,21 @@ fn a_broker_restart_with_one_attempt_lists_exactly_what_failed() {
         .map(|line| {
             let item = line.split(',').next().unwrap();
             // `g00/f0012.txt` holds, and gives the line, `f0012`.
-            item.rsplit('/')
-                .next()
-                .unwrap()
-                .trim_end_matches(".txt")
-                .to_owned()
+            let name = item.rsplit('/').next().unwrap();
+            name.trim_end_matches(".txt").to_owned()
         })
         .collect();
-    let out: std::collections::BTreeSet<&String> = output.iter().collect();
+    let out: BTreeSet<&String> = output.iter().collect();
+    let listed: BTreeSet<&String> = failed.iter().collect();
     assert_eq!(out.len(), output.len(), "a line twice");
-    let listed: std::collections::BTreeSet<&String> = failed.iter().collect();
     assert_eq!(
         listed.len(),
         failed.len(),
         "an item listed twice: {failed:?}"
     );
     assert!(out.is_disjoint(&listed), "listed failed but in the output");
-    let all: std::collections::BTreeSet<String> =
-        expected_lines(200, |_| false).into_iter().collect();
-    let covered: std::collections::BTreeSet<String> =
-        out.union(&listed).map(|s| (*s).clone()).collect();
+    let covered: BTreeSet<String> = out.union(&listed).map(|s| (*s).clone()).collect();
+    let all: BTreeSet<String> = expected_lines(n, |_| false).into_iter().collect();
     assert_eq!(covered, all);
 }
 
@@ -1557,8 +1596,8 @@ fn a_worker_runs_the_jobs_process_count_not_its_slots() {
         lines(&fleet.output("out/parallel_run_step.txt")),
         expected_lines(24, |_| false)
     );
-    // The node uploads its log files once it sees the job ended.
-    let key = "out/logs/sys/job_report/processed_mini-batches.w4.csv";
+    // One report for the job, written before it completed.
+    let key = "out/logs/sys/job_report/processed_mini-batches.csv";
     let s3 = fleet.storage("");
     wait_for("the node's report", Duration::from_secs(30), || {
         fleet.runtime.block_on(s3.get(key)).is_ok()
@@ -1841,8 +1880,8 @@ fn concurrent_submits_of_one_job_id_publish_once() {
         lines(&fleet.output("out/parallel_run_step.txt")),
         expected_lines(100, |_| false)
     );
-    // The node uploads its log files once it sees the job ended.
-    let key = "out/logs/sys/job_report/processed_mini-batches.w1.csv";
+    // One report for the job, written before it completed.
+    let key = "out/logs/sys/job_report/processed_mini-batches.csv";
     let s3 = fleet.storage("");
     wait_for("the node's report", Duration::from_secs(30), || {
         fleet.runtime.block_on(s3.get(key)).is_ok()

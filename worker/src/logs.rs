@@ -14,6 +14,7 @@ pub const REPORT_HEADER: &str = "mini_batch,attempt,result,items,succeeded,faile
 /// The header of `failed_items.csv`.
 pub const FAILED_ITEMS_HEADER: &str = "item,mini_batch,attempts,cause";
 
+/// One file for the job, written when it ends from the rows the ledger kept.
 pub const REPORT_CSV: &str = "sys/job_report/processed_mini-batches.csv";
 /// One file for the job, joined from every node's failed mini-batches when it ends.
 pub const FAILED_ITEMS_CSV: &str = "failed_items.csv";
@@ -24,13 +25,13 @@ pub const PROGRESS_OVERVIEW: &str = "job_progress_overview.txt";
 pub const MASTER_ROLE: &str = "sys/master_role.txt";
 
 /// Files every node of a job appends to; on a fleet each node keeps its own copy.
-const SHARED: [&str; 3] = [REPORT_CSV, USER_ERROR, MASTER_ROLE];
+const SHARED: [&str; 2] = [USER_ERROR, MASTER_ROLE];
 
 pub struct JobLogs {
     dir: PathBuf,
     files: Mutex<HashMap<PathBuf, BufWriter<File>>>,
     /// Set on a fleet: shared files get the node's id in their name
-    /// (`processed_mini-batches.<node>.csv`), as nodes cannot append to one file.
+    /// (`user/error.<node>.txt`), as nodes cannot append to one file.
     node: Option<String>,
 }
 
@@ -227,14 +228,10 @@ mod tests {
     fn fleet_nodes_keep_their_own_shared_files() {
         let dir = tempfile::tempdir().unwrap();
         let logs = JobLogs::for_node(dir.path(), "n1");
-        logs.csv(REPORT_CSV, "a", "1");
+        logs.log(USER_ERROR, "raised");
         logs.log(JobLogs::node_main("n1"), "started");
         logs.flush();
-        assert!(
-            dir.path()
-                .join("sys/job_report/processed_mini-batches.n1.csv")
-                .is_file()
-        );
+        assert!(dir.path().join("user/error.n1.txt").is_file());
         assert!(dir.path().join("sys/node/n1/_main.txt").is_file());
     }
 

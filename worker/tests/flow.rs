@@ -801,3 +801,58 @@ async fn the_log_files_tell_what_happened() {
     assert_contains(&tracebacks, " mini-batch 3 attempt 1:\nTraceback");
     assert_contains(&tracebacks, "Exception: boom-3");
 }
+
+/// An attempt that ended with no word from its node (the worker was killed while it held the
+/// mini-batch) gets its row in the report all the same, written by the node that holds the
+/// mini-batch next and naming the lost node. A failed attempt that its node reported is not
+/// reported again as lost.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_lost_with_its_node_gets_a_report_row_from_the_next_holder() {
+    let fake = FakeLauncher::new().run(|call| match (call.mini_batch, call.try_number) {
+        (0, 1) => Run::Raise("first try".into()),
+        _ => Run::Rows,
+    });
+    let settings = "mini_batch_size = 2\nrun_max_try = 3";
+    let mut flow = Flow::start(&fake, settings, 4, Options::default()).await;
+    // What a node killed in mini-batch 1's first attempt left in the ledger.
+    let gone = r#"{"node":"gone","process":"process007","attempt":1,"start":"2026-11-26 08:00:00.000","id":7}"#;
+    let before = flow
+        .fleet
+        .ledger
+        .attempt_started(JOB, 1, gone)
+        .await
+        .unwrap();
+    assert_eq!(before, None);
+    let (status, _) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    let report = flow.log(logs::REPORT_CSV);
+    let rows: Vec<&str> = report.lines().skip(1).collect();
+    let of = |index: &str| -> Vec<&str> {
+        rows.iter()
+            .filter(|r| r.split(',').next() == Some(index))
+            .copied()
+            .collect()
+    };
+    let lost: Vec<&str> = of("1")
+        .into_iter()
+        .filter(|r| r.contains(",lost,"))
+        .collect();
+    assert_eq!(lost.len(), 1, "{report}");
+    assert!(
+        lost[0].starts_with("1,1,lost,2,0,0,gone,process007,2026-11-26 08:00:00.000,,,"),
+        "{}",
+        lost[0]
+    );
+    assert_contains(lost[0], "lost with node gone");
+    assert_contains(lost[0], &format!("noted by node {NODE}"));
+    assert_eq!(
+        of("1").len(),
+        2,
+        "the lost attempt and this node's: {report}"
+    );
+    // Mini-batch 0 raised once, then succeeded: two rows of this node, none lost.
+    let first = of("0");
+    assert_eq!(first.len(), 2, "{report}");
+    assert!(first.iter().all(|r| !r.contains(",lost,")), "{report}");
+}

@@ -53,23 +53,28 @@ async fn failed_items_are_one_file_that_never_lists_a_mini_batch_that_succeeded(
         .put(0, bytes::Bytes::from_static(b"a\n"))
         .await
         .unwrap();
-    n1.job.record(0, succeeded, Some(&part)).await.unwrap();
+    n1.job
+        .record(0, succeeded, Some(&part), None)
+        .await
+        .unwrap();
 
     let lost = "all 1 attempts were lost with the process or worker that held them";
     let done = MiniBatch::new("j", 0, vec!["a.txt".to_owned()]);
-    let recorded = record_failed_batch(&n2, &done, 2, lost).await.unwrap();
+    let recorded = record_failed_batch(&n2, &done, 2, lost, None)
+        .await
+        .unwrap();
     assert!(!recorded.first);
     assert_eq!(recorded.status.items_failed, 0);
     let later = MiniBatch::new("j", 2, vec!["c, d.txt".to_owned()]);
     assert!(
-        record_failed_batch(&n1, &later, 1, "raised\nand more")
+        record_failed_batch(&n1, &later, 1, "raised\nand more", None)
             .await
             .unwrap()
             .first
     );
     let never = MiniBatch::new("j", 1, vec!["b.txt".to_owned()]);
     assert!(
-        record_failed_batch(&n2, &never, 2, lost)
+        record_failed_batch(&n2, &never, 2, lost, None)
             .await
             .unwrap()
             .first
@@ -112,7 +117,9 @@ async fn failed_items_are_written_when_a_job_fails_and_only_when_some_failed() {
     ledger.create("j", Limits::NONE).await.unwrap();
     let n1 = node(dir.path(), &ledger, "n1");
     let batch = MiniBatch::new("j", 0, vec!["a.txt".to_owned()]);
-    record_failed_batch(&n1, &batch, 3, "raised").await.unwrap();
+    record_failed_batch(&n1, &batch, 3, "raised", None)
+        .await
+        .unwrap();
     n1.job.fail("stalled", None).await.unwrap();
     let failed_file = dir.path().join("out/logs").join(logs::FAILED_ITEMS_CSV);
     assert_eq!(

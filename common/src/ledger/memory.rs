@@ -19,6 +19,10 @@ struct Job {
     status: Status,
     done: HashSet<u64>,
     parts: HashMap<u64, String>,
+    /// Who runs an attempt of each mini-batch not yet recorded.
+    holders: HashMap<u64, String>,
+    /// The job's report rows, in the order they were kept.
+    report: Vec<String>,
     /// Who finalizes the job, and until when.
     finalizer: Option<(String, Instant)>,
     /// Who publishes the job, and until when.
@@ -87,6 +91,8 @@ impl Ledger for MemoryLedger {
                 status: Status::new(),
                 done: HashSet::new(),
                 parts: HashMap::new(),
+                holders: HashMap::new(),
+                report: Vec::new(),
                 finalizer: None,
                 publisher: None,
                 forget_at: None,
@@ -110,14 +116,17 @@ impl Ledger for MemoryLedger {
         })
     }
 
-    async fn record(
+    async fn record_attempt(
         &self,
         job: &str,
         index: u64,
         outcome: Outcome,
         part: Option<&str>,
+        row: Option<&str>,
     ) -> Result<Recorded, LedgerError> {
         self.with_job(job, |j| {
+            j.holders.remove(&index);
+            j.report.extend(row.map(str::to_owned));
             let first = j.done.insert(index);
             let mut transitioned = false;
             if first {
@@ -136,6 +145,52 @@ impl Ledger for MemoryLedger {
                 transitioned,
                 status: j.status.clone(),
             }
+        })
+    }
+
+    async fn attempt_started(
+        &self,
+        job: &str,
+        index: u64,
+        holder: &str,
+    ) -> Result<Option<String>, LedgerError> {
+        self.with_job(job, |j| {
+            j.holders
+                .insert(index, holder.to_owned())
+                .filter(|before| before != holder)
+        })
+    }
+
+    async fn attempt_ended(
+        &self,
+        job: &str,
+        index: u64,
+        row: Option<&str>,
+    ) -> Result<Option<String>, LedgerError> {
+        self.with_job(job, |j| {
+            j.report.extend(row.map(str::to_owned));
+            j.holders.remove(&index)
+        })
+    }
+
+    async fn report(&self, job: &str, row: &str) -> Result<(), LedgerError> {
+        self.with_job(job, |j| j.report.push(row.to_owned()))
+    }
+
+    async fn report_rows(
+        &self,
+        job: &str,
+        start: u64,
+        count: u64,
+    ) -> Result<Vec<String>, LedgerError> {
+        self.with_job(job, |j| {
+            let rows = j
+                .report
+                .iter()
+                .skip(usize::try_from(start).unwrap_or(usize::MAX));
+            rows.take(usize::try_from(count).unwrap_or(usize::MAX))
+                .cloned()
+                .collect()
         })
     }
 

@@ -224,7 +224,51 @@ pub trait Ledger: Send + Sync {
         index: u64,
         outcome: Outcome,
         part: Option<&str>,
+    ) -> Result<Recorded, LedgerError> {
+        self.record_attempt(job, index, outcome, part, None).await
+    }
+    /// [`Ledger::record`] for the attempt that ends the mini-batch, in the same step: keeps
+    /// the attempt's `row` of the job's report (every attempt's, first or not; a retried
+    /// call's once) and forgets who holds the mini-batch. A row is kept if and only if its
+    /// attempt was recorded, so an attempt whose worker died before its recording is the
+    /// next holder's to report lost.
+    async fn record_attempt(
+        &self,
+        job: &str,
+        index: u64,
+        outcome: Outcome,
+        part: Option<&str>,
+        row: Option<&str>,
     ) -> Result<Recorded, LedgerError>;
+    /// Notes that `holder` (an opaque text that names who runs it, unique per attempt) runs
+    /// an attempt of mini-batch `index`, and returns the holder noted before, if any, other
+    /// than `holder`: an attempt that ended with neither [`Ledger::attempt_ended`] nor a
+    /// recording, lost with whoever held it.
+    async fn attempt_started(
+        &self,
+        job: &str,
+        index: u64,
+        holder: &str,
+    ) -> Result<Option<String>, LedgerError>;
+    /// Notes that an attempt of mini-batch `index` ended unrecorded (it failed, and another
+    /// follows): keeps its `row` of the job's report, and forgets who holds the mini-batch,
+    /// returning the holder noted, if any.
+    async fn attempt_ended(
+        &self,
+        job: &str,
+        index: u64,
+        row: Option<&str>,
+    ) -> Result<Option<String>, LedgerError>;
+    /// Keeps a row of the job's report that no attempt's end brings (an attempt lost with
+    /// its worker, noted by the next holder).
+    async fn report(&self, job: &str, row: &str) -> Result<(), LedgerError>;
+    /// The job's report rows `start..start + count`, in the order they were kept.
+    async fn report_rows(
+        &self,
+        job: &str,
+        start: u64,
+        count: u64,
+    ) -> Result<Vec<String>, LedgerError>;
     /// The part recorded for each mini-batch of `indices`, in order (`None`: not recorded,
     /// or recorded without a part).
     async fn parts(

@@ -138,14 +138,15 @@ local function settle(key, call)
 end
 "#;
 
-/// KEYS: state, done, parts. ARGV: call id, error_threshold, allowed_failed_count (-1 = none),
+/// KEYS: state, done, parts, holders, report. ARGV: call id, error_threshold,
+/// allowed_failed_count (-1 = none),
 /// allowed_failed_percent. Returns 1 if the job was entered (by this call), 0 if it exists.
 const CREATE_LUA: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then
   if redis.call('HGET', KEYS[1], 'created_by') == ARGV[1] then return 1 end
   return 0
 end
-redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 local now = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'state', RUNNING, 'done', 0, 'items_succeeded', 0,
   'items_failed', 0, 'batches_failed', 0, 'error_threshold', ARGV[2],
@@ -170,11 +171,18 @@ end
 return {first, moved, redis.call('HGETALL', KEYS[1])}
 "#;
 
-/// KEYS: state, done, parts. ARGV: call id, index, items succeeded, items failed, batch
-/// failed (0/1), part ('' for none). Returns nil for an unknown job, else
-/// `{first, moved, HGETALL state}`.
+/// KEYS: state, done, parts, holders, report. ARGV: call id, index, items succeeded, items
+/// failed, batch failed (0/1), part ('' for none), report row ('' for none). Returns nil for
+/// an unknown job, else `{first, moved, HGETALL state}`.
 const RECORD_LUA: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+redis.call('HDEL', KEYS[4], ARGV[2])
+local function keep_row()
+  if ARGV[7] == '' then return end
+  redis.call('RPUSH', KEYS[5], ARGV[7])
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[5], ttl) end
+end
 local first, moved = 1, 0
 if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[1]) == 1 then
   redis.call('HINCRBY', KEYS[1], 'done', 1)
@@ -188,13 +196,42 @@ if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[1]) == 1 then
     redis.call('PEXPIRE', KEYS[2], ttl)
     redis.call('PEXPIRE', KEYS[3], ttl)
   end
+  keep_row()
   moved = settle(KEYS[1], ARGV[1])
 elseif redis.call('HGET', KEYS[2], ARGV[2]) == ARGV[1] then
   moved = moved_by(KEYS[1], ARGV[1])
 else
+  keep_row()
   first = 0
 end
 return {first, moved, redis.call('HGETALL', KEYS[1])}
+"#;
+
+/// KEYS: state, holders. ARGV: index, holder. Returns nil for an unknown job, else
+/// `{holder before}` (false for none), and notes `holder`.
+const ATTEMPT_STARTED_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return nil end
+local before = redis.call('HGET', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
+return {before}
+"#;
+
+/// KEYS: state, holders, report. ARGV: index, row ('' for none), call id. Returns nil for
+/// an unknown job, else `{holder before}` (false for none); keeps the row once per call
+/// (a retried call finds its id noted) and forgets the holder.
+const ATTEMPT_ENDED_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return nil end
+local before = redis.call('HGET', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'reported_by') ~= ARGV[3] then
+  redis.call('RPUSH', KEYS[3], ARGV[2])
+  redis.call('HSET', KEYS[1], 'reported_by', ARGV[3])
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[3], ttl) end
+end
+return {before}
 "#;
 
 /// KEYS: state. ARGV: call id, to, has reason (0/1), reason, from-states…. Returns nil for
@@ -212,7 +249,8 @@ end
 return {moved_by(KEYS[1], ARGV[1]), redis.call('HGETALL', KEYS[1])}
 "#;
 
-/// KEYS: state, done, parts. ARGV: keep (ms). Returns nil for an unknown job, else 1 if it
+/// KEYS: state, done, parts, holders, report. ARGV: keep (ms). Returns nil for an unknown
+/// job, else 1 if it
 /// has ended (its keys now expire), 0 if it still runs or finalizes.
 const RETIRE_LUA: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
@@ -263,6 +301,8 @@ fn script(body: &str) -> Script {
 static CREATE: LazyLock<Script> = LazyLock::new(|| script(CREATE_LUA));
 static SEAL: LazyLock<Script> = LazyLock::new(|| script(SEAL_LUA));
 static RECORD: LazyLock<Script> = LazyLock::new(|| script(RECORD_LUA));
+static ATTEMPT_STARTED: LazyLock<Script> = LazyLock::new(|| script(ATTEMPT_STARTED_LUA));
+static ATTEMPT_ENDED: LazyLock<Script> = LazyLock::new(|| script(ATTEMPT_ENDED_LUA));
 static TRANSITION: LazyLock<Script> = LazyLock::new(|| script(TRANSITION_LUA));
 static CLAIM: LazyLock<Script> = LazyLock::new(|| script(CLAIM_LUA));
 static PUBLISH_CLAIM: LazyLock<Script> = LazyLock::new(|| script(PUBLISH_CLAIM_LUA));
@@ -287,6 +327,10 @@ struct JobKeys {
     state: String,
     done: String,
     parts: String,
+    /// Who runs an attempt of each mini-batch not yet recorded.
+    holders: String,
+    /// The job's report rows (a list).
+    report: String,
 }
 
 impl RedisLedger {
@@ -345,6 +389,8 @@ impl RedisLedger {
             state: format!("{base}:state"),
             done: format!("{base}:done"),
             parts: format!("{base}:parts"),
+            holders: format!("{base}:holders"),
+            report: format!("{base}:report"),
         }
     }
 
@@ -396,6 +442,8 @@ impl Ledger for RedisLedger {
                     .key(&keys.state)
                     .key(&keys.done)
                     .key(&keys.parts)
+                    .key(&keys.holders)
+                    .key(&keys.report)
                     .arg(call)
                     .arg(limits.error_threshold)
                     .arg(allowed_count)
@@ -430,12 +478,13 @@ impl Ledger for RedisLedger {
         recorded("seal", job, reply)
     }
 
-    async fn record(
+    async fn record_attempt(
         &self,
         job: &str,
         index: u64,
         outcome: Outcome,
         part: Option<&str>,
+        row: Option<&str>,
     ) -> Result<Recorded, LedgerError> {
         // HINCRBY takes signed 64-bit numbers; refuse before the script half-applies one.
         let count = |n: u64| {
@@ -452,18 +501,107 @@ impl Ledger for RedisLedger {
                     .key(&keys.state)
                     .key(&keys.done)
                     .key(&keys.parts)
+                    .key(&keys.holders)
+                    .key(&keys.report)
                     .arg(call)
                     .arg(index)
                     .arg(succeeded)
                     .arg(failed)
                     .arg(u8::from(outcome.batch_failed))
                     .arg(part.unwrap_or(""))
+                    .arg(row.unwrap_or(""))
                     .invoke_async(&mut conn)
                     .await
             }
         })
         .await?;
         recorded("record", job, reply)
+    }
+
+    async fn attempt_started(
+        &self,
+        job: &str,
+        index: u64,
+        holder: &str,
+    ) -> Result<Option<String>, LedgerError> {
+        let keys = self.keys(job);
+        // A retry finds this call's own holder noted: it is not another's.
+        let reply: Option<(Option<String>,)> = retrying("attempt_started", job, || {
+            let mut conn = self.conn.clone();
+            let keys = &keys;
+            async move {
+                ATTEMPT_STARTED
+                    .key(&keys.state)
+                    .key(&keys.holders)
+                    .arg(index)
+                    .arg(holder)
+                    .invoke_async(&mut conn)
+                    .await
+            }
+        })
+        .await?;
+        let (before,) = reply.ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+        Ok(before.filter(|before| before != holder))
+    }
+
+    async fn attempt_ended(
+        &self,
+        job: &str,
+        index: u64,
+        row: Option<&str>,
+    ) -> Result<Option<String>, LedgerError> {
+        let keys = self.keys(job);
+        let call = self.call_id();
+        let reply: Option<(Option<String>,)> = retrying("attempt_ended", job, || {
+            let mut conn = self.conn.clone();
+            let (keys, call) = (&keys, &call);
+            async move {
+                ATTEMPT_ENDED
+                    .key(&keys.state)
+                    .key(&keys.holders)
+                    .key(&keys.report)
+                    .arg(index)
+                    .arg(row.unwrap_or(""))
+                    .arg(call)
+                    .invoke_async(&mut conn)
+                    .await
+            }
+        })
+        .await?;
+        let (before,) = reply.ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+        Ok(before)
+    }
+
+    async fn report(&self, job: &str, row: &str) -> Result<(), LedgerError> {
+        // A row with no mini-batch to let go: the same step, holding nothing.
+        self.attempt_ended(job, u64::MAX, Some(row)).await.map(drop)
+    }
+
+    async fn report_rows(
+        &self,
+        job: &str,
+        start: u64,
+        count: u64,
+    ) -> Result<Vec<String>, LedgerError> {
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let keys = self.keys(job);
+        let to_index = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let last = to_index(start.saturating_add(count - 1));
+        retrying("report_rows", job, || {
+            let mut conn = self.conn.clone();
+            let key = &keys.report;
+            async move {
+                redis::cmd("LRANGE")
+                    .arg(key)
+                    .arg(to_index(start))
+                    .arg(last)
+                    .query_async(&mut conn)
+                    .await
+            }
+        })
+        .await
     }
 
     async fn parts(
@@ -559,6 +697,8 @@ impl Ledger for RedisLedger {
                     .key(&keys.state)
                     .key(&keys.done)
                     .key(&keys.parts)
+                    .key(&keys.holders)
+                    .key(&keys.report)
                     .arg(keep_ms)
                     .invoke_async(&mut conn)
                     .await

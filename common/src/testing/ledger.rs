@@ -19,7 +19,8 @@ macro_rules! ledger_conformance {
             parts_are_the_first_recordings, finalization_is_claimed_by_one_until_its_lease_ends,
             publication_is_claimed_by_one_until_sealed,
             an_ended_job_is_forgotten_in_its_time_once_retired,
-            creation_and_start_are_noted);
+            creation_and_start_are_noted, a_holder_not_let_go_is_told_to_the_next,
+            report_rows_are_kept_in_order);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -512,4 +513,89 @@ where
         Err(LedgerError::UnknownJob(_))
     ));
     assert!(l.status(&unknown).await.unwrap().is_none());
+}
+
+/// Who runs each mini-batch: the next holder of a mini-batch hears of one that ended with no
+/// word (lost with its worker), never of itself, of one that ended, or of one recorded.
+pub async fn a_holder_not_let_go_is_told_to_the_next<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    assert!(matches!(
+        l.attempt_started(&j, 0, "w1/1").await,
+        Err(LedgerError::UnknownJob(_))
+    ));
+    l.create(&j, Limits::NONE).await.unwrap();
+    assert_eq!(l.attempt_started(&j, 0, "w1/1").await.unwrap(), None);
+    assert_eq!(
+        l.attempt_started(&j, 0, "w1/1").await.unwrap(),
+        None,
+        "itself again"
+    );
+    assert_eq!(
+        l.attempt_started(&j, 0, "w2/2").await.unwrap().as_deref(),
+        Some("w1/1"),
+        "lost with w1"
+    );
+    let ended = l.attempt_ended(&j, 0, Some("row 0 w2")).await.unwrap();
+    assert_eq!(ended.as_deref(), Some("w2/2"));
+    assert_eq!(
+        l.attempt_started(&j, 0, "w3/3").await.unwrap(),
+        None,
+        "w2's ended"
+    );
+    l.record(&j, 0, OK, None).await.unwrap();
+    assert_eq!(
+        l.attempt_ended(&j, 0, None).await.unwrap(),
+        None,
+        "a recording forgets it"
+    );
+    // Mini-batches are held apart.
+    assert_eq!(l.attempt_started(&j, 1, "w1/4").await.unwrap(), None);
+    assert_eq!(l.attempt_started(&j, 2, "w2/5").await.unwrap(), None);
+    let ended = l.attempt_ended(&j, 1, Some("row 1 w1")).await.unwrap();
+    assert_eq!(ended.as_deref(), Some("w1/4"));
+}
+
+/// The job's report rows are kept in the order they came, each once, and read back a part
+/// at a time.
+pub async fn report_rows_are_kept_in_order<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    assert!(l.report(&j, "row").await.is_err(), "an unknown job");
+    l.create(&j, Limits::NONE).await.unwrap();
+    assert_eq!(
+        l.report_rows(&j, 0, 10).await.unwrap(),
+        Vec::<String>::new()
+    );
+    l.attempt_ended(&j, 3, Some("a")).await.unwrap();
+    l.report(&j, "b").await.unwrap();
+    l.attempt_ended(&j, 1, None).await.unwrap();
+    l.attempt_ended(&j, 1, Some("c")).await.unwrap();
+    // The attempt a recording ends keeps its row, and so does a second run's.
+    assert_eq!(l.attempt_started(&j, 1, "w1/1").await.unwrap(), None);
+    let recorded = l.record_attempt(&j, 1, OK, None, Some("d")).await.unwrap();
+    assert!(recorded.first);
+    let again = l.record_attempt(&j, 1, OK, None, Some("e")).await.unwrap();
+    assert!(!again.first);
+    l.record(&j, 2, OK, None).await.unwrap();
+    assert_eq!(
+        l.attempt_ended(&j, 1, None).await.unwrap(),
+        None,
+        "recorded"
+    );
+    assert_eq!(
+        l.report_rows(&j, 0, 10).await.unwrap(),
+        ["a", "b", "c", "d", "e"]
+    );
+    assert_eq!(l.report_rows(&j, 1, 1).await.unwrap(), ["b"]);
+    assert_eq!(l.report_rows(&j, 5, 5).await.unwrap(), Vec::<String>::new());
+    assert_eq!(l.report_rows(&j, 0, 0).await.unwrap(), Vec::<String>::new());
 }

@@ -13,6 +13,7 @@ use fleetrun_common::wire::MiniBatch;
 use fleetrun_config::OutputAction;
 use tracing::{error, info, warn};
 
+use super::holding::{self, Holding};
 use super::slot::{Slot, Verdict};
 use super::stage::{StageError, Staged};
 use super::{AgentEvent, JobContext, Shared};
@@ -33,6 +34,9 @@ impl Slot {
         consumer: &mut Box<dyn Consumer>,
     ) -> Verdict {
         let node = self.config().node_id.clone();
+        let process = self.runner.as_ref().map_or("_main", |a| a.name.as_str());
+        let holding = Holding::new(&node, process, attempt);
+        holding::started(ctx, batch, &holding).await;
         let (mut staged, sent) = match sent {
             Some(staged) => (staged, true),
             None => match self.stage(ctx, batch).await {
@@ -50,9 +54,16 @@ impl Slot {
                             batch.index
                         ),
                     );
-                    return self
-                        .failed_attempt(ctx, batch, attempt, &format!("staging inputs failed: {e}"))
-                        .await;
+                    let cause = format!("staging inputs failed: {e}");
+                    let row = report_row(
+                        batch,
+                        &holding,
+                        "staging_failed",
+                        Outcome::default(),
+                        None,
+                        &cause,
+                    );
+                    return self.failed_attempt(ctx, batch, &holding, row, &cause).await;
                 }
             },
         };
@@ -127,16 +138,12 @@ impl Slot {
                 } else {
                     "succeeded"
                 };
-                self.report(
-                    ctx,
+                let row = report_row(
                     batch,
-                    attempt,
+                    &holding,
                     result,
                     outcome,
-                    &process,
-                    &start_wall,
-                    elapsed,
-                    timing.run_seconds,
+                    Some((elapsed, timing.run_seconds)),
                     &note,
                 );
                 let part = (ctx.job.spec().output_action == OutputAction::AppendRow).then(|| {
@@ -148,6 +155,7 @@ impl Slot {
                     )
                 });
                 let (shared, ctx, index) = (self.shared.clone(), ctx.clone(), batch.index);
+                let holding = holding.clone();
                 Verdict::Finish(Box::pin(async move {
                     let part = match part {
                         Some(body) => match ctx.job.parts().put(index, body).await {
@@ -155,6 +163,7 @@ impl Slot {
                             Err(PartError::Folder(e)) => return fail_job(&shared, &ctx, &e).await,
                             Err(e @ PartError::Other(_)) => {
                                 warn!(job = %ctx.job.id(), mini_batch = index, error = %e, "Writing the output part failed; requeueing.");
+                                holding::ended(&ctx, index, Some(&row), &holding).await;
                                 return Disposition::Requeue;
                             }
                         },
@@ -163,7 +172,9 @@ impl Slot {
                     // What the script wrote to output_dir reaches an S3 output before the
                     // mini-batch counts as done.
                     super::outdir::sync_logged(&ctx).await;
-                    if record_outcome(&shared, &ctx, index, outcome, part.as_deref()).await {
+                    let recorded =
+                        record_outcome(&shared, &ctx, index, outcome, part.as_deref(), &row);
+                    if recorded.await {
                         Disposition::Ack
                     } else {
                         Disposition::Requeue
@@ -172,19 +183,15 @@ impl Slot {
             }
             RunOutcome::Raised { error, timing } => {
                 self.script_error(ctx, &process, batch, attempt, &error);
-                self.report(
-                    ctx,
+                let row = report_row(
                     batch,
-                    attempt,
+                    &holding,
                     "raised",
                     Outcome::default(),
-                    &process,
-                    &start_wall,
-                    elapsed,
-                    timing.run_seconds,
+                    Some((elapsed, timing.run_seconds)),
                     &error.message,
                 );
-                self.failed_attempt(ctx, batch, attempt, &error.message)
+                self.failed_attempt(ctx, batch, &holding, row, &error.message)
                     .await
             }
             lost @ (RunOutcome::TimedOut | RunOutcome::Died(_)) => {
@@ -220,19 +227,15 @@ impl Slot {
                 ctx.logs.log(logs::JobLogs::node_main(&node), &main_line);
                 ctx.logs
                     .log(logs::JobLogs::sys_error(&node, &process), &main_line);
-                self.report(
-                    ctx,
+                let row = report_row(
                     batch,
-                    attempt,
+                    &holding,
                     result,
                     Outcome::default(),
-                    &process,
-                    &start_wall,
-                    elapsed,
-                    elapsed,
+                    Some((elapsed, elapsed)),
                     &cause,
                 );
-                self.failed_attempt(ctx, batch, attempt, &cause).await
+                self.failed_attempt(ctx, batch, &holding, row, &cause).await
             }
         }
     }
@@ -242,17 +245,24 @@ impl Slot {
         &mut self,
         ctx: &Arc<JobContext>,
         batch: &MiniBatch,
-        attempt: u32,
+        holding: &Holding,
+        row: String,
         cause: &str,
     ) -> Verdict {
         if ctx.stop.is_cancelled() {
             return Verdict::Drop;
         }
+        let attempt = holding.attempt;
         if attempt < ctx.job.spec().run_max_try {
             info!(job = %ctx.job.id(), mini_batch = batch.index, attempt, "Attempt failed; requeueing.");
+            // Its row kept, the next holder does not report it lost.
+            holding::ended(ctx, batch.index, Some(&row), holding).await;
             return Verdict::Settle(Disposition::Requeue);
         }
-        if self.record_failure(ctx, batch, attempt, cause).await {
+        if self
+            .record_failure(ctx, batch, attempt, cause, Some(&row))
+            .await
+        {
             Verdict::Settle(Disposition::Ack)
         } else {
             Verdict::Settle(Disposition::Requeue)
@@ -266,8 +276,9 @@ impl Slot {
         batch: &MiniBatch,
         attempts: u32,
         cause: &str,
+        row: Option<&str>,
     ) -> bool {
-        match record_failed_batch(ctx, batch, attempts, cause).await {
+        match record_failed_batch(ctx, batch, attempts, cause, row).await {
             Ok(recorded) => {
                 report_recorded(&self.shared, ctx, recorded.transitioned, recorded.status);
                 true
@@ -305,40 +316,40 @@ impl Slot {
             ),
         );
     }
+}
 
-    #[allow(clippy::too_many_arguments)]
-    fn report(
-        &self,
-        ctx: &JobContext,
-        batch: &MiniBatch,
-        attempt: u32,
-        result: &str,
-        outcome: Outcome,
-        process: &str,
-        start: &str,
-        elapsed: f64,
-        run_seconds: f64,
-        note: &str,
-    ) {
-        ctx.logs.csv(
-            logs::REPORT_CSV,
-            logs::REPORT_HEADER,
-            &format!(
-                "{},{attempt},{result},{},{},{},{},{process},{start},{elapsed:.3},{run_seconds:.3},{}",
-                batch.index,
-                report_items(batch, outcome),
-                outcome.succeeded,
-                outcome.failed,
-                self.config().node_id,
-                csv_field(note.lines().next().unwrap_or_default()),
-            ),
-        );
-    }
+/// An attempt's row of the job's report (`processed_mini-batches.csv`): its mini-batch,
+/// attempt, result, items and counts, who ran it and when, how long it took (elapsed and
+/// `run()` seconds, when known) and the first line of `note`.
+pub(super) fn report_row(
+    batch: &MiniBatch,
+    holding: &Holding,
+    result: &str,
+    outcome: Outcome,
+    times: Option<(f64, f64)>,
+    note: &str,
+) -> String {
+    let times = times.map_or_else(
+        || ",".to_owned(),
+        |(elapsed, run)| format!("{elapsed:.3},{run:.3}"),
+    );
+    format!(
+        "{},{},{result},{},{},{},{},{},{},{times},{}",
+        batch.index,
+        holding.attempt,
+        report_items(batch, outcome),
+        outcome.succeeded,
+        outcome.failed,
+        csv_field(&holding.node),
+        csv_field(&holding.process),
+        holding.start,
+        csv_field(note.lines().next().unwrap_or_default()),
+    )
 }
 
 /// The items of a mini-batch as its report row says: its files, or a tabular one's rows
 /// (as many as the producer counted, or as `run()` was given).
-fn report_items(batch: &MiniBatch, outcome: Outcome) -> u64 {
+pub(super) fn report_items(batch: &MiniBatch, outcome: Outcome) -> u64 {
     if batch.chunks.is_empty() {
         return batch.items.len() as u64;
     }
@@ -353,8 +364,9 @@ async fn record_outcome(
     index: u64,
     outcome: Outcome,
     part: Option<&str>,
+    row: &str,
 ) -> bool {
-    match ctx.job.record(index, outcome, part).await {
+    match ctx.job.record(index, outcome, part, Some(row)).await {
         Ok(recorded) => {
             report_recorded(shared, ctx, recorded.transitioned, recorded.status);
             true
@@ -428,8 +440,8 @@ fn system_error(ctx: &JobContext, e: &FolderError) -> String {
     )
 }
 
-/// Records a mini-batch that failed whole (its attempts spent, or dead-lettered): counts its
-/// items all as failed, and stores their lines of `failed_items.csv` as its part, which the
+/// Records a mini-batch that failed whole (its attempts spent, with the last one's report
+/// `row`, or dead-lettered): counts its items all as failed, and stores their lines of `failed_items.csv` as its part, which the
 /// job's results join with every other node's (one an earlier attempt stored of rows is
 /// never read). A mini-batch already recorded (it succeeded on an attempt whose
 /// acknowledgement was lost, and came back past its attempts) keeps its outcome and its
@@ -439,6 +451,7 @@ pub async fn record_failed_batch(
     batch: &MiniBatch,
     attempts: u32,
     cause: &str,
+    row: Option<&str>,
 ) -> Result<Recorded, String> {
     let cause_line = csv_field(cause.lines().next().unwrap_or_default());
     // A tabular mini-batch's items are its rows; its list names each file and byte range.
@@ -470,7 +483,12 @@ pub async fn record_failed_batch(
         .map_err(|e| e.to_string())?;
     let reference = PartKind::FailedItems.reference(&part);
     ctx.job
-        .record(batch.index, Outcome::all_failed(failed), Some(&reference))
+        .record(
+            batch.index,
+            Outcome::all_failed(failed),
+            Some(&reference),
+            row,
+        )
         .await
         .map_err(|e| e.to_string())
 }

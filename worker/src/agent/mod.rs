@@ -11,6 +11,8 @@
 //!
 //! - `slot`: a slot's loop and its verdict on each delivery, settled in one place.
 //! - `attempt`: one `run()` attempt and its settlement (part, ledger record, report).
+//! - `holding`: who runs each attempt, kept in the ledger, so an attempt lost with its
+//!   worker still gets its report row.
 //! - `runner`: starting, warming and killing a slot's runner, and its environment.
 //! - `ahead`: the delivery taken ahead while the runner works.
 //! - `stage`: staging a mini-batch's inputs into the node's cache.
@@ -38,6 +40,7 @@ use crate::process::Launcher;
 
 mod ahead;
 mod attempt;
+mod holding;
 pub mod outdir;
 mod runner;
 pub mod seats;

@@ -200,9 +200,11 @@ impl Slot {
         if delivery.attempt > max {
             let cause =
                 format!("all {max} attempts were lost with the process or worker that held them");
+            let node = self.config().node_id.clone();
+            super::holding::lost_before(&ctx, &batch, &node).await;
             // Unrecorded (the ledger did not answer), it comes back: nothing is lost.
             let recorded = self
-                .record_failure(&ctx, &batch, delivery.attempt - 1, &cause)
+                .record_failure(&ctx, &batch, delivery.attempt - 1, &cause, None)
                 .await;
             return Verdict::Settle(if recorded {
                 Disposition::Ack

@@ -54,7 +54,8 @@ pub(super) async fn record_dead_letters(
         let disposition = match jobs.get(&batch.job).await {
             Ok(Some(ctx)) => {
                 let cause = format!("dead-lettered by the broker ({reason})");
-                match agent::record_failed_batch(&ctx, &batch, delivery.attempt, &cause).await {
+                match agent::record_failed_batch(&ctx, &batch, delivery.attempt, &cause, None).await
+                {
                     Ok(recorded) => {
                         if recorded.transitioned {
                             conclude(&*fleet.ledger, &ctx, recorded.status).await;

@@ -5,11 +5,12 @@
 //! whose recording breaks a limit or does the last mini-batch, a watcher whose stop rule
 //! fires, the finalizer, a cancel, the submitter) exactly one moves it, and only that one
 //! writes the results. Nothing outside this file and `common/` calls
-//! [`Ledger::transition`], [`Ledger::record`] or [`Ledger::seal`].
+//! [`Ledger::transition`], [`Ledger::record_attempt`] or [`Ledger::seal`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use fleetrun_common::ledger::{JobState, Ledger, LedgerError, Outcome, Recorded, Status};
 use fleetrun_common::storage::Storage;
 use fleetrun_config::{JobSpec, OutputAction};
@@ -105,17 +106,47 @@ impl Job {
         self.ledger.status(&self.id).await
     }
 
-    /// Records mini-batch `index`'s outcome (and its part); only the first recording counts.
-    /// A recording that breaks a limit moves the job to Failed, one that does its last
-    /// mini-batch moves it to Finalizing: `transitioned` says this call moved it, and its
-    /// caller then owns what follows ([`super::conclude`]).
+    /// Records mini-batch `index`'s outcome (and its part, and the report row of the attempt
+    /// that ends it); only the first recording counts. A recording that breaks a limit moves
+    /// the job to Failed, one that does its last mini-batch moves it to Finalizing:
+    /// `transitioned` says this call moved it, and its caller then owns what follows
+    /// ([`super::conclude`]).
     pub async fn record(
         &self,
         index: u64,
         outcome: Outcome,
         part: Option<&str>,
+        row: Option<&str>,
     ) -> Result<Recorded, LedgerError> {
-        self.ledger.record(&self.id, index, outcome, part).await
+        let recorded = self
+            .ledger
+            .record_attempt(&self.id, index, outcome, part, row);
+        recorded.await
+    }
+
+    /// Notes that `holder` runs an attempt of mini-batch `index`; returns a holder noted
+    /// before that ended with no word (see [`Ledger::attempt_started`]).
+    pub async fn attempt_started(
+        &self,
+        index: u64,
+        holder: &str,
+    ) -> Result<Option<String>, LedgerError> {
+        self.ledger.attempt_started(&self.id, index, holder).await
+    }
+
+    /// Keeps the report `row` of an attempt of mini-batch `index` that ended unrecorded, and
+    /// forgets its holder, returning the holder noted, if any.
+    pub async fn attempt_ended(
+        &self,
+        index: u64,
+        row: Option<&str>,
+    ) -> Result<Option<String>, LedgerError> {
+        self.ledger.attempt_ended(&self.id, index, row).await
+    }
+
+    /// Keeps a row of the job's report that no attempt's end brings.
+    pub async fn report(&self, row: &str) -> Result<(), LedgerError> {
+        self.ledger.report(&self.id, row).await
     }
 
     /// Seals the job's total once every mini-batch is published; a job whose every
@@ -233,8 +264,39 @@ impl Job {
         }
         self.join_failed_items(total)
             .await
-            .map(|_| ())
-            .map_err(|e| format!("writing logs/{} failed: {e}", logs::FAILED_ITEMS_CSV))
+            .map_err(|e| format!("writing logs/{} failed: {e}", logs::FAILED_ITEMS_CSV))?;
+        self.write_report()
+            .await
+            .map_err(|e| format!("writing logs/{} failed: {e}", logs::REPORT_CSV))
+    }
+
+    /// Writes `logs/sys/job_report/processed_mini-batches.csv` from the rows the ledger kept,
+    /// a thousand at a time, in the order they came; nothing when it kept none.
+    async fn write_report(&self) -> Result<(), String> {
+        const ROWS_PER_CALL: u64 = 1000;
+        let rows = |start| async move {
+            let rows = self.ledger.report_rows(&self.id, start, ROWS_PER_CALL);
+            rows.await.map_err(|e| e.to_string())
+        };
+        let mut batch = rows(0).await?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let key = format!("logs/{}", logs::REPORT_CSV);
+        let mut writer = self.output.writer(&key).await.map_err(|e| e.to_string())?;
+        let mut text = format!("{}\n", logs::REPORT_HEADER);
+        let mut start = 0;
+        while !batch.is_empty() {
+            start += batch.len() as u64;
+            for row in &batch {
+                text.push_str(row);
+                text.push('\n');
+            }
+            let body = Bytes::from(std::mem::take(&mut text));
+            writer.write(body).await.map_err(|e| e.to_string())?;
+            batch = rows(start).await?;
+        }
+        writer.finish().await.map(drop).map_err(|e| e.to_string())
     }
 
     /// Writes `logs/failed_items.csv` from the failed mini-batches the ledger counted among
@@ -263,6 +325,9 @@ impl Job {
             let seen = status.total.unwrap_or(status.created).max(status.done);
             if let Err(e) = self.join_failed_items(seen).await {
                 warn!(job = %self.id, error = %e, "Cannot write failed_items.csv.");
+            }
+            if let Err(e) = self.write_report().await {
+                warn!(job = %self.id, error = %e, "Cannot write the mini-batch report.");
             }
         }
         results::write(self, logs, status).await;
