@@ -11,10 +11,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub mod file;
 mod load;
 pub mod named;
 mod partition_format;
 
+pub use file::JobFile;
 pub use load::{ConfigError, load, load_str};
 pub use partition_format::PartitionFormat;
 
