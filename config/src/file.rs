@@ -301,10 +301,13 @@ fn lenient_string_map<'de, D: Deserializer<'de>>(
 /// The defaults of CONTRACT.md §2: those of a field alone here, those that depend on other
 /// fields applied by [`JobFile::validate`].
 pub mod default {
+    /// Files per mini-batch of a file input, ParallelRunConfig's default.
     pub const MINI_BATCH_FILES: u64 = 10;
     /// `1MB`, ParallelRunConfig's default for tabular inputs.
     pub const MINI_BATCH_BYTES: u64 = 1 << 20;
+    /// CSV's own separator.
     pub const CSV_SEPARATOR: u8 = b',';
+    /// Five minutes: a job of quick calls is not declared stalled by one slow moment.
     pub const MIN_PROGRESS_UPDATE_TIMEOUT: u64 = 300;
 
     /// Every attempt of one mini-batch may time out before the job counts as stalled.
