@@ -1,21 +1,33 @@
-//! The fleetrun job file.
+//! The fleetrun job: what a user asks to run, checked before anything connects or runs.
 //!
-//! A job file is TOML (see `README.md` and CONTRACT.md §2). [`load`] reads it, applies
-//! `--set key=value` overrides, fills in defaults, resolves relative paths against the
-//! job file's folder and validates every field, turning the raw text into a [`JobSpec`]
-//! before anything connects or runs. Every mistake is reported as one line naming the
-//! field, the rule and the value.
+//! # Layout
+//!
+//! - [`JobFile`] (`file.rs`) is the job as written: one serde type, read from the TOML job
+//!   file (see `README.md` and CONTRACT.md §2), from the `--set key=value` overrides layered
+//!   onto it, and from JSON (the job as an API client sends it). Unknown keys are refused.
+//! - [`JobFile::validate`] (`validate.rs`) checks every rule, fills in the defaults that
+//!   depend on other fields and resolves relative paths against the job file's folder,
+//!   giving a [`JobSpec`]: the validated job the producer stores and workers read back.
+//! - [`load`], [`load_str`] and [`load_json`] (`load.rs`) do both steps and blame every
+//!   mistake on where it was made: one line naming the job file or the `--set` at fault,
+//!   the dotted field, the rule and the value given, and for an unknown key the one it
+//!   most likely meant ([`ConfigError`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+mod error;
+pub mod file;
 mod load;
 pub mod named;
 mod partition_format;
+mod validate;
 
-pub use load::{ConfigError, load, load_str};
+pub use error::{ConfigError, FieldError};
+pub use file::JobFile;
+pub use load::{load, load_json, load_str};
 pub use partition_format::PartitionFormat;
 
 /// A validated job: every field has its value (defaults filled in) and every path is

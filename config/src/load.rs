@@ -1,88 +1,51 @@
-//! Reading a job file: TOML text → `--set` overrides → known keys → one rule per field
-//! → [`JobSpec`].
+//! Reading a job: TOML text (or JSON) → `--set` overrides → [`JobFile`] →
+//! [`JobFile::validate`] → [`JobSpec`].
 //!
 //! Every mistake becomes a one-line [`ConfigError`] that names where it was made (the job
 //! file, or the `--set` that set the field), the field, the rule and the value.
 
-mod build;
+mod decode;
 mod keys;
-mod location;
-mod named;
-mod read;
+mod overrides;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use thiserror::Error;
-use toml::{Table, Value};
+use toml::Table;
 
-use self::read::Fault;
-use crate::JobSpec;
+use self::overrides::Override;
+use crate::{ConfigError, FieldError, JobFile, JobSpec};
 
-/// A job file that cannot be run, reported in one line.
-#[derive(Debug, Error)]
-pub enum ConfigError {
-    /// The job file could not be read.
-    #[error("{}: cannot read the job file: {source}", .path.display())]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    /// The text is not TOML: `job.toml:3:7: invalid TOML: ...`.
-    #[error("{origin}:{line}:{column}: invalid TOML: {message}")]
-    Syntax {
-        origin: String,
-        line: usize,
-        column: usize,
-        message: String,
-    },
-    /// A `--set` argument that is not `key=value`.
-    #[error("--set {arg}: expected key=value")]
-    Override { arg: String },
-    /// A key fleetrun does not know: `job.toml: unknown field "x" (did you mean "y"?)`.
-    #[error("{origin}: unknown field \"{field}\"{}", hint(.field, .suggestion.as_deref()))]
-    UnknownField {
-        /// The job file, or the `--set key=value` that named the key.
-        origin: String,
-        /// The key, dotted inside tables (`input.fles`).
+/// A mistake in one field, before it is blamed on the job file or on a `--set`.
+#[derive(Debug, Clone, PartialEq)]
+enum Fault {
+    /// The field is missing, of the wrong type or breaks its rule.
+    Invalid(FieldError),
+    /// A key fleetrun does not know, with the known key it most likely meant.
+    Unknown {
         field: String,
-        /// The known key it most likely meant.
         suggestion: Option<String>,
     },
-    /// A field missing, of the wrong type or breaking its rule:
-    /// `job.toml: mini_batch_size: must be at least 1 (got 0)`.
-    #[error("{origin}: {field}: {problem}")]
-    Invalid {
-        /// The job file, or the `--set key=value` that set the field.
-        origin: String,
-        /// The field, dotted inside tables (`input.files`).
-        field: String,
-        /// The rule broken, ending with the value given.
-        problem: String,
-    },
 }
 
-impl ConfigError {
-    /// The field at fault, dotted inside tables (`input.files`), when there is one.
-    pub fn field(&self) -> Option<&str> {
+impl Fault {
+    /// The dotted name of the field at fault (`mini_batch_size`, `input.files`).
+    fn field(&self) -> &str {
         match self {
-            ConfigError::UnknownField { field, .. } | ConfigError::Invalid { field, .. } => {
-                Some(field)
-            }
-            ConfigError::Read { .. }
-            | ConfigError::Syntax { .. }
-            | ConfigError::Override { .. } => None,
+            Fault::Invalid(error) => &error.field,
+            Fault::Unknown { field, .. } => field,
         }
     }
-}
 
-/// ` (did you mean "x"?)`, and where a key found in the wrong table belongs.
-fn hint(field: &str, suggestion: Option<&str>) -> String {
-    match suggestion {
-        None => String::new(),
-        Some(known) if field.contains('.') && !known.contains('.') => {
-            format!(" (did you mean \"{known}\"? top-level keys go above the first [table])")
+    /// The fault, made where `origin` says.
+    fn at(self, origin: String) -> ConfigError {
+        match self {
+            Fault::Invalid(error) => ConfigError::at(origin, error),
+            Fault::Unknown { field, suggestion } => ConfigError::UnknownField {
+                origin,
+                field,
+                suggestion,
+            },
         }
-        Some(known) => format!(" (did you mean \"{known}\"?)"),
     }
 }
 
@@ -112,34 +75,49 @@ pub fn load_str(
     let mut doc = parse(text, source)?;
     let overrides = overrides
         .iter()
-        .map(|arg| apply_override(&mut doc, arg))
+        .map(|arg| Override::apply(&mut doc, arg))
         .collect::<Result<Vec<_>, _>>()?;
-    let base_dir = location::absolute(base_dir);
-    keys::check(&doc)
-        .and_then(|()| build::build(&doc, &base_dir))
-        .map_err(|fault| {
-            // Blame the last `--set` that wrote the field, else the file.
-            let origin = overrides
-                .iter()
-                .rev()
-                .find(|applied| applied.covers(fault.field()))
-                .map_or_else(|| source.to_owned(), Override::origin);
-            error(origin, fault)
-        })
+    check(doc, base_dir).map_err(|fault| {
+        // Blame the last `--set` that wrote the field, else the file.
+        let origin = overrides
+            .iter()
+            .rev()
+            .find(|applied| applied.covers(fault.field()))
+            .map_or_else(|| source.to_owned(), Override::origin);
+        fault.at(origin)
+    })
 }
 
-fn error(origin: String, fault: Fault) -> ConfigError {
-    match fault {
-        Fault::Invalid { field, problem } => ConfigError::Invalid {
-            origin,
-            field,
-            problem,
-        },
-        Fault::Unknown { field, suggestion } => ConfigError::UnknownField {
-            origin,
-            field,
-            suggestion,
-        },
+/// [`load_str`] for a job sent as a JSON object with the job file's fields (`{"name":
+/// "digits", "input": {"files": "s3://bucket/images"}, ...}`), as an API client sends
+/// it. A field set to `null` counts as left out. Errors name `source` as the sender.
+pub fn load_json(text: &str, source: &str, base_dir: &Path) -> Result<JobSpec, ConfigError> {
+    let json_error = |source_error| ConfigError::Json {
+        origin: source.to_owned(),
+        source: source_error,
+    };
+    let mut json: serde_json::Value = serde_json::from_str(text).map_err(json_error)?;
+    drop_nulls(&mut json);
+    let doc: Table = serde::Deserialize::deserialize(json).map_err(json_error)?;
+    check(doc, base_dir).map_err(|fault| fault.at(source.to_owned()))
+}
+
+/// The job in `doc`, validated.
+fn check(doc: Table, base_dir: &Path) -> Result<JobSpec, Fault> {
+    let file: JobFile = decode::job_file(doc)?;
+    file.validate(base_dir).map_err(Fault::Invalid)
+}
+
+/// Removes every object entry that is `null`: TOML has no null, and an API client's
+/// `null` means "not set".
+fn drop_nulls(json: &mut serde_json::Value) {
+    match json {
+        serde_json::Value::Object(entries) => {
+            entries.retain(|_, value| !value.is_null());
+            entries.values_mut().for_each(drop_nulls);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_nulls),
+        _ => {}
     }
 }
 
@@ -165,90 +143,4 @@ fn parse(text: &str, source: &str) -> Result<Table, ConfigError> {
             message,
         }
     })
-}
-
-/// A `--set key=value` applied to the job file.
-struct Override<'a> {
-    arg: &'a str,
-    key: &'a str,
-}
-
-impl Override<'_> {
-    /// Whether this override wrote `field` (or the table holding it).
-    fn covers(&self, field: &str) -> bool {
-        field
-            .strip_prefix(self.key)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
-    }
-
-    fn origin(&self) -> String {
-        format!("--set {}", self.arg)
-    }
-}
-
-/// Sets `key` (dotted into a table: `input.files`) to `value`, read as a TOML value
-/// (`5`, `-1`, `true`, `"x"`, `["a", "b"]`) or else taken as a plain string
-/// (`data/other`).
-fn apply_override<'a>(doc: &mut Table, arg: &'a str) -> Result<Override<'a>, ConfigError> {
-    let (key, raw) = arg
-        .split_once('=')
-        .map(|(key, raw)| (key.trim(), raw.trim()))
-        .filter(|(key, _)| !key.is_empty())
-        .ok_or_else(|| ConfigError::Override {
-            arg: arg.to_owned(),
-        })?;
-    let applied = Override { arg, key };
-    keys::check_key(key).map_err(|fault| error(applied.origin(), fault))?;
-
-    let value = toml_value(raw).unwrap_or_else(|| Value::String(raw.to_owned()));
-    match key.split_once('.') {
-        None => {
-            doc.insert(key.to_owned(), value);
-        }
-        Some((table, nested)) => {
-            let slot = doc
-                .entry(table)
-                .or_insert_with(|| Value::Table(Table::new()));
-            if !slot.is_table() {
-                *slot = Value::Table(Table::new());
-            }
-            if let Value::Table(table) = slot {
-                table.insert(nested.to_owned(), value);
-            }
-        }
-    }
-    Ok(applied)
-}
-
-/// `raw` as a single TOML value, if it is one.
-fn toml_value(raw: &str) -> Option<Value> {
-    let mut parsed: Table = toml::from_str(&format!("value = {raw}")).ok()?;
-    let value = parsed.remove("value")?;
-    parsed.is_empty().then_some(value)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn override_values_are_toml_or_plain_strings() {
-        assert_eq!(toml_value("5"), Some(Value::Integer(5)));
-        assert_eq!(toml_value("-1"), Some(Value::Integer(-1)));
-        assert_eq!(toml_value("true"), Some(Value::Boolean(true)));
-        assert_eq!(toml_value(r#""x""#), Some(Value::String("x".into())));
-        assert!(toml_value(r#"["a", "b"]"#).unwrap().is_array());
-        assert_eq!(toml_value("data/other"), None);
-        assert_eq!(toml_value("1\nname = \"x\""), None);
-        assert_eq!(toml_value(""), None);
-    }
-
-    #[test]
-    fn an_override_covers_its_field_and_what_is_inside() {
-        let set = |key| Override { arg: "", key };
-        assert!(set("input.files").covers("input.files"));
-        assert!(set("input").covers("input.files"));
-        assert!(!set("input").covers("input_files"));
-        assert!(!set("input.files").covers("input"));
-    }
 }

@@ -6,8 +6,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use fleetrun_config::{
-    ConfigError, Input, JobSpec, Location, LoggingLevel, MiniBatchSize, OutputAction, Tabular,
-    TabularFormat, load, load_str,
+    ConfigError, Input, JobFile, JobSpec, Location, LoggingLevel, MiniBatchSize, OutputAction,
+    Tabular, TabularFormat, load, load_json, load_str,
 };
 use tempfile::TempDir;
 
@@ -946,4 +946,80 @@ fn tabular_rules_name_the_field() {
     for (text, expected) in cases {
         assert_eq!(dir.error(&text), expected);
     }
+}
+
+// --- The job as JSON ------------------------------------------------------------------
+
+#[test]
+fn a_json_job_loads_as_its_job_file_does() {
+    let dir = JobDir::new();
+    let json = r#"{
+        "name": "digits",
+        "entry_script": "score.py",
+        "output_action": "append_row",
+        "input": {"files": "data/images"},
+        "output": {"path": "out"},
+        "arguments": ["--n", 5],
+        "process_count_per_node": null
+    }"#;
+    let spec = load_json(json, "request", dir.dir.path()).unwrap();
+    let from_toml = dir.load(&job(&[("arguments", r#"["--n", 5]"#)])).unwrap();
+    assert_eq!(spec, from_toml);
+}
+
+#[test]
+fn json_errors_name_the_sender_and_the_field() {
+    let dir = JobDir::new();
+    let error = |json: &str| match load_json(json, "request", dir.dir.path()) {
+        Ok(spec) => panic!("expected an error, loaded {spec:#?}"),
+        Err(err) => err.to_string(),
+    };
+    let fields = r#""name": "digits", "entry_script": "score.py", "output_action": "append_row",
+        "output": {"path": "out"}"#;
+    assert_eq!(
+        error(&format!(r#"{{{fields}, "input": {{"fles": "data"}}}}"#)),
+        r#"request: unknown field "input.fles" (did you mean "input.files"?)"#
+    );
+    assert_eq!(
+        error(&format!(
+            r#"{{{fields}, "input": {{"files": "data"}}, "run_max_try": "five"}}"#
+        )),
+        r#"request: run_max_try: expected an integer, got a string ("five")"#
+    );
+    assert_eq!(
+        error(&format!(
+            r#"{{{fields}, "input": {{"files": "data"}}, "run_max_try": 0}}"#
+        )),
+        "request: run_max_try: must be between 1 and 100 (got 0)"
+    );
+    assert_eq!(
+        error(&format!(r#"{{{fields}}}"#)),
+        "request: input.files: required field is missing"
+    );
+    let message = error(r#"{"name": "#);
+    assert!(
+        message.starts_with("request: invalid JSON: ") && !message.contains('\n'),
+        "{message}"
+    );
+    let message = error(r#"["digits"]"#);
+    assert!(message.starts_with("request: invalid JSON: "), "{message}");
+}
+
+#[test]
+fn a_job_file_written_back_reads_the_same() {
+    let dir = JobDir::new();
+    let text = job(&[
+        ("arguments", r#"["--n", 5]"#),
+        ("mini_batch_size", r#""4""#),
+        ("side_inputs", r#"["data/labels.txt"]"#),
+        ("environment_variables", "{ A = 1 }"),
+    ]);
+    let file: JobFile = toml::from_str(&text).unwrap();
+    let written = toml::to_string(&file).unwrap();
+    assert_eq!(dir.load(&written).unwrap(), dir.load(&text).unwrap());
+    let json = serde_json::to_string(&file).unwrap();
+    assert_eq!(
+        load_json(&json, "request", dir.dir.path()).unwrap(),
+        dir.load(&text).unwrap()
+    );
 }

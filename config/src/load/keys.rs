@@ -1,86 +1,72 @@
-//! The keys a job file may hold, and the "did you mean" for those it may not.
+//! The keys a job file may hold, read off [`JobFile`] itself, and the "did you mean" for
+//! those it may not.
 
-use toml::Table;
+use std::sync::OnceLock;
 
-use super::read::{self, Fault};
+use serde::Deserialize;
+use toml::{Table, Value};
 
-/// Every top-level key, in the order CONTRACT.md §2 lists them.
-const TOP_LEVEL: &[&str] = &[
-    "name",
-    "entry_script",
-    "source_directory",
-    "arguments",
-    "input",
-    "side_inputs",
-    "output",
-    "mini_batch_size",
-    "error_threshold",
-    "output_action",
-    "append_row_file_name",
-    "node_count",
-    "process_count_per_node",
-    "logging_level",
-    "run_invocation_timeout",
-    "run_max_try",
-    "resource_monitor_interval",
-    "allowed_failed_count",
-    "allowed_failed_percent",
-    "partition_keys",
-    "partition_format",
-    "models",
-    "environment_variables",
-    "append_row_dataframe_header",
-    "append_row_separator",
-    "first_task_creation_timeout",
-    "progress_update_timeout",
-    "environment",
-    "profile",
-];
+use super::Fault;
+use crate::JobFile;
 
-/// The top-level keys that are tables, with the keys they take (`None`: any key).
-const TABLES: &[(&str, Option<&[&str]>)] = &[
-    ("input", Some(&["files", "tabular", "format", "separator"])),
-    ("output", Some(&["path"])),
-    ("environment_variables", None),
-    ("side_inputs", None),
-    ("models", None),
-];
+/// The keys of a job file.
+#[derive(Default)]
+struct Keys {
+    /// Every key with a fixed name, top-level ones first, tables' keys dotted
+    /// (`input.files`).
+    fixed: Vec<String>,
+    /// The tables whose keys are names (`environment_variables`, `models`).
+    named: Vec<String>,
+}
+
+/// The keys of [`JobFile`], so that a field added there is known here too: a job with
+/// every field left out, written as JSON, holds every field (`null` or its default), the
+/// fields of its tables inside them, and `{}` for the tables of names.
+fn keys() -> &'static Keys {
+    static KEYS: OnceLock<Keys> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        let empty = JobFile::deserialize(Value::Table(Table::new()))
+            .expect("every field of a job file may be left out");
+        let serde_json::Value::Object(fields) =
+            serde_json::to_value(empty).expect("a job file is JSON")
+        else {
+            unreachable!("a struct is a JSON object")
+        };
+        let mut keys = Keys::default();
+        let mut nested = Vec::new();
+        for (key, value) in fields {
+            match value {
+                serde_json::Value::Object(table) if table.is_empty() => {
+                    keys.named.push(key.clone());
+                }
+                serde_json::Value::Object(table) => {
+                    nested.extend(table.keys().map(|field| format!("{key}.{field}")));
+                }
+                _ => {}
+            }
+            keys.fixed.push(key);
+        }
+        keys.fixed.extend(nested);
+        keys
+    })
+}
 
 /// How alike (Jaro-Winkler, 0–1) an unknown key must be to a known one to be suggested.
 const SUGGESTION_SIMILARITY: f64 = 0.8;
 
-/// Checks that every key of `doc`, and of its tables, is one fleetrun knows.
-pub(super) fn check(doc: &Table) -> Result<(), Fault> {
-    for (key, value) in doc {
-        check_key(key)?;
-        if let Some((_, Some(known))) = TABLES.iter().find(|(table, _)| table == key) {
-            for nested in read::table(key, value)?.keys() {
-                if !known.contains(&nested.as_str()) {
-                    return Err(unknown(&format!("{key}.{nested}")));
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Checks a dotted key, as a `--set` names it: `mini_batch_size`, `input.files`,
 /// `environment_variables.OMP_NUM_THREADS`.
 pub(super) fn check_key(key: &str) -> Result<(), Fault> {
-    let known = match key.split_once('.') {
-        None => TOP_LEVEL.contains(&key),
-        Some((table, nested)) => TABLES.iter().any(|(name, keys)| {
-            *name == table
-                && match keys {
-                    Some(keys) => keys.contains(&nested),
-                    None => !nested.is_empty(),
-                }
-        }),
-    };
+    let keys = keys();
+    let known = keys.fixed.iter().any(|known| known == key)
+        || key.split_once('.').is_some_and(|(table, name)| {
+            !name.is_empty() && keys.named.iter().any(|named| named == table)
+        });
     if known { Ok(()) } else { Err(unknown(key)) }
 }
 
-fn unknown(field: &str) -> Fault {
+/// The fault of `field`, a key fleetrun does not know.
+pub(super) fn unknown(field: &str) -> Fault {
     Fault::Unknown {
         field: field.to_owned(),
         suggestion: suggest(field),
@@ -91,7 +77,7 @@ fn unknown(field: &str) -> Fault {
 /// the top level, `mini_batch_size` under `[input]`), else the closest spelling.
 fn suggest(field: &str) -> Option<String> {
     let last_part = |key: &str| key.rsplit('.').next().map(str::to_owned);
-    let candidates = known_keys();
+    let candidates = &keys().fixed;
     if let Some(moved) = candidates
         .iter()
         .find(|known| last_part(known) == last_part(field))
@@ -99,25 +85,11 @@ fn suggest(field: &str) -> Option<String> {
         return Some(moved.clone());
     }
     candidates
-        .into_iter()
-        .map(|known| (strsim::jaro_winkler(field, &known), known))
+        .iter()
+        .map(|known| (strsim::jaro_winkler(field, known), known))
         .filter(|(similarity, _)| *similarity >= SUGGESTION_SIMILARITY)
         .max_by(|(a, _), (b, _)| a.total_cmp(b))
-        .map(|(_, known)| known)
-}
-
-/// Every key with a fixed name, tables' keys dotted (`input.files`).
-fn known_keys() -> Vec<String> {
-    let nested = TABLES.iter().flat_map(|(table, keys)| {
-        keys.unwrap_or_default()
-            .iter()
-            .map(move |key| format!("{table}.{key}"))
-    });
-    TOP_LEVEL
-        .iter()
-        .map(|key| key.to_string())
-        .chain(nested)
-        .collect()
+        .map(|(_, known)| known.clone())
 }
 
 #[cfg(test)]

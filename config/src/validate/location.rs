@@ -4,10 +4,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use toml::Value;
-
-use super::read::{self, Fault};
-use crate::Location;
+use crate::{FieldError, Location};
 
 const S3_SCHEME: &str = "s3://";
 const S3_RULE: &str = "must be s3://bucket/prefix with a bucket name of 3-63 characters \
@@ -15,13 +12,12 @@ const S3_RULE: &str = "must be s3://bucket/prefix with a bucket name of 3-63 cha
 
 /// Reads a location: an `s3://` URI as written, or a path relative to `base` (a local
 /// folder, or an S3 prefix when `entry_script` sits under an S3 `source_directory`).
-pub(super) fn location(field: &str, value: &Value, base: &Location) -> Result<Location, Fault> {
-    let text = read::string(field, value)?;
+pub(super) fn location(field: &str, text: &str, base: &Location) -> Result<Location, FieldError> {
     if text.is_empty() {
-        return Err(Fault::rule(field, "must not be empty", value));
+        return Err(FieldError::rule(field, "must not be empty", text));
     }
     if let Some(rest) = strip_s3_scheme(text) {
-        return s3(rest).ok_or_else(|| Fault::rule(field, S3_RULE, value));
+        return s3(rest).ok_or_else(|| FieldError::rule(field, S3_RULE, text));
     }
     let path = Path::new(text);
     Ok(match base {
@@ -35,10 +31,10 @@ pub(super) fn location(field: &str, value: &Value, base: &Location) -> Result<Lo
 }
 
 /// Reads a location that must be on this machine (the Python environment).
-pub(super) fn local_path(field: &str, value: &Value, base: &Path) -> Result<PathBuf, Fault> {
-    match location(field, value, &Location::Local(base.to_path_buf()))? {
+pub(super) fn local_path(field: &str, text: &str, base: &Path) -> Result<PathBuf, FieldError> {
+    match location(field, text, &Location::Local(base.to_path_buf()))? {
         Location::Local(path) => Ok(path),
-        Location::S3 { .. } => Err(Fault::rule(field, "must be a local path", value)),
+        Location::S3 { .. } => Err(FieldError::rule(field, "must be a local path", text)),
     }
 }
 
@@ -50,7 +46,7 @@ pub(super) fn absolute(base: &Path) -> PathBuf {
 }
 
 /// Resolves `.` and `..` lexically: no symlinks followed, nothing required to exist.
-pub(super) fn normalize(path: &Path) -> PathBuf {
+fn normalize(path: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for component in path.components() {
         match component {
@@ -118,8 +114,8 @@ mod tests {
         }
     }
 
-    fn read(text: &str, base: &Location) -> Result<Location, Fault> {
-        location("f", &Value::String(text.into()), base)
+    fn read(text: &str, base: &Location) -> Result<Location, FieldError> {
+        location("f", text, base)
     }
 
     #[test]
