@@ -359,37 +359,61 @@ fn a_worker_killed_with_one_attempt_lists_what_failed_and_reports_every_attempt(
     });
     let output = lines(&fleet.output("out/parallel_run_step.txt"));
     assert_output_and_failed_items_cover(&fleet, &output, 150);
-    let out: BTreeSet<&String> = output.iter().collect();
+    let rows = assert_every_run_reported(&fleet, &markers.path().join("runs"), &output);
+    for (index, rows) in &rows {
+        assert_eq!(rows.len(), 1, "one attempt of mini-batch {index}: {rows:?}");
+    }
+    assert!(
+        rows.values()
+            .flatten()
+            .any(|(result, node)| result == "lost" && node == "victim"),
+        "the victim held a mini-batch as it died: {rows:?}"
+    );
+}
 
-    // Mini-batch `n` holds f(5n)..f(5n+4); each had at most one attempt.
+/// Checks the job's one report against the `runs` file its script wrote (a line
+/// `<node> <first item>` per `run()` call, mini-batches of 5): every run has a row of its
+/// mini-batch naming its node, a row of each mini-batch in the output says it succeeded, and
+/// an attempt whose node said nothing is `lost`. Returns each mini-batch's rows (result, node).
+fn assert_every_run_reported(
+    fleet: &Fleet,
+    runs: &Path,
+    output: &[String],
+) -> BTreeMap<u64, Vec<(String, String)>> {
     let report = fleet.text("out/logs/sys/job_report/processed_mini-batches.csv");
-    let mut rows: BTreeMap<u64, (String, String)> = BTreeMap::new();
+    let mut rows: BTreeMap<u64, Vec<(String, String)>> = BTreeMap::new();
     for row in report.lines().skip(1) {
         let fields: Vec<&str> = row.split(',').collect();
         let index: u64 = fields[0].parse().unwrap();
-        let seen = rows.insert(index, (fields[2].to_owned(), fields[6].to_owned()));
-        assert!(seen.is_none(), "two rows for mini-batch {index}:\n{report}");
+        let row = (fields[2].to_owned(), fields[6].to_owned());
+        rows.entry(index).or_default().push(row);
     }
-    let runs = std::fs::read_to_string(markers.path().join("runs")).unwrap();
+    let out: BTreeSet<&String> = output.iter().collect();
+    let runs = std::fs::read_to_string(runs).unwrap();
     for run in runs.lines() {
         let (node, first) = run.split_once(' ').unwrap();
         let n: u64 = first[1..5].parse().unwrap();
         let index = n / 5;
-        let (result, named) = rows
-            .get(&index)
-            .unwrap_or_else(|| panic!("no row for mini-batch {index} run on {node}:\n{report}"));
-        assert_eq!(named, node, "mini-batch {index}:\n{report}");
-        let succeeded = out.contains(&format!("f{n:04}"));
-        match result.as_str() {
-            "succeeded" => assert!(succeeded, "mini-batch {index}"),
-            "lost" => assert!(node == "victim" && !succeeded, "mini-batch {index}"),
-            other => panic!("mini-batch {index}: {other}"),
+        let of_batch = rows.get(&index).map(Vec::as_slice).unwrap_or_default();
+        assert!(
+            of_batch.iter().any(|(_, named)| named == node),
+            "no row of node {node} for mini-batch {index}:\n{report}"
+        );
+        let done = out.contains(&format!("f{n:04}"));
+        for (result, _) in of_batch {
+            match result.as_str() {
+                "succeeded" | "lost" => {}
+                other => panic!("mini-batch {index}: {other}\n{report}"),
+            }
         }
+        // Not the converse: a run that succeeded after its mini-batch was recorded failed
+        // (lost with the broker) has its row, and its rows are not the output's.
+        assert!(
+            !done || of_batch.iter().any(|(result, _)| result == "succeeded"),
+            "mini-batch {index} is in the output, and no row says it succeeded:\n{report}"
+        );
     }
-    assert!(
-        rows.values().any(|(result, _)| result == "lost"),
-        "the victim held a mini-batch as it died:\n{report}"
-    );
+    rows
 }
 
 /// Runs the job `make_job` gives on two workers (150 inputs), SIGKILLs one while it runs a
@@ -723,7 +747,7 @@ fn init_failures_over_the_fleet_fail_the_job_after_two_minutes() {
 /// takes 10 s of running, so the broker stops well before its end.
 #[test]
 fn a_broker_restart_mid_job_loses_and_duplicates_nothing() {
-    let (_broker, fleet) = restart_the_broker_mid_job("run_max_try = 3");
+    let (_broker, fleet, _markers) = restart_the_broker_mid_job("run_max_try = 3");
     assert_eq!(
         lines(&fleet.output("out/parallel_run_step.txt")),
         expected_lines(200, |_| false)
@@ -733,12 +757,14 @@ fn a_broker_restart_mid_job_loses_and_duplicates_nothing() {
 /// With one attempt per mini-batch, a broker restart fails the mini-batches whose only
 /// attempt it took: those, and only those, are listed as failed. A mini-batch that
 /// succeeded but whose acknowledgement the restart lost comes back past its attempts and is
-/// not listed. The output and the failed items are disjoint and together cover the input.
+/// not listed. The output and the failed items are disjoint and together cover the input, and
+/// every run has its row in the report.
 #[test]
 fn a_broker_restart_with_one_attempt_lists_exactly_what_failed() {
-    let (_broker, fleet) = restart_the_broker_mid_job("run_max_try = 1");
+    let (_broker, fleet, markers) = restart_the_broker_mid_job("run_max_try = 1");
     let output = lines(&fleet.output("out/parallel_run_step.txt"));
     assert_output_and_failed_items_cover(&fleet, &output, 200);
+    assert_every_run_reported(&fleet, &markers.path().join("runs"), &output);
 }
 
 /// Checks that the output lines and the items of the job's `failed_items.csv` (none when
@@ -776,12 +802,12 @@ fn assert_output_and_failed_items_cover(fleet: &Fleet, output: &[String], n: usi
 /// Two workers on a broker of the test's own, which is stopped and started again while a
 /// job of 200 files (mini-batches of 5, half a second each) runs; returns once the job ended
 /// with exit 0. Keep the broker until the fleet is dropped.
-fn restart_the_broker_mid_job(settings: &str) -> (PrivateRabbitMq, Fleet) {
+fn restart_the_broker_mid_job(settings: &str) -> (PrivateRabbitMq, Fleet, tempfile::TempDir) {
     let broker = PrivateRabbitMq::start();
     let markers = tempfile::tempdir().unwrap();
     let runs = markers.path().join("runs");
     let script = format!(
-        "import os, time\nRUNS = {:?}\ndef run(mini_batch):\n    with open(RUNS, 'a') as f:\n        f.write('run\\n')\n    time.sleep(0.5)\n    return [open(p).read() for p in mini_batch]\n",
+        "import os, time\nRUNS = {:?}\ndef run(mini_batch):\n    with open(RUNS, 'a') as f:\n        f.write(os.environ['FLEETRUN_NODE_ID'] + ' ' + os.path.basename(mini_batch[0]) + '\\n')\n    time.sleep(0.5)\n    return [open(p).read() for p in mini_batch]\n",
         runs.display().to_string()
     );
     let mut fleet = Fleet::on_broker(&script, broker.url());
@@ -801,7 +827,7 @@ fn restart_the_broker_mid_job(settings: &str) -> (PrivateRabbitMq, Fleet) {
         exit_within(&mut submit.0, Duration::from_secs(120)).code(),
         Some(0)
     );
-    (broker, fleet)
+    (broker, fleet, markers)
 }
 
 /// Both workers' connections are closed by the broker in the middle of the job: they
