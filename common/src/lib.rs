@@ -13,11 +13,15 @@
 //! - [`storage::Storage`]: inputs, output parts and the final output
 //!   ([`storage::LocalStorage`] on a folder).
 //!
+//! [`events::Events`] tells the services around the fleet of every change of a job's state
+//! (RabbitMQ's `fleetrun.events` topic exchange, or [`events::MemoryEvents`] in process).
+//!
 //! [`testing`] holds the conformance suites every implementation of a seam must pass, so the
 //! embedded ones can never promise what the distributed ones do not do. [`wire`] holds the
 //! messages that travel on the queue, [`protocol`] the frames between a node agent and its
 //! runner processes.
 
+pub mod events;
 pub mod ledger;
 pub mod protocol;
 pub mod queue;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use fleetrun_common::ledger::{JobState, LedgerError, Limits, Status};
 use fleetrun_common::queue::Depth;
 use fleetrun_common::storage::StorageError;
-use fleetrun_config::{JobSpec, Location, MiniBatchSize, OutputAction};
+use fleetrun_config::{JobSpec, MiniBatchSize};
 use fleetrun_worker::agent::JobContext;
 use fleetrun_worker::job::{self, Fleet, Job, JobError, JobRecord, StopRules};
 use fleetrun_worker::logs::JobLogs;
@@ -200,11 +200,19 @@ pub async fn register(
         .register(&job, &fleet.pool, &record.encode())
         .await
     {
-        Ok(()) => Ok(Registered {
-            job,
-            record,
-            attached: !entered,
-        }),
+        Ok(()) => {
+            let registered = Registered {
+                job,
+                record,
+                attached: !entered,
+            };
+            if entered {
+                // The job's first state, told once, by the submitter that entered it.
+                let status = Status::new();
+                registered.job(fleet).await?.announce(&status).await;
+            }
+            Ok(registered)
+        }
         Err(LedgerError::JobExists(_)) if job_id.is_some() => {
             match self::record(fleet, &job).await? {
                 Some(known) if known.spec == record.spec && known.pool == record.pool => {
@@ -500,23 +508,6 @@ pub fn describe(job: &str, record: &JobRecord, status: &Status, depth: Option<De
     if let Some(reason) = &status.reason {
         out.push_str(&format!("cause:         {reason}\n"));
     }
-    out.push_str(&format!("output:        {}\n", output_file(spec)));
+    out.push_str(&format!("output:        {}\n", job::output_location(spec)));
     out
-}
-
-/// Where the job's output file is (or its folder, for `summary_only`).
-pub fn output_file(spec: &JobSpec) -> String {
-    let name = match spec.output_action {
-        OutputAction::AppendRow => spec.append_row_file_name.as_str(),
-        OutputAction::SummaryOnly => "",
-    };
-    match &spec.output {
-        Location::Local(dir) => dir.join(name).display().to_string(),
-        Location::S3 { bucket, prefix } => {
-            format!(
-                "s3://{bucket}/{}",
-                fleetrun_common::storage::join_key(prefix, name)
-            )
-        }
-    }
 }

@@ -184,6 +184,7 @@ pub async fn run_local(
     let scratch = node::scratch_dir(&temp, &format!("run-{job_id}"));
     let fleet = Fleet {
         // Enough ready mini-batches that no runner waits, few enough that memory stays flat.
+        events: Arc::new(fleetrun_common::events::MemoryEvents::new()),
         queue: Arc::new(MemoryQueue::bounded(
             QueueOptions::default(),
             4 * processes + 16,
@@ -230,7 +231,7 @@ pub async fn run_local(
         &job_id,
         record.spec.clone(),
         record.submitted_at,
-        fleet.ledger.clone(),
+        &fleet,
         output,
         &fleetrun_worker::parts::writer_name("run"),
     );

@@ -314,7 +314,7 @@ async fn submit(
     progress: bool,
     interrupt: Interrupt,
 ) -> anyhow::Result<ExitCode> {
-    let output = fleet_cmd::output_file(&spec);
+    let output = fleetrun_worker::job::output_location(&spec);
     let submitted = match fleet_cmd::submit(spec, &fleet, job_id.as_deref(), empty, |id| {
         say!("{id}");
     })

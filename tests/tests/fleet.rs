@@ -1915,3 +1915,105 @@ fn concurrent_submits_of_one_job_id_publish_once() {
     let report = fleet.text(key);
     assert_eq!(report.lines().count(), 1 + 100, "{report}");
 }
+
+/// A service bound to `fleetrun.events` hears each change of its jobs' states once, as
+/// JSON: Running, Finalizing, Completed for a job that completes; Running, Failed (and the
+/// cause) for one its threshold fails.
+#[test]
+fn a_listener_bound_to_the_events_exchange_hears_each_change_once() {
+    use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    let mut fleet = Fleet::new(
+        "def run(mini_batch):\n    if any('f0003' in p for p in mini_batch):\n        raise ValueError('bad f0003')\n    return [open(p).read() for p in mini_batch]\n",
+    );
+    fleet.inputs(20);
+    fleet.worker("w1", 2);
+    let (channel, queue) = fleet.runtime.block_on(async {
+        let connection =
+            lapin::Connection::connect(&fleet.amqp_url, lapin::ConnectionProperties::default())
+                .await
+                .unwrap();
+        let channel = connection.create_channel().await.unwrap();
+        let options = QueueDeclareOptions {
+            exclusive: true,
+            auto_delete: true,
+            ..Default::default()
+        };
+        let queue = channel
+            .queue_declare("".into(), options, FieldTable::default())
+            .await
+            .unwrap();
+        let name = queue.name().clone();
+        channel
+            .queue_bind(
+                name.clone(),
+                "fleetrun.events".into(),
+                "job.#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        std::mem::forget(connection);
+        (channel, name)
+    });
+    let settings = "mini_batch_size = 5\nrun_max_try = 1";
+    let completes = fleet.s3_job(&format!("{settings}\nerror_threshold = -1"));
+    let fails = fleet.s3_job(&format!("{settings}\nerror_threshold = 0"));
+    assert_eq!(code(&fleet.submit(&completes, &["--wait"])), 0);
+    assert_eq!(code(&fleet.submit(&fails, &["--wait"])), 42);
+
+    let name = |job: &Path| {
+        let stem = job.file_stem().unwrap().to_string_lossy();
+        format!("fleet-{}", stem.trim_start_matches("job-"))
+    };
+    let mut heard: BTreeMap<String, Vec<(String, serde_json::Value)>> = BTreeMap::new();
+    let ended = |heard: &BTreeMap<String, Vec<(String, serde_json::Value)>>| {
+        heard
+            .values()
+            .filter(|events| {
+                events
+                    .iter()
+                    .any(|(key, _)| key == "job.completed" || key == "job.failed")
+            })
+            .count()
+    };
+    wait_for("both jobs' ends", Duration::from_secs(30), || {
+        while let Some(message) = fleet
+            .runtime
+            .block_on(channel.basic_get(queue.clone(), BasicGetOptions { no_ack: true }))
+            .unwrap()
+        {
+            let event: serde_json::Value = serde_json::from_slice(&message.data).unwrap();
+            let key = message.routing_key.to_string();
+            let job = event["name"].as_str().unwrap().to_owned();
+            heard.entry(job).or_default().push((key, event));
+        }
+        ended(&heard) == 2
+    });
+    let keys = |job: &Path| -> Vec<String> {
+        heard[&name(job)]
+            .iter()
+            .map(|(key, _)| key.clone())
+            .collect()
+    };
+    assert_eq!(
+        keys(&completes),
+        ["job.running", "job.finalizing", "job.completed"]
+    );
+    assert_eq!(keys(&fails), ["job.running", "job.failed"]);
+    let (_, completed) = &heard[&name(&completes)][2];
+    assert_eq!(completed["state"], "Completed");
+    assert_eq!(completed["counts"]["total_mini_batches"], 4);
+    assert_eq!(completed["counts"]["failed_items"], 5);
+    assert!(
+        completed["output"]
+            .as_str()
+            .unwrap()
+            .ends_with("/out/parallel_run_step.txt"),
+        "{completed}"
+    );
+    let (_, failed) = &heard[&name(&fails)][1];
+    let cause = failed["cause"].as_str().unwrap();
+    assert!(cause.starts_with("error_threshold exceeded"), "{cause}");
+}

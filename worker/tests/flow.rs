@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fleetrun_common::events::{JobEvent, MemoryEvents};
 use fleetrun_common::ledger::{JobState, Limits, MemoryLedger, MemoryRegistry, Status};
 use fleetrun_common::queue::{MemoryQueue, QueueOptions};
 use fleetrun_common::storage::s3::S3Settings;
@@ -62,6 +63,8 @@ struct Flow {
     abort: CancellationToken,
     worker: Option<tokio::task::JoinHandle<()>>,
     started: Instant,
+    /// Every event of the job's state, as a service bound to them hears them.
+    heard: tokio::sync::broadcast::Receiver<JobEvent>,
 }
 
 impl Flow {
@@ -88,7 +91,10 @@ impl Flow {
         let queue = MemoryQueue::new(QueueOptions {
             delivery_limit: options.delivery_limit,
         });
+        let events = MemoryEvents::new();
+        let heard = events.subscribe();
         let fleet = Fleet {
+            events: Arc::new(events.clone()),
             queue: Arc::new(queue.clone()),
             ledger: Arc::new(MemoryLedger::new()),
             registry: Arc::new(MemoryRegistry::new()),
@@ -151,6 +157,28 @@ impl Flow {
             abort,
             worker: Some(worker),
             started: Instant::now(),
+            heard,
+        }
+    }
+
+    /// The events heard until the job's end was: each state the job moved to, in order.
+    async fn heard(&mut self) -> Vec<JobEvent> {
+        let mut heard = Vec::new();
+        loop {
+            match self.heard.try_recv() {
+                Ok(event) => {
+                    let end = event.state.is_terminal();
+                    heard.push(event);
+                    if end {
+                        return heard;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::TryRecvError::Empty) => {
+                    assert!(self.started.elapsed() < LONGEST, "no end heard: {heard:?}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("{e}: {heard:?}"),
+            }
         }
     }
 
@@ -356,6 +384,41 @@ async fn allowed_failed_count_fails_the_job_past_its_limit() {
     let (_, status) = two_of_four_failing("allowed_failed_count = 2").await;
     assert_eq!(status.state, JobState::Completed, "{status:?}");
     assert_eq!(counts(&status), (4, 2, 2, 2));
+}
+
+/// Each change of a job's state is heard once, from whoever made it: Finalizing and
+/// Completed for a job that completes, Failed (with its cause and counts) for one a limit
+/// fails; nothing after the end.
+#[tokio::test(start_paused = true)]
+async fn every_change_of_a_jobs_state_is_an_event_once() {
+    let (mut flow, _) = two_of_four_failing("allowed_failed_count = 2").await;
+    let heard = flow.heard().await;
+    let states: Vec<JobState> = heard.iter().map(|e| e.state).collect();
+    assert_eq!(states, [JobState::Finalizing, JobState::Completed]);
+    let completed = &heard[1];
+    assert_eq!(
+        (completed.job_id.as_str(), completed.name.as_str()),
+        (JOB, "flow")
+    );
+    assert_eq!(completed.counts.completed_mini_batches, 4);
+    assert_eq!(completed.counts.failed_items, 2);
+    assert!(
+        completed.output.ends_with("out/parallel_run_step.txt"),
+        "{completed:?}"
+    );
+    assert_eq!(completed.routing_key(), "job.completed");
+
+    let (mut flow, _) = two_of_four_failing("allowed_failed_count = 1").await;
+    let heard = flow.heard().await;
+    assert_eq!(heard.len(), 1, "{heard:?}");
+    assert_eq!(heard[0].state, JobState::Failed);
+    let cause = heard[0].cause.as_deref().unwrap_or_default();
+    assert!(
+        cause.starts_with("allowed_failed_count exceeded"),
+        "{cause}"
+    );
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(flow.heard.try_recv().is_err(), "an event after the end");
 }
 
 /// `allowed_failed_percent` fails the job once the failed share of all mini-batches is

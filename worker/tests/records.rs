@@ -2,15 +2,18 @@
 
 use std::sync::Arc;
 
-use fleetrun_common::ledger::{JobState, Ledger, Limits, MemoryLedger, Outcome};
+use fleetrun_common::events::MemoryEvents;
+use fleetrun_common::ledger::{JobState, Limits, MemoryLedger, MemoryRegistry, Outcome};
+use fleetrun_common::queue::{MemoryQueue, QueueOptions};
 use fleetrun_common::storage::LocalStorage;
+use fleetrun_common::storage::s3::S3Settings;
 use fleetrun_common::wire::MiniBatch;
 use fleetrun_worker::agent::{JobContext, record_failed_batch};
-use fleetrun_worker::job::Job;
+use fleetrun_worker::job::{Fleet, Job};
 use fleetrun_worker::logs::{self, JobLogs};
 
 /// One node of a job: its own writer of the job's parts, the shared ledger and output.
-fn node(dir: &std::path::Path, ledger: &Arc<MemoryLedger>, name: &str) -> JobContext {
+fn node(dir: &std::path::Path, fleet: &Fleet, name: &str) -> JobContext {
     let job_file = dir.join("job.toml");
     std::fs::write(
         &job_file,
@@ -21,12 +24,24 @@ fn node(dir: &std::path::Path, ledger: &Arc<MemoryLedger>, name: &str) -> JobCon
     std::fs::create_dir_all(dir.join("data")).unwrap();
     let spec = fleetrun_config::load(&job_file, &[]).unwrap();
     let output = Arc::new(LocalStorage::new(dir.join("out")));
-    let job = Job::new("j", spec, 0.0, ledger.clone(), output, name);
+    let job = Job::new("j", spec, 0.0, fleet, output, name);
     JobContext::new(
         job,
         Arc::new(LocalStorage::new(dir.join("data"))),
         Arc::new(JobLogs::for_node(dir.join("out/logs"), name)),
     )
+}
+
+/// An embedded fleet: the ledger is what these tests look at.
+fn embedded() -> Fleet {
+    Fleet {
+        queue: Arc::new(MemoryQueue::new(QueueOptions::default())),
+        events: Arc::new(MemoryEvents::new()),
+        ledger: Arc::new(MemoryLedger::new()),
+        registry: Arc::new(MemoryRegistry::new()),
+        s3: S3Settings::default(),
+        pool: "p".to_owned(),
+    }
 }
 
 /// `failed_items.csv` is one file for the job, whichever nodes failed its mini-batches, in
@@ -36,11 +51,11 @@ fn node(dir: &std::path::Path, ledger: &Arc<MemoryLedger>, name: &str) -> JobCon
 #[tokio::test]
 async fn failed_items_are_one_file_that_never_lists_a_mini_batch_that_succeeded() {
     let dir = tempfile::tempdir().unwrap();
-    let ledger = Arc::new(MemoryLedger::new());
-    ledger.create("j", Limits::NONE).await.unwrap();
+    let fleet = embedded();
+    fleet.ledger.create("j", Limits::NONE).await.unwrap();
     let (n1, n2) = (
-        node(dir.path(), &ledger, "n1"),
-        node(dir.path(), &ledger, "n2"),
+        node(dir.path(), &fleet, "n1"),
+        node(dir.path(), &fleet, "n2"),
     );
     let succeeded = Outcome {
         succeeded: 1,
@@ -104,18 +119,18 @@ async fn failed_items_are_one_file_that_never_lists_a_mini_batch_that_succeeded(
 #[tokio::test]
 async fn failed_items_are_written_when_a_job_fails_and_only_when_some_failed() {
     let dir = tempfile::tempdir().unwrap();
-    let ledger = Arc::new(MemoryLedger::new());
-    ledger.create("j", Limits::NONE).await.unwrap();
-    let n1 = node(dir.path(), &ledger, "n1");
+    let fleet = embedded();
+    fleet.ledger.create("j", Limits::NONE).await.unwrap();
+    let n1 = node(dir.path(), &fleet, "n1");
     let failed_file = dir.path().join("out/logs").join(logs::FAILED_ITEMS_CSV);
 
     n1.job.cancel("nothing failed").await.unwrap();
     assert!(!failed_file.exists());
 
     let dir = tempfile::tempdir().unwrap();
-    let ledger = Arc::new(MemoryLedger::new());
-    ledger.create("j", Limits::NONE).await.unwrap();
-    let n1 = node(dir.path(), &ledger, "n1");
+    let fleet = embedded();
+    fleet.ledger.create("j", Limits::NONE).await.unwrap();
+    let n1 = node(dir.path(), &fleet, "n1");
     let batch = MiniBatch::new("j", 0, vec!["a.txt".to_owned()]);
     record_failed_batch(&n1, &batch, 3, "raised", None)
         .await

@@ -61,6 +61,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, warn};
 
 use super::{Acker, Consumer, Delivery, Depth, Disposition, Queue, QueueError, QueueOptions};
+use crate::events::{Events, JobEvent};
 
 /// Every name the backend gives the broker, in one place.
 mod names {
@@ -80,6 +81,9 @@ mod names {
     pub fn dead(pool: &str) -> String {
         format!("{PREFIX}.{pool}.dead")
     }
+
+    /// The topic exchange of job events, shared by every pool.
+    pub const EVENTS: &str = crate::events::EXCHANGE;
 
     /// Message headers the broker sets.
     pub const DELIVERY_COUNT: &str = "x-delivery-count";
@@ -400,6 +404,39 @@ impl Shared {
         }
     }
 
+    /// Publishes a job event on the events exchange, with a confirm. No queue bound to its
+    /// key is no error: nobody listens.
+    async fn announce(&self, event: &JobEvent) -> Result<(), QueueError> {
+        let (key, body) = (event.routing_key(), event.to_json());
+        let confirmation = self
+            .retrying("publish an event", Some(&self.publisher), |channel| {
+                let (key, body) = (&key, &body);
+                async move {
+                    let properties = BasicProperties::default()
+                        .with_delivery_mode(PERSISTENT)
+                        .with_content_type("application/json".into());
+                    channel
+                        .basic_publish(
+                            names::EVENTS.into(),
+                            key.as_str().into(),
+                            BasicPublishOptions::default(),
+                            body,
+                            properties,
+                        )
+                        .await?
+                        .await
+                }
+            })
+            .await?;
+        match confirmation {
+            Confirmation::Nack(_) => Err(QueueError::Refused(format!(
+                "{} refused the event {key}",
+                names::EVENTS
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Declares the pool's exchange and queues; idempotent.
     async fn declare(&self) -> Result<(), QueueError> {
         let channel = self
@@ -420,6 +457,16 @@ impl Shared {
             )
             .await
             .map_err(backend("declare the dead-letter exchange"))?;
+
+        channel
+            .exchange_declare(
+                names::EVENTS.into(),
+                lapin::ExchangeKind::Topic,
+                durable,
+                FieldTable::default(),
+            )
+            .await
+            .map_err(backend("declare the events exchange"))?;
 
         let mut quorum = FieldTable::default();
         quorum.insert(names::QUEUE_TYPE.into(), long_string("quorum"));
@@ -568,6 +615,13 @@ impl Shared {
 
 fn long_string(s: &str) -> AMQPValue {
     AMQPValue::LongString(s.into())
+}
+
+#[async_trait]
+impl Events for AmqpQueue {
+    async fn publish(&self, event: &JobEvent) -> Result<(), QueueError> {
+        self.shared.announce(event).await
+    }
 }
 
 #[async_trait]

@@ -11,9 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use fleetrun_common::events::{Counts, Events, JobEvent};
 use fleetrun_common::ledger::{JobState, Ledger, LedgerError, Outcome, Recorded, Status};
 use fleetrun_common::storage::Storage;
-use fleetrun_config::{JobSpec, OutputAction};
+use fleetrun_config::{JobSpec, Location, OutputAction};
 use tracing::{info, warn};
 
 use super::error::JobError;
@@ -32,19 +33,21 @@ pub struct Job {
     /// Seconds since the Unix epoch, from the job's record.
     submitted_at: f64,
     ledger: Arc<dyn Ledger>,
+    /// Where each change of its state is told.
+    events: Arc<dyn Events>,
     output: Arc<dyn Storage>,
     /// Where its mini-batches' rows and failed items wait for the end of the job.
     parts: Arc<dyn Parts>,
 }
 
 impl Job {
-    /// `writer` names this process among the writers of the job's parts
-    /// ([`parts::writer_name`]).
+    /// The job `id` on `fleet`'s ledger and events; `writer` names this process among the
+    /// writers of the job's parts ([`parts::writer_name`]).
     pub fn new(
         id: &str,
         spec: JobSpec,
         submitted_at: f64,
-        ledger: Arc<dyn Ledger>,
+        fleet: &Fleet,
         output: Arc<dyn Storage>,
         writer: &str,
     ) -> Job {
@@ -52,24 +55,27 @@ impl Job {
             id: id.to_owned(),
             spec: Arc::new(spec),
             submitted_at,
-            ledger,
+            ledger: fleet.ledger.clone(),
+            events: fleet.events.clone(),
             parts: parts::for_job(output.clone(), id, writer),
             output,
         }
     }
 
-    /// The job of `record` on the fleet's ledger, with its output opened, for a process
-    /// that ends it or finalizes it but runs none of its mini-batches (a submitter, a
-    /// watcher of a job it does not serve).
+    /// The job of `record` on the fleet, with its output opened, for a process that ends
+    /// it or finalizes it but runs none of its mini-batches (a submitter, a watcher of a
+    /// job it does not serve).
     pub async fn open(fleet: &Fleet, id: &str, record: &JobRecord) -> Result<Job, JobError> {
         let output = open_storage(&record.spec.output, &fleet.s3).await?;
+        let writer = parts::writer_name("submit");
+        let spec = record.spec.clone();
         Ok(Job::new(
             id,
-            record.spec.clone(),
+            spec,
             record.submitted_at,
-            fleet.ledger.clone(),
+            fleet,
             output,
-            &parts::writer_name("submit"),
+            &writer,
         ))
     }
 
@@ -121,7 +127,11 @@ impl Job {
         let recorded = self
             .ledger
             .record_attempt(&self.id, index, outcome, part, row);
-        recorded.await
+        let recorded = recorded.await?;
+        if recorded.transitioned {
+            self.announce(&recorded.status).await;
+        }
+        Ok(recorded)
     }
 
     /// Notes that `holder` runs an attempt of mini-batch `index`; returns a holder noted
@@ -153,7 +163,11 @@ impl Job {
     /// mini-batch is already done moves to Finalizing (`transitioned`).
     pub async fn seal(&self, total: u64) -> Result<Recorded, LedgerError> {
         self.ledger.created(&self.id, total).await?;
-        self.ledger.seal(&self.id, total).await
+        let sealed = self.ledger.seal(&self.id, total).await?;
+        if sealed.transitioned {
+            self.announce(&sealed.status).await;
+        }
+        Ok(sealed)
     }
 
     /// Fails a Running job for `reason` and writes its results, if this call moved it
@@ -172,6 +186,7 @@ impl Job {
         if moved {
             info!(job = %self.id, "Job failed: {reason}.");
             self.write_results(logs, &status).await;
+            self.announce(&status).await;
         }
         Ok(status)
     }
@@ -199,6 +214,7 @@ impl Job {
         if moved {
             info!(job = %self.id, "Job canceled: {reason}.");
             self.write_results(None, &status).await;
+            self.announce(&status).await;
         }
         Ok(status)
     }
@@ -228,20 +244,49 @@ impl Job {
                     Some(&e),
                 )
                 .await;
-            return failed.map_or(JobState::Failed, |(_, s)| s.state);
+            return match failed {
+                Ok((moved, status)) => {
+                    if moved {
+                        self.announce(&status).await;
+                    }
+                    status.state
+                }
+                Err(_) => JobState::Failed,
+            };
         }
         let completed = self
             .ledger
             .transition(&self.id, &[JobState::Finalizing], JobState::Completed, None)
             .await;
         match completed {
-            Ok((moved, s)) => {
-                if moved && let Err(e) = self.parts.clear().await {
-                    warn!(job = %self.id, error = %e, "Cannot remove the job's parts.");
+            Ok((moved, status)) => {
+                if moved {
+                    if let Err(e) = self.parts.clear().await {
+                        warn!(job = %self.id, error = %e, "Cannot remove the job's parts.");
+                    }
+                    self.announce(&status).await;
                 }
-                s.state
+                status.state
             }
             Err(_) => JobState::Failed,
+        }
+    }
+
+    /// Tells the fleet's events that the job is now in `status`'s state: called once per
+    /// change, by the call that made it. An event that cannot be published is lost, and
+    /// the job goes on: the ledger, not the events, is the job's truth.
+    pub async fn announce(&self, status: &Status) {
+        let event = JobEvent {
+            job_id: self.id.clone(),
+            name: self.spec.name.clone(),
+            state: status.state,
+            counts: Counts::of(status),
+            cause: status.reason.clone(),
+            output: output_location(&self.spec),
+            time: unix_now(),
+        };
+        if let Err(e) = self.events.publish(&event).await {
+            warn!(job = %self.id, state = %status.state, error = %e, "Cannot publish the job's event.");
         }
     }
 
@@ -331,6 +376,23 @@ impl Job {
             }
         }
         results::write(self, logs, status).await;
+    }
+}
+
+/// Where the job's output file is (or its folder, for `summary_only`).
+pub fn output_location(spec: &JobSpec) -> String {
+    let name = match spec.output_action {
+        OutputAction::AppendRow => spec.append_row_file_name.as_str(),
+        OutputAction::SummaryOnly => "",
+    };
+    match &spec.output {
+        Location::Local(dir) => dir.join(name).display().to_string(),
+        Location::S3 { bucket, prefix } => {
+            format!(
+                "s3://{bucket}/{}",
+                fleetrun_common::storage::join_key(prefix, name)
+            )
+        }
     }
 }
 

@@ -38,7 +38,7 @@ pub use code::{CODE_PREFIX, ship_code};
 pub use driver::{INIT_FAILURE_GRACE, StopRules, init_failures_fail_job};
 pub use error::{JobError, SettingsError};
 pub use finalize::conclude;
-pub use lifecycle::Job;
+pub use lifecycle::{Job, output_location};
 pub use record::{JobRecord, unix_now};
 pub use results::{overview_text, result_text};
 pub use settings::{

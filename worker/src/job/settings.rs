@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use fleetrun_common::events::Events;
 use fleetrun_common::ledger::redis::RedisLedger;
 use fleetrun_common::ledger::{JobRegistry, Ledger, RedisRegistry};
 use fleetrun_common::queue::amqp::AmqpQueue;
@@ -100,6 +101,8 @@ impl FleetArgs {
 #[derive(Clone)]
 pub struct Fleet {
     pub queue: Arc<dyn Queue>,
+    /// Where the changes of a job's state are told (the broker's events exchange).
+    pub events: Arc<dyn Events>,
     pub ledger: Arc<dyn Ledger>,
     pub registry: Arc<dyn JobRegistry>,
     pub s3: S3Settings,
@@ -140,8 +143,10 @@ impl Fleet {
         let registry = RedisRegistry::connect(redis, KEY_PREFIX)
             .await
             .map_err(redis_error)?;
+        let queue = Arc::new(queue);
         Ok(Fleet {
-            queue: Arc::new(queue),
+            events: queue.clone(),
+            queue,
             ledger: Arc::new(ledger),
             registry: Arc::new(registry),
             s3: args.s3(),

@@ -403,18 +403,11 @@ impl FleetJobs {
                         self.config.node_id
                     );
                     let output = open_storage(&spec.output, &self.fleet.s3).await?;
-                    let ledger = self.fleet.ledger.clone();
                     let writer = parts::writer_name(&self.config.node_id);
-                    Job::new(
-                        job,
-                        spec.clone(),
-                        record.submitted_at,
-                        ledger,
-                        output,
-                        &writer,
-                    )
-                    .fail_or_warn(&reason, None)
-                    .await;
+                    let submitted = record.submitted_at;
+                    Job::new(job, spec.clone(), submitted, &self.fleet, output, &writer)
+                        .fail_or_warn(&reason, None)
+                        .await;
                     (spec, Held::default())
                 }
             };
@@ -441,9 +434,8 @@ impl FleetJobs {
             JobLogs::for_node(log_dir, &self.config.node_id)
         });
         let processes = job_processes(&self.config, &spec);
-        let ledger = self.fleet.ledger.clone();
         let writer = parts::writer_name(&self.config.node_id);
-        let handle = Job::new(job, spec, record.submitted_at, ledger, output, &writer);
+        let handle = Job::new(job, spec, record.submitted_at, &self.fleet, output, &writer);
         let ctx = Arc::new(
             JobContext::new(handle, input, logs)
                 // `fleetrun run` is the job's one node; fleet nodes take one of its places.
