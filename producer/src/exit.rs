@@ -10,9 +10,26 @@ pub const ERROR: u8 = 1;
 pub const REFUSED: u8 = 2;
 /// The job failed: a threshold was exceeded, a stop rule fired, or a system error.
 pub const FAILED: u8 = 42;
+/// `status` and `wait`: the job was canceled (`fleetrun cancel`, or an interrupted
+/// `fleetrun run`).
+pub const CANCELED: u8 = 43;
+/// `status` and `wait`: the job has not ended yet (Running or Finalizing; for `wait`, when
+/// its `--timeout` ran out). `EX_TEMPFAIL`: ask again later.
+pub const NOT_ENDED: u8 = 75;
 /// SIGINT and SIGTERM.
 pub const SIGINT: i32 = 2;
 pub const SIGTERM: i32 = 15;
+
+/// What `status` and `wait` exit with for a job in `state`.
+pub const fn of_state(state: fleetrun_common::ledger::JobState) -> u8 {
+    use fleetrun_common::ledger::JobState;
+    match state {
+        JobState::Completed => COMPLETED,
+        JobState::Failed => FAILED,
+        JobState::Canceled => CANCELED,
+        JobState::Running | JobState::Finalizing => NOT_ENDED,
+    }
+}
 
 /// A job canceled by `signal` (130 for SIGINT, 143 for SIGTERM), as shells report it.
 pub const fn signaled(signal: i32) -> u8 {

@@ -11,7 +11,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use fleetrun_common::ledger::{JobState, LedgerError, Limits, Status};
-use fleetrun_common::queue::Depth;
 use fleetrun_common::storage::StorageError;
 use fleetrun_config::{JobSpec, MiniBatchSize};
 use fleetrun_worker::agent::JobContext;
@@ -22,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::local::new_job_id;
 use crate::partition::{PartitionError, Produced, publish_files, publish_partitioned_files};
 use crate::progress::{Figures, Progress};
+use crate::summary::JobSummary;
 use crate::tabular::{publish_tabular, settle_format};
 
 /// How often a waiting submitter or `status --watch` reads the ledger.
@@ -467,47 +467,55 @@ pub async fn cancel(fleet: &Fleet, job: &str, reason: &str) -> Result<Status, Fl
     Ok(handle.cancel(reason).await?)
 }
 
+/// Job `job` as `status` shows it, `None` when the fleet does not know it. Its pool's
+/// queue is counted when it is this fleet's pool (another pool's is not asked: naming a
+/// pool would declare its queues).
+pub async fn summary(fleet: &Fleet, job: &str) -> Result<Option<JobSummary>, FleetError> {
+    let Some(record) = record(fleet, job).await? else {
+        return Ok(None);
+    };
+    let Some(status) = fleet.ledger.status(job).await? else {
+        return Ok(None);
+    };
+    let depth = if record.pool == fleet.pool {
+        fleet.queue.depth().await.ok()
+    } else {
+        None
+    };
+    Ok(Some(JobSummary::new(
+        job,
+        &record,
+        &status,
+        depth,
+        job::unix_now(),
+    )))
+}
+
+/// The jobs of this fleet's pool the registry holds (running ones, and ended ones until
+/// they are retired), in the registry's order.
+pub async fn summaries(fleet: &Fleet) -> Result<Vec<JobSummary>, FleetError> {
+    let mut summaries = Vec::new();
+    for job in fleet.registry.jobs().await? {
+        // One record this build cannot read (written by another version) hides no other.
+        let record = match record(fleet, &job).await {
+            Ok(Some(record)) if record.pool == fleet.pool => record,
+            Ok(_) => continue,
+            Err(e) => {
+                tracing::warn!(job = %job, error = %e, "Skipping a job whose record does not decode.");
+                continue;
+            }
+        };
+        if let Some(status) = fleet.ledger.status(&job).await? {
+            let now = job::unix_now();
+            summaries.push(JobSummary::new(&job, &record, &status, None, now));
+        }
+    }
+    Ok(summaries)
+}
+
 pub async fn record(fleet: &Fleet, job: &str) -> Result<Option<JobRecord>, FleetError> {
     match fleet.registry.record(job).await? {
         Some(bytes) => Ok(Some(JobRecord::decode(&bytes)?)),
         None => Ok(None),
     }
-}
-
-/// One job's status as `fleetrun status JOB` prints it.
-pub fn describe(job: &str, record: &JobRecord, status: &Status, depth: Option<Depth>) -> String {
-    let spec = &record.spec;
-    let elapsed = (job::unix_now() - record.submitted_at).max(0.001);
-    let processed = status.items_succeeded + status.items_failed;
-    let rate = processed as f64 / elapsed;
-    let total = status
-        .total
-        .map_or_else(|| "? (listing)".to_owned(), |t| t.to_string());
-    let threshold = match spec.error_threshold {
-        -1 => "no threshold".to_owned(),
-        t => format!("threshold {t}"),
-    };
-    let mut out = format!(
-        "job:           {job}\nstate:         {}\nmini-batches:  {} done of {total}, {} failed\nitems:         {} succeeded, {} failed ({threshold})\nrate:          {rate:.0} items/s over {elapsed:.0}s\n",
-        status.state,
-        status.done,
-        status.batches_failed,
-        status.items_succeeded,
-        status.items_failed,
-    );
-    if let (Some(total), true) = (status.total, status.done > 0 && !status.state.is_terminal()) {
-        let eta = elapsed / status.done as f64 * total.saturating_sub(status.done) as f64;
-        out.push_str(&format!("eta:           {eta:.0}s\n"));
-    }
-    if let Some(d) = depth {
-        out.push_str(&format!(
-            "pool {}:  {} ready, {} unacknowledged, {} dead-lettered\n",
-            record.pool, d.ready, d.unacked, d.dead
-        ));
-    }
-    if let Some(reason) = &status.reason {
-        out.push_str(&format!("cause:         {reason}\n"));
-    }
-    out.push_str(&format!("output:        {}\n", job::output_location(spec)));
-    out
 }

@@ -83,21 +83,56 @@ enum Command {
         /// Submit the job even if its input lists no item (else refused: exit 2).
         #[arg(long)]
         allow_empty_input: bool,
+        /// Print JSON for programs: `{"job_id": ..., "attached": ...}`; with `--wait`, the
+        /// job's summary once it ended (as `status --json`).
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         fleet: FleetArgs,
     },
-    /// Show a job's progress (or the state of every job of the pool, without JOB).
+    /// Show a job's progress (or every job of the pool, without JOB). Exits 0 completed,
+    /// 42 failed, 43 canceled, 75 not ended yet.
     Status {
         job: Option<String>,
         /// Refresh until the job ends (needs JOB).
-        #[arg(long, requires = "job")]
+        #[arg(long, requires = "job", conflicts_with = "json")]
         watch: bool,
+        /// Print JSON for programs (one object; a list without JOB).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        fleet: FleetArgs,
+    },
+    /// List the jobs of the pool: running ones, and ended ones for a week.
+    Jobs {
+        /// Print a JSON list for programs.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        fleet: FleetArgs,
+    },
+    /// Wait for a job to end, watching its stop rules. Exits 0 completed, 42 failed,
+    /// 43 canceled, 75 when `--timeout` runs out first.
+    Wait {
+        job: String,
+        /// Stop waiting after this many seconds (the job goes on).
+        #[arg(long, value_name = "SECONDS")]
+        timeout: Option<u64>,
+        /// Print the job's summary as JSON (as `status --json`) when waiting ends.
+        #[arg(long)]
+        json: bool,
+        /// No progress display.
+        #[arg(long, short)]
+        quiet: bool,
         #[command(flatten)]
         fleet: FleetArgs,
     },
     /// Cancel a job: workers drop its remaining mini-batches.
     Cancel {
         job: String,
+        /// Print the job's summary as JSON (as `status --json`).
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         fleet: FleetArgs,
     },
@@ -127,6 +162,7 @@ fn main() -> ExitCode {
             job_id,
             quiet,
             allow_empty_input,
+            json,
             fleet,
         } => {
             let empty = empty_input(allow_empty_input);
@@ -137,19 +173,69 @@ fn main() -> ExitCode {
                     return ExitCode::from(exit::REFUSED);
                 }
             };
+            let shown = Shown {
+                json,
+                progress: !quiet && !json,
+            };
             on_fleet(fleet, |fleet, interrupt| async move {
-                submit(spec, fleet, job_id, empty, wait, !quiet, interrupt).await
+                submit(spec, fleet, job_id, empty, wait, shown, interrupt).await
             })
         }
-        Command::Status { job, watch, fleet } => on_fleet(fleet, |fleet, interrupt| async move {
-            status(fleet, job, watch, interrupt).await
+        Command::Status {
+            job,
+            watch,
+            json,
+            fleet,
+        } => on_fleet(fleet, |fleet, interrupt| async move {
+            match job {
+                Some(job) => status(fleet, job, watch, json, interrupt).await,
+                None => jobs(fleet, json).await,
+            }
         }),
-        Command::Cancel { job, fleet } => on_fleet(fleet, |fleet, _| async move {
+        Command::Jobs { json, fleet } => {
+            on_fleet(fleet, |fleet, _| async move { jobs(fleet, json).await })
+        }
+        Command::Wait {
+            job,
+            timeout,
+            json,
+            quiet,
+            fleet,
+        } => {
+            let shown = Shown {
+                json,
+                progress: !quiet && !json,
+            };
+            on_fleet(fleet, |fleet, interrupt| async move {
+                wait(fleet, job, timeout, shown, interrupt).await
+            })
+        }
+        Command::Cancel { job, json, fleet } => on_fleet(fleet, |fleet, _| async move {
             let status = fleet_cmd::cancel(&fleet, &job, "canceled by the user").await?;
-            say!("Job {job}: {}.", status.state);
+            if json {
+                let summary = fleet_cmd::summary(&fleet, &job).await?;
+                print_json(&summary);
+            } else {
+                say!("Job {job}: {}.", status.state);
+            }
             Ok(ExitCode::SUCCESS)
         }),
     }
+}
+
+/// How a command shows what it does: JSON for programs, a progress display for people.
+#[derive(Debug, Clone, Copy)]
+struct Shown {
+    json: bool,
+    progress: bool,
+}
+
+/// One JSON document on stdout, on one line.
+fn print_json(value: &impl serde::Serialize) {
+    say!(
+        "{}",
+        serde_json::to_string(value).expect("a summary always encodes")
+    );
 }
 
 fn empty_input(allow: bool) -> EmptyInput {
@@ -311,12 +397,14 @@ async fn submit(
     job_id: Option<String>,
     empty: EmptyInput,
     wait: bool,
-    progress: bool,
+    shown: Shown,
     interrupt: Interrupt,
 ) -> anyhow::Result<ExitCode> {
     let output = fleetrun_worker::job::output_location(&spec);
     let submitted = match fleet_cmd::submit(spec, &fleet, job_id.as_deref(), empty, |id| {
-        say!("{id}");
+        if !shown.json {
+            say!("{id}");
+        }
     })
     .await
     {
@@ -333,6 +421,11 @@ async fn submit(
         Err(e) => return Err(e.into()),
     };
     let job = submitted.job;
+    if !wait && shown.json {
+        let submitted = serde_json::json!({"job_id": job, "attached": submitted.attached});
+        print_json(&submitted);
+        return Ok(ExitCode::SUCCESS);
+    }
     if !wait {
         let again = if submitted.attached {
             " (already submitted; attached)"
@@ -350,10 +443,13 @@ async fn submit(
         &job,
         &record,
         Some(&submitted.produced),
-        progress,
+        shown.progress,
         interrupt.token(),
     )
     .await?;
+    if shown.json {
+        print_json(&fleet_cmd::summary(&fleet, &job).await?);
+    }
     if !status.state.is_terminal() {
         eprintln!("Stopped waiting; the job goes on. `fleetrun status {job}` follows it.");
         return Ok(ExitCode::from(exit::signaled(
@@ -368,6 +464,9 @@ async fn submit(
         elapsed: std::time::Duration::ZERO,
         signal: None,
     };
+    if shown.json {
+        return Ok(ExitCode::from(report.exit_code()));
+    }
     say!(
         "Job {} {}: {} of {} mini-batches, {} items succeeded, {} failed.",
         report.job_id,
@@ -401,60 +500,103 @@ fn parse_job_id(id: &str) -> Result<String, String> {
     }
 }
 
+/// `fleetrun status JOB`: once, or every 2 s until it ends; exits with its state's code.
 async fn status(
     fleet: Fleet,
-    job: Option<String>,
+    job: String,
     watch: bool,
+    json: bool,
     interrupt: Interrupt,
 ) -> anyhow::Result<ExitCode> {
-    let Some(job) = job else {
-        let jobs = fleet.registry.jobs().await?;
-        if jobs.is_empty() {
-            say!("No jobs.");
-        }
-        for job in jobs {
-            // One record this build cannot read (written by another version) hides no other.
-            let pool = match fleet_cmd::record(&fleet, &job).await {
-                Ok(record) => record.map(|r| r.pool),
-                Err(e) => {
-                    tracing::warn!(job = %job, error = %e, "Skipping a job whose record does not decode.");
-                    continue;
-                }
-            };
-            if pool.as_deref() != Some(fleet.pool.as_str()) {
-                continue;
-            }
-            if let Some(s) = fleet.ledger.status(&job).await? {
-                let total = s.total.map_or_else(|| "?".to_owned(), |t| t.to_string());
-                say!(
-                    "{job:<40} {:<10} {:>8}/{total:<8} mini-batches  {} items failed",
-                    s.state,
-                    s.done,
-                    s.items_failed
-                );
-            }
-        }
-        return Ok(ExitCode::SUCCESS);
-    };
-    let record = fleet_cmd::record(&fleet, &job)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("no job {job}"))?;
     loop {
-        let status = fleet
-            .ledger
-            .status(&job)
+        let summary = fleet_cmd::summary(&fleet, &job)
             .await?
-            .ok_or_else(|| anyhow::anyhow!("job {job} is not in the ledger"))?;
-        let depth = fleet.queue.depth().await.ok();
-        let open = say!("{}", fleet_cmd::describe(&job, &record, &status, depth));
-        if !open || !watch || status.state.is_terminal() {
-            return Ok(ExitCode::SUCCESS);
+            .ok_or_else(|| anyhow::anyhow!("no job {job}"))?;
+        let open = if json {
+            print_json(&summary);
+            true
+        } else {
+            say!("{}", summary.describe(fleetrun_worker::job::unix_now()))
+        };
+        let code = ExitCode::from(summary.exit_code());
+        if !open || !watch || summary.state.is_terminal() {
+            return Ok(code);
         }
         tokio::select! {
-            _ = interrupt.token().cancelled() => return Ok(ExitCode::SUCCESS),
+            _ = interrupt.token().cancelled() => return Ok(code),
             _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
         }
     }
+}
+
+/// `fleetrun jobs`: the pool's jobs, a line each (or a JSON list).
+async fn jobs(fleet: Fleet, json: bool) -> anyhow::Result<ExitCode> {
+    let jobs = fleet_cmd::summaries(&fleet).await?;
+    if json {
+        print_json(&jobs);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if jobs.is_empty() {
+        say!("No jobs.");
+    }
+    for job in jobs {
+        let c = &job.counts;
+        let total = c
+            .total_mini_batches
+            .map_or_else(|| "?".to_owned(), |t| t.to_string());
+        say!(
+            "{:<40} {:<10} {:>8}/{total:<8} mini-batches  {} items failed",
+            job.job_id,
+            job.state,
+            c.completed_mini_batches,
+            c.failed_items
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `fleetrun wait JOB`: follows the job (and its stop rules) until it ends, `timeout`
+/// seconds pass, or a signal comes.
+async fn wait(
+    fleet: Fleet,
+    job: String,
+    timeout: Option<u64>,
+    shown: Shown,
+    interrupt: Interrupt,
+) -> anyhow::Result<ExitCode> {
+    let record = fleet_cmd::record(&fleet, &job)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no job {job}"))?;
+    let stop = interrupt.token().child_token();
+    if let Some(seconds) = timeout {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_secs(seconds)).await;
+            stop.cancel();
+        });
+    }
+    let status = fleet_cmd::wait(&fleet, &job, &record, None, shown.progress, &stop).await?;
+    let summary = fleet_cmd::summary(&fleet, &job)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no job {job}"))?;
+    if shown.json {
+        print_json(&summary);
+    } else if status.state.is_terminal() {
+        say!("{}", summary.describe(fleetrun_worker::job::unix_now()));
+    }
+    if let Some(signal) = interrupt.signal() {
+        if !shown.json {
+            eprintln!("Stopped waiting; the job goes on.");
+        }
+        return Ok(ExitCode::from(exit::signaled(signal)));
+    }
+    if !status.state.is_terminal() && !shown.json {
+        eprintln!(
+            "Stopped waiting after {}s; the job goes on.",
+            timeout.unwrap_or(0)
+        );
+    }
+    Ok(ExitCode::from(summary.exit_code()))
 }
 
 #[cfg(test)]

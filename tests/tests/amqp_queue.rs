@@ -288,7 +288,7 @@ async fn malformed_body_is_dead_lettered_as_rejected() {
     assert!(d.settle(Disposition::DeadLetter).await.unwrap());
     nothing_more(&mut c).await;
 
-    let depth = wait_depth(&q, |d| d.dead == 1 && d.unacked == 0).await;
+    let depth = wait_depth(&q, |d| d.dead == 1 && d.unacked == Some(0)).await;
     assert_eq!(depth.ready, 0);
 
     let mut dead = q.consume_dead(1).await.unwrap();

@@ -473,7 +473,7 @@ fn threshold_stops_every_worker_and_leaves_nothing_queued() {
         Duration::from_secs(30),
         || {
             let d = fleet.runtime.block_on(queue.depth()).unwrap();
-            d.ready == 0 && d.unacked == 0
+            d.ready == 0 && d.unacked == Some(0)
         },
     );
     let result = String::from_utf8_lossy(&fleet.output("out/logs/job_result.txt")).into_owned();
@@ -564,7 +564,7 @@ fn cancel_stops_a_job_and_drops_its_mini_batches() {
         Duration::from_secs(30),
         || {
             let d = fleet.runtime.block_on(queue.depth()).unwrap();
-            d.ready == 0 && d.unacked == 0
+            d.ready == 0 && d.unacked == Some(0)
         },
     );
     let mut status = Command::new(bin("fleetrun"));
@@ -1755,7 +1755,7 @@ fn small_default_jobs_all_finish(
             || {
                 let depth = fleet.runtime.block_on(queue.depth()).unwrap();
                 last = Some(depth);
-                depth.unacked == 0 && depth.ready == 0
+                depth.unacked == Some(0) && depth.ready == 0
             },
         );
     }
@@ -2016,4 +2016,98 @@ fn a_listener_bound_to_the_events_exchange_hears_each_change_once() {
     let (_, failed) = &heard[&name(&fails)][1];
     let cause = failed["cause"].as_str().unwrap();
     assert!(cause.starts_with("error_threshold exceeded"), "{cause}");
+}
+
+/// `fleetrun` as another program drives it: `submit --job-id X --json` answers with the id,
+/// `wait` and `status` exit with the job's end (0 completed, 42 failed, 43 canceled, 75
+/// not ended), `--json` gives one object a program reads, and `jobs --json` lists the pool.
+#[test]
+fn programs_submit_wait_and_read_status_as_json_and_exit_codes() {
+    let mut fleet = Fleet::new(
+        "def run(mini_batch):\n    if any('f0003' in p for p in mini_batch):\n        raise ValueError('bad f0003')\n    return [open(p).read() for p in mini_batch]\n",
+    );
+    fleet.inputs(20);
+    fleet.worker("w1", 2);
+    let suffix = random_suffix();
+    let idle_pool = format!("idle{suffix}");
+    fleet.other_pools.push(idle_pool.clone());
+    let fleetrun = |args: &[&str]| -> (i32, String) {
+        let mut cmd = Command::new(bin("fleetrun"));
+        fleet.env(&mut cmd);
+        let out = cmd.args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        eprintln!("fleetrun {args:?}: {stderr}");
+        (code(&out), String::from_utf8(out.stdout).unwrap())
+    };
+    let json = |text: &str| -> serde_json::Value {
+        serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text:?}"))
+    };
+    let settings = "mini_batch_size = 5\nrun_max_try = 1";
+
+    let ok = format!("ok-{suffix}");
+    let job = fleet.s3_job(&format!("{settings}\nerror_threshold = -1"));
+    let job = job.to_str().unwrap();
+    let (code_of, out) = fleetrun(&["submit", job, "--job-id", &ok, "--json", "--quiet"]);
+    assert_eq!(code_of, 0);
+    assert_eq!(
+        json(&out),
+        serde_json::json!({"job_id": ok, "attached": false})
+    );
+    let (code_of, out) = fleetrun(&["wait", &ok, "--timeout", "120", "--json"]);
+    assert_eq!(code_of, 0, "{out}");
+    assert_eq!(json(&out)["state"], "Completed");
+    let (code_of, out) = fleetrun(&["status", &ok, "--json"]);
+    assert_eq!(code_of, 0);
+    let shown = json(&out);
+    assert_eq!(shown["job_id"], ok.as_str());
+    assert_eq!(shown["counts"]["total_mini_batches"], 4);
+    assert_eq!(shown["counts"]["failed_items"], 5);
+    let failed_items = format!("s3://{}/out/logs/failed_items.csv", fleet.bucket);
+    assert_eq!(shown["failed_items"], failed_items.as_str());
+    assert_eq!(shown["eta_seconds"], serde_json::Value::Null);
+
+    let bad = format!("bad-{suffix}");
+    let job = fleet.s3_job(&format!("{settings}\nerror_threshold = 0"));
+    let (code_of, _) = fleetrun(&["submit", job.to_str().unwrap(), "--job-id", &bad, "--quiet"]);
+    assert_eq!(code_of, 0);
+    assert_eq!(fleetrun(&["wait", &bad, "--quiet"]).0, 42);
+    let (code_of, out) = fleetrun(&["status", &bad]);
+    assert_eq!(code_of, 42, "a failed job's status");
+    assert!(
+        out.contains("cause:         error_threshold exceeded"),
+        "{out}"
+    );
+
+    // A job no worker serves (its pool has none) has not ended when the wait runs out.
+    let idle = format!("idle-{suffix}");
+    let job = fleet.s3_job(settings);
+    let args = [
+        "submit",
+        job.to_str().unwrap(),
+        "--job-id",
+        &idle,
+        "--pool",
+        &idle_pool,
+    ];
+    assert_eq!(fleetrun(&args).0, 0);
+    assert_eq!(
+        fleetrun(&["wait", &idle, "--timeout", "1", "--quiet"]).0,
+        75
+    );
+    assert_eq!(fleetrun(&["status", &idle]).0, 75);
+    let (code_of, out) = fleetrun(&["cancel", &idle, "--json"]);
+    assert_eq!(code_of, 0);
+    assert_eq!(json(&out)["state"], "Canceled");
+    assert_eq!(fleetrun(&["status", &idle]).0, 43);
+
+    let (code_of, out) = fleetrun(&["jobs", "--json"]);
+    assert_eq!(code_of, 0);
+    let listed: Vec<String> = json(&out)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["job_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(listed.contains(&ok) && listed.contains(&bad), "{listed:?}");
+    assert!(!listed.contains(&idle), "another pool's job: {listed:?}");
 }

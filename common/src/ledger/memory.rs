@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::{JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Status};
+use super::{JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Status, unix_now};
 
 #[derive(Default)]
 pub struct MemoryLedger {
@@ -88,7 +88,10 @@ impl Ledger for MemoryLedger {
             job.to_owned(),
             Job {
                 limits,
-                status: Status::new(),
+                status: Status {
+                    updated_at: Some(unix_now()),
+                    ..Status::new()
+                },
                 done: HashSet::new(),
                 parts: HashMap::new(),
                 holders: HashMap::new(),
@@ -108,6 +111,9 @@ impl Ledger for MemoryLedger {
                 j.status.total = Some(total);
             }
             let transitioned = first && j.settle_state();
+            if transitioned {
+                j.status.updated_at = Some(unix_now());
+            }
             Recorded {
                 first,
                 transitioned,
@@ -134,6 +140,7 @@ impl Ledger for MemoryLedger {
                     j.parts.insert(index, part.to_owned());
                 }
                 let s = &mut j.status;
+                s.updated_at = Some(unix_now());
                 s.done += 1;
                 s.items_succeeded += outcome.succeeded;
                 s.items_failed += outcome.failed;
@@ -213,6 +220,7 @@ impl Ledger for MemoryLedger {
             let moved = from.contains(&j.status.state);
             if moved {
                 j.status.state = to;
+                j.status.updated_at = Some(unix_now());
                 if let Some(reason) = reason {
                     j.status.reason = Some(reason.to_owned());
                 }

@@ -174,6 +174,10 @@ pub struct Status {
     pub batches_failed: u64,
     /// Why the job failed or was canceled.
     pub reason: Option<String>,
+    /// When the job last moved: entered, a mini-batch recorded for the first time, or a
+    /// change of state; seconds since the Unix epoch, by the ledger's clock.
+    #[serde(default)]
+    pub updated_at: Option<f64>,
 }
 
 impl Status {
@@ -188,8 +192,17 @@ impl Status {
             items_failed: 0,
             batches_failed: 0,
             reason: None,
+            updated_at: None,
         }
     }
+}
+
+/// Now, in seconds since the Unix epoch: the embedded ledger's clock.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
 }
 
 impl Default for Status {

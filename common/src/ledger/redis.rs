@@ -97,6 +97,12 @@ local function lease(key, field, owner, ms)
   return 1
 end
 
+-- Now by the server's clock, in seconds since the Unix epoch, as `updated_at` keeps it.
+local function now()
+  local t = redis.call('TIME')
+  return t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+end
+
 -- 1 if the call `call` was the last to move the job's state (its reply may have been lost).
 local function moved_by(key, call)
   if redis.call('HGET', key, 'moved_by') == call then return 1 end
@@ -124,14 +130,14 @@ local function settle(key, call)
   if (threshold >= 0 and items > threshold)
       or (count >= 0 and batches > count)
       or (total ~= nil and total > 0 and batches * 100 > percent * total) then
-    redis.call('HSET', key, 'state', FAILED, 'moved_by', call,
+    redis.call('HSET', key, 'state', FAILED, 'moved_by', call, 'updated_at', now(),
       'exceeded_items_failed', f[4], 'exceeded_batches_failed', f[5],
       'exceeded_total', f[2] or '')
     redis.call('HDEL', key, 'reason')
     return 1
   end
   if total ~= nil and done == total then
-    redis.call('HSET', key, 'state', FINALIZING, 'moved_by', call)
+    redis.call('HSET', key, 'state', FINALIZING, 'moved_by', call, 'updated_at', now())
     return 1
   end
   return 0
@@ -151,7 +157,7 @@ local now = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'state', RUNNING, 'done', 0, 'items_succeeded', 0,
   'items_failed', 0, 'batches_failed', 0, 'error_threshold', ARGV[2],
   'allowed_failed_count', ARGV[3], 'allowed_failed_percent', ARGV[4],
-  'created_at', now[1], 'created_by', ARGV[1])
+  'created_at', now[1], 'created_by', ARGV[1], 'updated_at', now[1])
 return 1
 "#;
 
@@ -189,6 +195,7 @@ if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[1]) == 1 then
   redis.call('HINCRBY', KEYS[1], 'items_succeeded', ARGV[3])
   redis.call('HINCRBY', KEYS[1], 'items_failed', ARGV[4])
   redis.call('HINCRBY', KEYS[1], 'batches_failed', ARGV[5])
+  redis.call('HSET', KEYS[1], 'updated_at', now())
   if ARGV[6] ~= '' then redis.call('HSET', KEYS[3], ARGV[2], ARGV[6]) end
   -- A late recording of a retired job: what it just created goes with the job.
   local ttl = redis.call('PTTL', KEYS[1])
@@ -241,7 +248,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local state = redis.call('HGET', KEYS[1], 'state')
 for i = 5, #ARGV do
   if ARGV[i] == state then
-    redis.call('HSET', KEYS[1], 'state', ARGV[2], 'moved_by', ARGV[1])
+    redis.call('HSET', KEYS[1], 'state', ARGV[2], 'moved_by', ARGV[1], 'updated_at', now())
     if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'reason', ARGV[4]) end
     return {1, redis.call('HGETALL', KEYS[1])}
   end
@@ -840,6 +847,7 @@ fn parse_status(job: &str, fields: &HashMap<String, String>) -> Result<Status, L
         items_failed: f.count("items_failed")?,
         batches_failed: f.count("batches_failed")?,
         reason,
+        updated_at: f.parse("updated_at")?,
     })
 }
 

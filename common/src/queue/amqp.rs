@@ -643,10 +643,10 @@ impl Queue for AmqpQueue {
         let ready = shared.ready(&shared.batches).await?;
         let (unacked, dead_held) = match &shared.management {
             Some(management) => (
-                management.unacked(&shared.batches).await?,
+                Some(management.unacked(&shared.batches).await?),
                 management.unacked(&shared.dead).await?,
             ),
-            None => (0, 0),
+            None => (None, 0),
         };
         let dead = shared.ready(&shared.dead).await? + dead_held;
         Ok(Depth {

@@ -147,7 +147,7 @@ impl Queue for MemoryQueue {
         let state = self.shared.lock();
         Ok(Depth {
             ready: state.ready.len() as u64,
-            unacked: state.unacked,
+            unacked: Some(state.unacked),
             dead: state.dead.len() as u64 + state.dead_held,
         })
     }

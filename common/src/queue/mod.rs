@@ -40,8 +40,9 @@ pub struct QueueOptions {
 pub struct Depth {
     /// Mini-batches waiting for a consumer.
     pub ready: u64,
-    /// Mini-batches delivered and not yet settled.
-    pub unacked: u64,
+    /// Mini-batches delivered and not yet settled; `None` where the backend cannot count
+    /// them (RabbitMQ without its management API).
+    pub unacked: Option<u64>,
     /// Messages in the dead-letter queue, including any a consumer of it holds.
     pub dead: u64,
 }

@@ -20,7 +20,7 @@ macro_rules! ledger_conformance {
             publication_is_claimed_by_one_until_sealed,
             an_ended_job_is_forgotten_in_its_time_once_retired,
             creation_and_start_are_noted, a_holder_not_let_go_is_told_to_the_next,
-            report_rows_are_kept_in_order);
+            report_rows_are_kept_in_order, the_last_move_is_timed);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -598,4 +598,31 @@ where
     assert_eq!(l.report_rows(&j, 1, 1).await.unwrap(), ["b"]);
     assert_eq!(l.report_rows(&j, 5, 5).await.unwrap(), Vec::<String>::new());
     assert_eq!(l.report_rows(&j, 0, 0).await.unwrap(), Vec::<String>::new());
+}
+
+/// `updated_at` says when the job last moved: entered, a mini-batch recorded for the first
+/// time, a change of state; a repeated recording is no move.
+pub async fn the_last_move_is_timed<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    let before = crate::ledger::unix_now() - 1.0;
+    l.create(&j, Limits::NONE).await.unwrap();
+    let at = |s: crate::ledger::Status| s.updated_at.expect("updated_at");
+    let entered = at(l.status(&j).await.unwrap().unwrap());
+    assert!(entered >= before, "{entered} < {before}");
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let recorded = at(l.record(&j, 0, OK, None).await.unwrap().status);
+    assert!(recorded > entered, "{recorded} <= {entered}");
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let again = at(l.record(&j, 0, OK, None).await.unwrap().status);
+    assert_eq!(again, recorded, "a repeat is no move");
+    let (_, canceled) = l
+        .transition(&j, &[JobState::Running], JobState::Canceled, None)
+        .await
+        .unwrap();
+    assert!(at(canceled) > recorded);
 }

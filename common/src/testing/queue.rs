@@ -317,7 +317,7 @@ async fn wait_depth(q: &dyn Queue, want: impl Fn(u64, u64) -> bool) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let depth = q.depth().await.unwrap();
-        if want(depth.ready, depth.unacked) {
+        if want(depth.ready, depth.unacked.unwrap_or(0)) {
             return;
         }
         assert!(

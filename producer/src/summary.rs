@@ -1,0 +1,285 @@
+//! A job's state as programs read it: `fleetrun status --json`, `fleetrun jobs --json`,
+//! `fleetrun wait --json`, and the text `fleetrun status` prints. One type, so every front
+//! door says the same of a job, and says "unknown" of what it cannot know.
+
+use fleetrun_common::events::Counts;
+use fleetrun_common::ledger::{JobState, Status};
+use fleetrun_common::queue::Depth;
+use fleetrun_config::OutputAction;
+use fleetrun_worker::job::{JobRecord, output_location};
+use serde::{Deserialize, Serialize};
+
+use crate::exit;
+
+/// How long a running job may go without a move before its ETA gives way to "no progress
+/// since …".
+const QUIET_AFTER: f64 = 60.0;
+
+/// One job: what it is, where it stands, where its results are.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobSummary {
+    pub job_id: String,
+    /// The job's name (its file's `name`).
+    pub name: String,
+    /// The pool that serves it.
+    pub pool: String,
+    pub state: JobState,
+    pub counts: Counts,
+    /// When it was submitted, in seconds since the Unix epoch.
+    pub submitted_at: f64,
+    /// When it last moved (entered, a mini-batch recorded, a change of state), in seconds
+    /// since the Unix epoch; `None` when the ledger does not say.
+    pub updated_at: Option<f64>,
+    /// Items done (succeeded or failed) per second, from submission to now, or to its last
+    /// move once it ended.
+    pub items_per_second: f64,
+    /// Seconds left at the rate of its mini-batches so far; `None` when that cannot be
+    /// known: the input not fully listed, nothing done yet, the job ended, or no move for a
+    /// minute (see `updated_at`).
+    pub eta_seconds: Option<f64>,
+    /// Why it failed or was canceled.
+    pub cause: Option<String>,
+    /// Where its output file is (or its folder, for `summary_only`): a path or an `s3://`
+    /// URL.
+    pub output: String,
+    /// Where `failed_items.csv` is, once the job ended with failed items.
+    pub failed_items: Option<String>,
+    /// Its pool's queue, when it was asked.
+    pub queue: Option<QueueSummary>,
+}
+
+/// A pool's queue as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueSummary {
+    pub pool: String,
+    /// Mini-batches waiting for a worker.
+    pub ready: u64,
+    /// Mini-batches workers hold unsettled; `None` without the broker's management API
+    /// (`FLEETRUN_AMQP_MANAGEMENT_URL`).
+    pub unacknowledged: Option<u64>,
+    pub dead_lettered: u64,
+}
+
+impl JobSummary {
+    /// The summary of job `job_id` from its record and ledger status at `now` (seconds since
+    /// the Unix epoch); `depth` is its pool's queue, when known.
+    pub fn new(
+        job_id: &str,
+        record: &JobRecord,
+        status: &Status,
+        depth: Option<Depth>,
+        now: f64,
+    ) -> JobSummary {
+        let spec = &record.spec;
+        let ended = status.state.is_terminal();
+        let until = match (ended, status.updated_at) {
+            (true, Some(at)) => at,
+            _ => now,
+        };
+        let elapsed = (until - record.submitted_at).max(0.001);
+        let processed = status.items_succeeded + status.items_failed;
+        let quiet = status
+            .updated_at
+            .is_some_and(|at| now - at > QUIET_AFTER && status.state == JobState::Running);
+        let eta_seconds = match status.total {
+            Some(total) if status.done > 0 && !ended && !quiet => {
+                let left = total.saturating_sub(status.done) as f64;
+                Some(elapsed / status.done as f64 * left)
+            }
+            _ => None,
+        };
+        let failed_items = (ended && status.items_failed > 0).then(|| {
+            let logs = match spec.output_action {
+                // The output location names the folder itself.
+                OutputAction::SummaryOnly => output_location(spec),
+                OutputAction::AppendRow => parent(&output_location(spec)),
+            };
+            format!("{}/logs/failed_items.csv", logs.trim_end_matches('/'))
+        });
+        JobSummary {
+            job_id: job_id.to_owned(),
+            name: spec.name.clone(),
+            pool: record.pool.clone(),
+            state: status.state,
+            counts: Counts::of(status),
+            submitted_at: record.submitted_at,
+            updated_at: status.updated_at,
+            items_per_second: processed as f64 / elapsed,
+            eta_seconds,
+            cause: status.reason.clone(),
+            output: output_location(spec),
+            failed_items,
+            queue: depth.map(|d| QueueSummary {
+                pool: record.pool.clone(),
+                ready: d.ready,
+                unacknowledged: d.unacked,
+                dead_lettered: d.dead,
+            }),
+        }
+    }
+
+    /// The exit code of `status` and `wait` for this job: 0 Completed, 42 Failed,
+    /// 43 Canceled, 75 not ended yet.
+    pub fn exit_code(&self) -> u8 {
+        exit::of_state(self.state)
+    }
+
+    /// The text `fleetrun status JOB` prints, one field a line.
+    pub fn describe(&self, now: f64) -> String {
+        let c = &self.counts;
+        let total = c
+            .total_mini_batches
+            .map_or_else(|| "? (listing)".to_owned(), |t| t.to_string());
+        let mut out = format!(
+            "job:           {}\nstate:         {}\nmini-batches:  {} done of {total}, {} failed\nitems:         {} succeeded, {} failed\nrate:          {:.0} items/s\n",
+            self.job_id,
+            self.state,
+            c.completed_mini_batches,
+            c.failed_mini_batches,
+            c.succeeded_items,
+            c.failed_items,
+            self.items_per_second,
+        );
+        match (self.eta_seconds, self.updated_at) {
+            (Some(eta), _) => out.push_str(&format!("eta:           {eta:.0}s\n")),
+            (None, Some(at)) if self.state == JobState::Running && now - at > QUIET_AFTER => {
+                out.push_str(&format!(
+                    "eta:           unknown: no progress for {:.0}s\n",
+                    now - at
+                ));
+            }
+            _ => {}
+        }
+        match &self.queue {
+            Some(q) => {
+                let unacked = q
+                    .unacknowledged
+                    .map_or_else(|| "unknown".to_owned(), |n| n.to_string());
+                out.push_str(&format!(
+                    "pool {}:  {} ready, {unacked} unacknowledged, {} dead-lettered\n",
+                    q.pool, q.ready, q.dead_lettered
+                ));
+            }
+            None => out.push_str(&format!("pool {}:  queue unknown\n", self.pool)),
+        }
+        if let Some(cause) = &self.cause {
+            out.push_str(&format!("cause:         {cause}\n"));
+        }
+        out.push_str(&format!("output:        {}\n", self.output));
+        if let Some(failed) = &self.failed_items {
+            out.push_str(&format!("failed items:  {failed}\n"));
+        }
+        out
+    }
+}
+
+/// The folder of a file's path or URL.
+fn parent(location: &str) -> String {
+    location
+        .rsplit_once('/')
+        .map_or_else(|| location.to_owned(), |(folder, _)| folder.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(output: &str) -> JobRecord {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("score.py"), "def run(b): return b\n").unwrap();
+        let text = format!(
+            "name = \"sum\"\nentry_script = \"score.py\"\noutput_action = \"append_row\"\n[input]\nfiles = \"s3://bkt/in\"\n[output]\npath = \"{output}\"\n"
+        );
+        let spec = fleetrun_config::load_str(&text, "job.toml", dir.path(), &[]).unwrap();
+        JobRecord {
+            spec,
+            submitted_at: 1000.0,
+            pool: "gpu".to_owned(),
+        }
+    }
+
+    fn status(state: JobState, done: u64, total: Option<u64>, updated_at: f64) -> Status {
+        Status {
+            state,
+            done,
+            total,
+            items_succeeded: done * 10,
+            updated_at: Some(updated_at),
+            ..Status::new()
+        }
+    }
+
+    #[test]
+    fn a_running_job_has_a_rate_and_an_eta() {
+        let s = JobSummary::new(
+            "j",
+            &record("s3://bkt/out"),
+            &status(JobState::Running, 10, Some(40), 1090.0),
+            None,
+            1100.0,
+        );
+        assert_eq!(s.items_per_second, 1.0);
+        assert_eq!(s.eta_seconds, Some(300.0));
+        assert_eq!(s.exit_code(), 75);
+        assert_eq!(s.output, "s3://bkt/out/parallel_run_step.txt");
+        let text = s.describe(1100.0);
+        assert!(text.contains("eta:           300s\n"), "{text}");
+        assert!(text.contains("pool gpu:  queue unknown\n"), "{text}");
+    }
+
+    #[test]
+    fn a_job_with_no_move_for_a_minute_says_so_instead_of_an_eta() {
+        let s = JobSummary::new(
+            "j",
+            &record("s3://bkt/out"),
+            &status(JobState::Running, 10, Some(40), 1030.0),
+            None,
+            1100.0,
+        );
+        assert_eq!(s.eta_seconds, None);
+        let text = s.describe(1100.0);
+        assert!(
+            text.contains("eta:           unknown: no progress for 70s\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_ended_jobs_rate_stops_at_its_end_and_it_names_its_failed_items() {
+        let mut failed = status(JobState::Failed, 10, Some(40), 1050.0);
+        failed.items_failed = 5;
+        let s = JobSummary::new("j", &record("s3://bkt/out"), &failed, None, 5000.0);
+        assert_eq!(s.items_per_second, 105.0 / 50.0);
+        assert_eq!(s.eta_seconds, None);
+        assert_eq!(s.exit_code(), 42);
+        assert_eq!(
+            s.failed_items.as_deref(),
+            Some("s3://bkt/out/logs/failed_items.csv")
+        );
+    }
+
+    #[test]
+    fn an_unknown_unacknowledged_count_is_said_unknown() {
+        let depth = Depth {
+            ready: 3,
+            unacked: None,
+            dead: 1,
+        };
+        let s = JobSummary::new(
+            "j",
+            &record("s3://bkt/out"),
+            &status(JobState::Completed, 4, Some(4), 1010.0),
+            Some(depth),
+            1100.0,
+        );
+        assert_eq!(s.exit_code(), 0);
+        let text = s.describe(1100.0);
+        assert!(
+            text.contains("pool gpu:  3 ready, unknown unacknowledged, 1 dead-lettered\n"),
+            "{text}"
+        );
+        let json: serde_json::Value = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["queue"]["unacknowledged"], serde_json::Value::Null);
+        assert_eq!(json["state"], "Completed");
+    }
+}
