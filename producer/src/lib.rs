@@ -7,6 +7,7 @@
 //! - [`fleet`]: submitting to, following and canceling jobs on a fleet.
 //! - [`local`]: runs a whole job on this machine on the embedded seams.
 //! - [`progress`]: the terminal's view of a running job.
+//! - [`serve`]: `fleetrun serve`, the fleet's HTTP API.
 //! - [`summary`]: a job's state as `status`, `jobs` and `wait` show it, as text or JSON.
 //! - [`tabular`]: cuts a tabular input (CSV, JSON Lines, Parquet) into byte-range chunks.
 //! - [`exit`]: the exit codes of `fleetrun`, in one table.
@@ -16,5 +17,6 @@ pub mod fleet;
 pub mod local;
 pub mod partition;
 pub mod progress;
+pub mod serve;
 pub mod summary;
 pub mod tabular;

@@ -75,7 +75,7 @@ enum Command {
         /// again with the same id attaches to it: one submitter publishes, and another
         /// finishes what a submitter that died left unpublished; the same id with another
         /// job is refused (exit 2).
-        #[arg(long, value_name = "ID", value_parser = parse_job_id)]
+        #[arg(long, value_name = "ID", value_parser = fleet_cmd::parse_job_id)]
         job_id: Option<String>,
         /// No progress display while waiting.
         #[arg(long, short)]
@@ -124,6 +124,16 @@ enum Command {
         /// No progress display.
         #[arg(long, short)]
         quiet: bool,
+        #[command(flatten)]
+        fleet: FleetArgs,
+    },
+    /// Serve the fleet's HTTP API: submit, follow and cancel jobs (`/v1/jobs`), `/healthz`,
+    /// `/openapi.json`. Requests to `/v1` must carry `Authorization: Bearer $FLEETRUN_API_TOKEN`
+    /// when that variable is set. Prints the address it listens on.
+    Serve {
+        /// Where to listen (port 0: any free port).
+        #[arg(long, env = "FLEETRUN_LISTEN", default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
         #[command(flatten)]
         fleet: FleetArgs,
     },
@@ -210,6 +220,16 @@ fn main() -> ExitCode {
                 wait(fleet, job, timeout, shown, interrupt).await
             })
         }
+        Command::Serve { listen, fleet } => on_fleet(fleet, |fleet, interrupt| async move {
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+            say!("Listening on http://{}", listener.local_addr()?);
+            let token = std::env::var("FLEETRUN_API_TOKEN").ok();
+            let shutdown = interrupt.token().clone();
+            fleetrun_producer::serve::run(fleet, listener, token, shutdown).await?;
+            Ok(ExitCode::SUCCESS)
+        }),
         Command::Cancel { job, json, fleet } => on_fleet(fleet, |fleet, _| async move {
             let status = fleet_cmd::cancel(&fleet, &job, "canceled by the user").await?;
             if json {
@@ -483,21 +503,6 @@ async fn submit(
         say!("Output: {output}");
     }
     Ok(ExitCode::from(report.exit_code()))
-}
-
-/// A job id: what Redis keys and log lines can hold (the job names' alphabet, plus `_` and
-/// `.`), 1 to 128 characters.
-fn parse_job_id(id: &str) -> Result<String, String> {
-    let ok = (1..=128).contains(&id.len())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        && id.as_bytes()[0].is_ascii_alphanumeric();
-    if ok {
-        Ok(id.to_owned())
-    } else {
-        Err("1 to 128 of a-z, A-Z, 0-9, '-', '_', '.', starting with a letter or digit".into())
-    }
 }
 
 /// `fleetrun status JOB`: once, or every 2 s until it ends; exits with its state's code.

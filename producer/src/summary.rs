@@ -16,14 +16,19 @@ use crate::exit;
 const QUIET_AFTER: f64 = 60.0;
 
 /// One job: what it is, where it stands, where its results are.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobSummary {
     pub job_id: String,
     /// The job's name (its file's `name`).
     pub name: String,
     /// The pool that serves it.
     pub pool: String,
+    /// Running, Finalizing, Completed, Failed or Canceled.
+    #[schema(value_type = String)]
     pub state: JobState,
+    /// Mini-batches (`total_mini_batches`, `completed_mini_batches`, `failed_mini_batches`)
+    /// and items (`succeeded_items`, `failed_items`).
+    #[schema(value_type = Object)]
     pub counts: Counts,
     /// When it was submitted, in seconds since the Unix epoch.
     pub submitted_at: f64,
@@ -49,7 +54,7 @@ pub struct JobSummary {
 }
 
 /// A pool's queue as `status` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct QueueSummary {
     pub pool: String,
     /// Mini-batches waiting for a worker.

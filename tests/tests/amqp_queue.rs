@@ -300,7 +300,12 @@ async fn malformed_body_is_dead_lettered_as_rejected() {
     let d = next(&mut dead).await;
     assert_eq!(d.dead_reason.as_deref(), Some("rejected"));
     assert!(d.settle(Disposition::Ack).await.unwrap());
-    wait_depth(&q, |d| *d == Depth::default()).await;
+    let empty = Depth {
+        ready: 0,
+        unacked: Some(0),
+        dead: 0,
+    };
+    wait_depth(&q, |d| *d == empty).await;
     drop((c, dead));
     delete_pool(&pool);
 }

@@ -2111,3 +2111,122 @@ fn programs_submit_wait_and_read_status_as_json_and_exit_codes() {
     assert!(listed.contains(&ok) && listed.contains(&bad), "{listed:?}");
     assert!(!listed.contains(&idle), "another pool's job: {listed:?}");
 }
+
+/// What a calling service does, written as one would in Python with only its standard
+/// library: it submits over HTTP with its own job id, repeats the POST safely, polls to
+/// Completed, and gets 400 for a body that is not a submission, 422 for a job that does not
+/// validate, 409 for its id with another job, 404 for an unknown job, 401 without the token.
+const API_CLIENT: &str = r#"
+import json, sys, time, urllib.error, urllib.request
+base, token, job, job_id = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+
+def call(method, path, body=None, auth=True):
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base + path, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if auth:
+        request.add_header("Authorization", "Bearer " + token)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+assert call("GET", "/v1/jobs", auth=False)[0] == 401
+status, body = call("POST", "/v1/jobs", {"job_id": job_id, "job": job})
+assert (status, body) == (201, {"job_id": job_id, "attached": False}), (status, body)
+status, body = call("POST", "/v1/jobs", {"job_id": job_id, "job": job})
+assert (status, body["attached"]) == (200, True), (status, body)
+deadline = time.time() + 120
+while True:
+    status, body = call("GET", "/v1/jobs/" + job_id)
+    assert status == 200, (status, body)
+    if body["state"] in ("Completed", "Failed", "Canceled"):
+        break
+    assert time.time() < deadline, body
+    time.sleep(0.2)
+assert body["state"] == "Completed", body
+assert body["counts"]["succeeded_items"] == 20, body
+assert body["output"].endswith("/out/parallel_run_step.txt"), body
+status, body = call("POST", "/v1/jobs", {"job": dict(job, mini_batch_size=0)})
+assert status == 422 and "mini_batch_size" in body["error"], (status, body)
+status, body = call("POST", "/v1/jobs", {"job": dict(job, mini_bacth_size=5)})
+assert status == 422 and 'did you mean "mini_batch_size"' in body["error"], (status, body)
+assert call("POST", "/v1/jobs", b"{not json")[0] == 400
+assert call("POST", "/v1/jobs", {"job_id": "a b", "job": job})[0] == 400
+status, body = call("POST", "/v1/jobs", {"job_id": job_id, "job": dict(job, mini_batch_size=7)})
+assert status == 409, (status, body)
+assert call("GET", "/v1/jobs/no-such-job")[0] == 404
+assert call("POST", "/v1/jobs/no-such-job/cancel")[0] == 404
+status, listed = call("GET", "/v1/jobs")
+assert status == 200 and job_id in [j["job_id"] for j in listed], listed
+assert call("GET", "/healthz", auth=False)[0] == 200
+status, api = call("GET", "/openapi.json", auth=False)
+assert status == 200 and "/v1/jobs/{id}" in api["paths"], api
+print("ok")
+"#;
+
+#[test]
+fn a_service_submits_over_http_and_polls_to_completed() {
+    let mut fleet =
+        Fleet::new("def run(mini_batch):\n    return [open(p).read() for p in mini_batch]\n");
+    fleet.inputs(20);
+    fleet.worker("w1", 2);
+    let mut cmd = Command::new(bin("fleetrun"));
+    fleet.env(&mut cmd);
+    let log = std::fs::File::create(fleet.path("serve.log")).unwrap();
+    let mut serve = Submitted(
+        cmd.args(["serve", "--listen", "127.0.0.1:0"])
+            .env("FLEETRUN_API_TOKEN", "t0ken")
+            .stdout(std::process::Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(serve.0.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    let base = first
+        .trim()
+        .strip_prefix("Listening on ")
+        .unwrap()
+        .to_owned();
+    let bucket = &fleet.bucket;
+    let job = serde_json::json!({
+        "name": format!("api-{}", random_suffix()),
+        "entry_script": fleet.path("code/score.py"),
+        "output_action": "append_row",
+        "mini_batch_size": 5,
+        "input": {"files": format!("s3://{bucket}/in")},
+        "output": {"path": format!("s3://{bucket}/out")},
+    });
+    let client = fleet.path("client.py");
+    std::fs::write(&client, API_CLIENT).unwrap();
+    let job_id = format!("api-{}", random_suffix());
+    let out = Command::new("python3")
+        .arg(&client)
+        .args([&base, "t0ken", &job.to_string(), &job_id])
+        .output()
+        .unwrap();
+    let serve_log = std::fs::read_to_string(fleet.path("serve.log")).unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}\nserve: {serve_log}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        lines(&fleet.output("out/parallel_run_step.txt")),
+        expected_lines(20, |_| false)
+    );
+    // SIGTERM stops the server at once, and cleanly.
+    // SAFETY: kill(2) with SIGTERM on our own child.
+    assert_eq!(unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(
+        exit_within(&mut serve.0, Duration::from_secs(10)).code(),
+        Some(0)
+    );
+}
