@@ -111,6 +111,9 @@ pub struct JobFile {
     /// Run the script under cProfile and keep the stats in the job's logs.
     #[serde(default)]
     pub profile: bool,
+    /// An `http://` or `https://` URL that is POSTed the job's event (JSON) when it ends,
+    /// signed with `FLEETRUN_WEBHOOK_SECRET`.
+    pub notify_url: Option<String>,
 }
 
 /// `[input]`: `files`, or `tabular` with its `format` and `separator`.

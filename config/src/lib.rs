@@ -107,6 +107,10 @@ pub struct JobSpec {
     /// `logs/sys/profile/<node_id>/<process_name>.profile` when the runner stops cleanly.
     #[serde(default)]
     pub profile: bool,
+    /// Where the job's end is POSTed (its event as JSON, signed with HMAC-SHA256), by
+    /// whichever process ends it; retried, and never in the job's way.
+    #[serde(default)]
+    pub notify_url: Option<String>,
 }
 
 /// Side inputs as a record holds them: by name, or as the list records written before they

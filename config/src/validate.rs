@@ -154,7 +154,24 @@ impl JobFile {
             progress_update_timeout,
             environment,
             profile: self.profile,
+            notify_url: self.notify_url.as_deref().map(notify_url).transpose()?,
         })
+    }
+}
+
+/// `notify_url`: an `http://` or `https://` URL with a host, and no spaces.
+fn notify_url(url: &str) -> Result<String, FieldError> {
+    let host = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .map(|rest| rest.split(['/', '?', '#']).next().unwrap_or_default());
+    match host {
+        Some(host) if !host.is_empty() && !url.contains(char::is_whitespace) => Ok(url.to_owned()),
+        _ => Err(FieldError::rule(
+            "notify_url",
+            "must be an http:// or https:// URL with a host",
+            url,
+        )),
     }
 }
 

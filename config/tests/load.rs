@@ -126,6 +126,7 @@ first_task_creation_timeout = 30
 progress_update_timeout = 1000
 environment = ".venv"
 profile = true
+notify_url = "https://hooks.example.com/fleetrun?team=vision"
 side_inputs = ["data/labels.txt", "s3://models/digits/v1"]
 
 [input]
@@ -195,6 +196,7 @@ path = "./results/../out"
         progress_update_timeout: 1000,
         environment: Some(dir.path(".venv")),
         profile: true,
+        notify_url: Some("https://hooks.example.com/fleetrun?team=vision".into()),
     };
     assert_eq!(spec, expected);
 }
@@ -233,6 +235,7 @@ fn a_minimal_job_file_gets_the_defaults() {
         progress_update_timeout: 300,
         environment: None,
         profile: false,
+        notify_url: None,
     };
     assert_eq!(spec, expected);
 }
@@ -1021,5 +1024,30 @@ fn a_job_file_written_back_reads_the_same() {
     assert_eq!(
         load_json(&json, "request", dir.dir.path()).unwrap(),
         dir.load(&text).unwrap()
+    );
+}
+
+#[test]
+fn notify_url_must_be_an_http_url_with_a_host() {
+    let dir = JobDir::new();
+    for bad in [
+        "ftp://hooks.example.com/x",
+        "https:///x",
+        "hooks.example.com",
+        "http://a b/",
+    ] {
+        assert_eq!(
+            dir.error(&job(&[("notify_url", &format!("{bad:?}"))])),
+            format!(
+                "job.toml: notify_url: must be an http:// or https:// URL with a host (got {bad:?})"
+            ),
+        );
+    }
+    let spec = dir
+        .load(&job(&[("notify_url", "\"http://127.0.0.1:9000/hook\"")]))
+        .unwrap();
+    assert_eq!(
+        spec.notify_url.as_deref(),
+        Some("http://127.0.0.1:9000/hook")
     );
 }

@@ -36,6 +36,8 @@ struct Fleet {
     workers: Vec<(String, Child)>,
     /// Pools besides `pool` that the test's workers serve; their queues go with the fleet.
     other_pools: Vec<String>,
+    /// Variables every process of the fleet gets besides the services'.
+    extra_env: Vec<(String, String)>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -65,6 +67,7 @@ impl Fleet {
             dir: tempfile::tempdir().unwrap(),
             workers: Vec::new(),
             other_pools: Vec::new(),
+            extra_env: Vec::new(),
             runtime: tokio::runtime::Runtime::new().unwrap(),
         };
         std::fs::create_dir_all(fleet.path("code")).unwrap();
@@ -157,6 +160,7 @@ impl Fleet {
         } else {
             cmd.env("FLEETRUN_POOL", &self.pool);
         }
+        cmd.envs(self.extra_env.iter().map(|(k, v)| (k, v)));
     }
 
     fn worker(&mut self, node: &str, processes: usize) {
@@ -2229,4 +2233,103 @@ fn a_service_submits_over_http_and_polls_to_completed() {
         exit_within(&mut serve.0, Duration::from_secs(10)).code(),
         Some(0)
     );
+}
+
+/// A webhook receiver, in Python: checks each POST's signature with the secret, answers 503
+/// to the first POST of each job (so the fleet must retry), 204 after, and notes each in a
+/// file: `<verified|FORGED|refused> <event> <job name> <state>`.
+const WEBHOOK_RECEIVER: &str = r#"
+import hashlib, hmac, http.server, json, sys
+secret, out = sys.argv[1].encode(), sys.argv[2]
+seen = set()
+
+class Hook(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        event = json.loads(body)
+        expected = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+        signed = hmac.compare_digest(expected, self.headers.get("X-Fleetrun-Signature", ""))
+        first = event["name"] not in seen
+        seen.add(event["name"])
+        word = "refused" if first else ("verified" if signed else "FORGED")
+        with open(out, "a") as f:
+            f.write(f"{word} {self.headers['X-Fleetrun-Event']} {event['name']} {event['state']}\n")
+        self.send_response(503 if first else 204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+server = http.server.HTTPServer(("127.0.0.1", 0), Hook)
+print(server.server_port, flush=True)
+server.serve_forever()
+"#;
+
+/// A job's `notify_url` gets a POST of its end, signed with `FLEETRUN_WEBHOOK_SECRET`, and
+/// retried when the receiver fails: once for a job that completes, once for one that fails.
+#[test]
+fn a_webhook_receiver_gets_a_signed_post_of_each_end() {
+    let mut fleet = Fleet::new(
+        "def run(mini_batch):\n    if any('f0003' in p for p in mini_batch):\n        raise ValueError('bad f0003')\n    return [open(p).read() for p in mini_batch]\n",
+    );
+    let secret = "wh-s3cret";
+    fleet
+        .extra_env
+        .push(("FLEETRUN_WEBHOOK_SECRET".into(), secret.into()));
+    fleet.inputs(20);
+    fleet.worker("w1", 2);
+    let receiver = fleet.path("receiver.py");
+    std::fs::write(&receiver, WEBHOOK_RECEIVER).unwrap();
+    let heard = fleet.path("heard.txt");
+    let mut server = Submitted(
+        Command::new("python3")
+            .arg(&receiver)
+            .arg(secret)
+            .arg(&heard)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut port = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.0.stdout.take().unwrap()),
+        &mut port,
+    )
+    .unwrap();
+    let url = format!("http://127.0.0.1:{}/hook", port.trim());
+    let settings = format!("mini_batch_size = 5\nrun_max_try = 1\nnotify_url = \"{url}\"");
+    let completes = fleet.s3_job(&format!("{settings}\nerror_threshold = -1"));
+    let fails = fleet.s3_job(&format!("{settings}\nerror_threshold = 0"));
+    assert_eq!(code(&fleet.submit(&completes, &["--wait"])), 0);
+    assert_eq!(code(&fleet.submit(&fails, &["--wait"])), 42);
+
+    let name = |job: &Path| {
+        let stem = job.file_stem().unwrap().to_string_lossy();
+        format!("fleet-{}", stem.trim_start_matches("job-"))
+    };
+    let read = || std::fs::read_to_string(&heard).unwrap_or_default();
+    wait_for("both ends delivered", Duration::from_secs(60), || {
+        read()
+            .lines()
+            .filter(|l| l.starts_with("verified "))
+            .count()
+            == 2
+    });
+    let heard = read();
+    for (job, key, state) in [
+        (&completes, "job.completed", "Completed"),
+        (&fails, "job.failed", "Failed"),
+    ] {
+        let name = name(job);
+        let lines: Vec<&str> = heard.lines().filter(|l| l.contains(&name)).collect();
+        assert_eq!(
+            lines,
+            [
+                format!("refused {key} {name} {state}"),
+                format!("verified {key} {name} {state}")
+            ],
+            "{heard}"
+        );
+    }
+    assert!(!heard.contains("FORGED"), "{heard}");
 }

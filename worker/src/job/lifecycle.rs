@@ -272,8 +272,8 @@ impl Job {
         }
     }
 
-    /// Tells the fleet's events that the job is now in `status`'s state: called once per
-    /// change, by the call that made it. An event that cannot be published is lost, and
+    /// Tells the fleet's events that the job is now in `status`'s state, and its webhook
+    /// when it ended: called once per change, by the call that made it. An event that cannot be published is lost, and
     /// the job goes on: the ledger, not the events, is the job's truth.
     pub async fn announce(&self, status: &Status) {
         let event = JobEvent {
@@ -287,6 +287,9 @@ impl Job {
         };
         if let Err(e) = self.events.publish(&event).await {
             warn!(job = %self.id, state = %status.state, error = %e, "Cannot publish the job's event.");
+        }
+        if let (true, Some(url)) = (status.state.is_terminal(), &self.spec.notify_url) {
+            super::notify::send(url, &event);
         }
     }
 

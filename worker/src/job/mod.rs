@@ -17,6 +17,7 @@
 //! - `watch`: serving the pool: the jobs a node follows, adopting orphans, the agent's events.
 //! - `lifecycle`: the [`Job`] handle, the one mover of a job's state and writer of its
 //!   result files.
+//! - `notify`: a job's webhook (`notify_url`), signed, retried, in the background.
 //! - `results`: what a job tells its user: its overview while it runs, its result when it
 //!   ends.
 //! - `finalize`: concluding a job: its finalization, its result, failing it.
@@ -28,6 +29,7 @@ mod driver;
 mod error;
 mod finalize;
 mod lifecycle;
+pub mod notify;
 mod record;
 mod results;
 mod settings;
