@@ -1927,9 +1927,7 @@ fn concurrent_submits_of_one_job_id_publish_once() {
 fn a_listener_bound_to_the_events_exchange_hears_each_change_once() {
     use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
     use lapin::types::FieldTable;
-    let mut fleet = Fleet::new(
-        "def run(mini_batch):\n    if any('f0003' in p for p in mini_batch):\n        raise ValueError('bad f0003')\n    return [open(p).read() for p in mini_batch]\n",
-    );
+    let mut fleet = Fleet::new(RAISES_ON_F0003);
     fleet.inputs(20);
     fleet.worker("w1", 2);
     let (channel, queue) = fleet.runtime.block_on(async {
@@ -2027,9 +2025,7 @@ fn a_listener_bound_to_the_events_exchange_hears_each_change_once() {
 /// not ended), `--json` gives one object a program reads, and `jobs --json` lists the pool.
 #[test]
 fn programs_submit_wait_and_read_status_as_json_and_exit_codes() {
-    let mut fleet = Fleet::new(
-        "def run(mini_batch):\n    if any('f0003' in p for p in mini_batch):\n        raise ValueError('bad f0003')\n    return [open(p).read() for p in mini_batch]\n",
-    );
+    let mut fleet = Fleet::new(RAISES_ON_F0003);
     fleet.inputs(20);
     fleet.worker("w1", 2);
     let suffix = random_suffix();
@@ -2187,17 +2183,8 @@ fn a_service_submits_over_http_and_polls_to_completed() {
             .spawn()
             .unwrap(),
     );
-    let mut first = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(serve.0.stdout.take().unwrap()),
-        &mut first,
-    )
-    .unwrap();
-    let base = first
-        .trim()
-        .strip_prefix("Listening on ")
-        .unwrap()
-        .to_owned();
+    let first = first_line(&mut serve.0);
+    let base = first.strip_prefix("Listening on ").unwrap().to_owned();
     let bucket = &fleet.bucket;
     let job = serde_json::json!({
         "name": format!("api-{}", random_suffix()),
@@ -2269,9 +2256,7 @@ server.serve_forever()
 /// retried when the receiver fails: once for a job that completes, once for one that fails.
 #[test]
 fn a_webhook_receiver_gets_a_signed_post_of_each_end() {
-    let mut fleet = Fleet::new(
-        "def run(mini_batch):\n    if any('f0003' in p for p in mini_batch):\n        raise ValueError('bad f0003')\n    return [open(p).read() for p in mini_batch]\n",
-    );
+    let mut fleet = Fleet::new(RAISES_ON_F0003);
     let secret = "wh-s3cret";
     fleet
         .extra_env
@@ -2290,13 +2275,7 @@ fn a_webhook_receiver_gets_a_signed_post_of_each_end() {
             .spawn()
             .unwrap(),
     );
-    let mut port = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(server.0.stdout.take().unwrap()),
-        &mut port,
-    )
-    .unwrap();
-    let url = format!("http://127.0.0.1:{}/hook", port.trim());
+    let url = format!("http://127.0.0.1:{}/hook", first_line(&mut server.0));
     let settings = format!("mini_batch_size = 5\nrun_max_try = 1\nnotify_url = \"{url}\"");
     let completes = fleet.s3_job(&format!("{settings}\nerror_threshold = -1"));
     let fails = fleet.s3_job(&format!("{settings}\nerror_threshold = 0"));
@@ -2333,3 +2312,14 @@ fn a_webhook_receiver_gets_a_signed_post_of_each_end() {
     }
     assert!(!heard.contains("FORGED"), "{heard}");
 }
+
+/// The first line a child prints on its piped stdout (an address it listens on), trimmed.
+fn first_line(child: &mut Child) -> String {
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("a piped stdout");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+    line.trim().to_owned()
+}
+
+/// A script whose `run()` raises for the mini-batch holding `f0003`.
+const RAISES_ON_F0003: &str = "def run(mini_batch):\n    if any('f0003' in p for p in mini_batch):\n        raise ValueError('bad f0003')\n    return [open(p).read() for p in mini_batch]\n";
