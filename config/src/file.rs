@@ -89,6 +89,11 @@ pub struct JobFile {
     /// Set in every worker process. Values may be numbers or booleans, taken as written.
     #[serde(default, deserialize_with = "lenient_string_map")]
     pub environment_variables: BTreeMap<String, String>,
+    /// Variables of the worker's environment that fleetrun keeps from the runners (its
+    /// broker and ledger URLs, storage credentials) and this job's runners get all the same,
+    /// by name (`["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]`).
+    #[serde(default)]
+    pub pass_environment: Vec<String>,
     /// Write the DataFrame header once at the top of the `append_row` file.
     #[serde(default)]
     pub append_row_dataframe_header: bool,

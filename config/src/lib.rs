@@ -88,6 +88,10 @@ pub struct JobSpec {
     pub partition_format: Option<String>,
     /// Set in every worker process.
     pub environment_variables: BTreeMap<String, String>,
+    /// The variables fleetrun keeps from the runners that this job's runners get from the
+    /// worker's environment all the same. A job recorded before this field passes none.
+    #[serde(default)]
+    pub pass_environment: Vec<String>,
     /// Write the DataFrame header once at the top of the `append_row` file.
     pub append_row_dataframe_header: bool,
     /// The field separator of the rows a returned DataFrame becomes in the `append_row`

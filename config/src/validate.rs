@@ -118,6 +118,7 @@ impl JobFile {
             None => default::progress_update_timeout(run_invocation_timeout, run_max_try),
         };
         let environment_variables = environment_variables(&self.environment_variables)?;
+        let pass_environment = variable_names("pass_environment", &self.pass_environment)?;
         let environment = self
             .environment
             .as_deref()
@@ -148,6 +149,7 @@ impl JobFile {
             partition_keys,
             partition_format: self.partition_format.clone(),
             environment_variables,
+            pass_environment,
             append_row_dataframe_header: self.append_row_dataframe_header,
             append_row_separator,
             first_task_creation_timeout,
@@ -478,16 +480,24 @@ fn logging_level(level: &str) -> Result<LoggingLevel, FieldError> {
 fn environment_variables(
     variables: &BTreeMap<String, String>,
 ) -> Result<BTreeMap<String, String>, FieldError> {
-    match variables
-        .keys()
-        .find(|name| name.is_empty() || name.contains(['=', '\0']))
-    {
-        Some(name) => {
+    variable_names("environment_variables", variables.keys())?;
+    Ok(variables.clone())
+}
+
+/// Refuses a name the OS would not take as a variable's.
+fn variable_names<'a>(
+    field: &str,
+    names: impl IntoIterator<Item = &'a String>,
+) -> Result<Vec<String>, FieldError> {
+    let mut taken = Vec::new();
+    for name in names {
+        if name.is_empty() || name.contains(['=', '\0']) {
             let rule = r#"names must be non-empty and without "=""#;
-            Err(FieldError::rule("environment_variables", rule, name))
+            return Err(FieldError::rule(field, rule, name));
         }
-        None => Ok(variables.clone()),
+        taken.push(name.clone());
     }
+    Ok(taken)
 }
 
 #[cfg(test)]

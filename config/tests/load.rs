@@ -121,6 +121,7 @@ process_count_per_node = 8
 logging_level = "debug"
 resource_monitor_interval = 0
 environment_variables = { OMP_NUM_THREADS = 1, MODE = "fast", DRY = false }
+pass_environment = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
 append_row_dataframe_header = true
 first_task_creation_timeout = 30
 progress_update_timeout = 1000
@@ -190,6 +191,7 @@ path = "./results/../out"
             ("MODE".into(), "fast".into()),
             ("OMP_NUM_THREADS".into(), "1".into()),
         ]),
+        pass_environment: vec!["AWS_ACCESS_KEY_ID".into(), "AWS_SECRET_ACCESS_KEY".into()],
         append_row_dataframe_header: true,
         append_row_separator: b' ',
         first_task_creation_timeout: 30,
@@ -229,6 +231,7 @@ fn a_minimal_job_file_gets_the_defaults() {
         resource_monitor_interval: 600,
         partition_keys: None,
         environment_variables: BTreeMap::new(),
+        pass_environment: vec![],
         append_row_dataframe_header: false,
         append_row_separator: b' ',
         first_task_creation_timeout: 600,
@@ -423,6 +426,7 @@ fn wrong_types_name_what_was_expected_and_given() {
         r#"allowed_failed_percent = true → allowed_failed_percent: expected a number, got a boolean (true)"#,
         r#"environment_variables = "A=1" → environment_variables: expected a table, got a string ("A=1")"#,
         r#"environment_variables = { A = [1] } → environment_variables.A: expected a string, got a list ([1])"#,
+        r#"pass_environment = "AWS_ACCESS_KEY_ID" → pass_environment: expected a list of strings, got a string ("AWS_ACCESS_KEY_ID")"#,
     ] {
         assert_rejects(&dir, case);
     }
@@ -717,6 +721,7 @@ fn environment_variable_names() {
     for case in [
         r#"environment_variables = { "A=B" = "1" } → environment_variables: names must be non-empty and without "=" (got "A=B")"#,
         r#"environment_variables = { "" = "1" } → environment_variables: names must be non-empty and without "=" (got "")"#,
+        r#"pass_environment = ["A=B"] → pass_environment: names must be non-empty and without "=" (got "A=B")"#,
     ] {
         assert_rejects(&dir, case);
     }

@@ -164,8 +164,20 @@ impl Fleet {
     }
 
     fn worker(&mut self, node: &str, processes: usize) {
+        self.worker_with(node, processes, &[], &[]);
+    }
+
+    /// A worker with variables and arguments besides the fleet's.
+    fn worker_with(&mut self, node: &str, processes: usize, env: &[(&str, &str)], args: &[&str]) {
         let mut cmd = Command::new(bin("fleetrun-worker"));
         self.env(&mut cmd);
+        // The test run's own settings (its service URLs) are no worker's.
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("FLEETRUN_TEST_") {
+                cmd.env_remove(name);
+            }
+        }
+        cmd.envs(env.iter().copied()).args(args);
         let log = std::fs::File::create(self.path(&format!("{node}.log"))).unwrap();
         cmd.args(["--node-id", node, "--processes", &processes.to_string()])
             .arg("--cache-dir")
@@ -1543,6 +1555,99 @@ def run(mini_batch):
         assert_eq!(names.len(), 2, "{node}: {names:?}");
     }
     assert!(served >= 1);
+}
+
+/// A script that prints `os.environ` in `init()`, as Azure's samples do, writes no password
+/// or storage key anywhere in the job's output: its runners do not inherit the worker's
+/// service URLs and credentials, and the resource monitor's `ps` listing holds no process
+/// but the job's (this worker has its broker URL, password included, on its command line).
+/// A job that names a withheld variable in `pass_environment` gets it.
+#[test]
+fn a_script_printing_its_environment_writes_no_secret() {
+    let script = "import os\n\ndef init():\n    print(dict(os.environ))\n\ndef run(mini_batch):\n    return [open(p).read() for p in mini_batch]\n";
+    let mut fleet = Fleet::new(script);
+    fleet.inputs(4);
+    let secret_key = format!("secret-key-{}", random_suffix());
+    let amqp_url = fleet.amqp_url.clone();
+    let password = reqwest::Url::parse(&amqp_url)
+        .unwrap()
+        .password()
+        .map(|p| format!(":{p}@"))
+        .expect("the broker's URL has a password");
+    fleet.worker_with(
+        "w1",
+        1,
+        &[("AWS_SECRET_ACCESS_KEY", &secret_key)],
+        &["--amqp-url", &amqp_url],
+    );
+    let bucket = fleet.bucket.clone();
+    // The whole log folder, once the node has uploaded what this test looks at.
+    let logs = |out: &str| -> BTreeMap<String, String> {
+        let s3 = fleet.storage(&format!("{out}/logs"));
+        let keys = || -> Vec<String> {
+            fleet
+                .runtime
+                .block_on(s3.list("").map_ok(|m| m.key).try_collect())
+                .unwrap()
+        };
+        wait_for("the node's logs", Duration::from_secs(30), || {
+            let keys = keys();
+            ["user/stdout/w1/", "perf/w1/os/"]
+                .iter()
+                .all(|start| keys.iter().any(|k| k.starts_with(start)))
+        });
+        keys()
+            .into_iter()
+            .map(|k| {
+                let text = fleet.text(&format!("{out}/logs/{k}"));
+                (k, text)
+            })
+            .collect()
+    };
+
+    let job = fleet.s3_job("");
+    assert_eq!(code(&fleet.submit(&job, &["--wait"])), 0);
+    let mut texts = logs("out");
+    texts.insert(
+        "parallel_run_step.txt".into(),
+        fleet.text("out/parallel_run_step.txt"),
+    );
+    let stdout: Vec<&String> = texts
+        .iter()
+        .filter(|(k, _)| k.starts_with("user/stdout/"))
+        .map(|(_, text)| text)
+        .collect();
+    assert!(
+        stdout.iter().any(|t| t.contains("FLEETRUN_JOB_ID")),
+        "the script printed its environment: {stdout:?}"
+    );
+    for (key, text) in &texts {
+        for secret in [
+            secret_key.as_str(),
+            &password,
+            &amqp_url,
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_ACCESS_KEY_ID",
+            "FLEETRUN_AMQP_URL",
+            "FLEETRUN_REDIS_URL",
+        ] {
+            assert!(!text.contains(secret), "{key} shows {secret}:\n{text}");
+        }
+    }
+
+    let job = fleet.job(
+        "pass_environment = [\"AWS_SECRET_ACCESS_KEY\"]",
+        &format!("s3://{bucket}/in"),
+        &format!("s3://{bucket}/out2"),
+    );
+    assert_eq!(code(&fleet.submit(&job, &["--wait"])), 0);
+    let texts = logs("out2");
+    assert!(
+        texts
+            .iter()
+            .any(|(k, text)| k.starts_with("user/stdout/") && text.contains(&secret_key)),
+        "a job that names the variable gets it"
+    );
 }
 
 /// A side input that cannot be staged fails the job, naming it, instead of being retried

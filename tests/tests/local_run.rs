@@ -399,6 +399,30 @@ def run(mini_batch):
     );
 }
 
+/// `fleetrun run`'s runners get its environment less fleetrun's credentials, unless the job
+/// names one in `pass_environment`; the job's own `environment_variables` are set.
+#[test]
+fn runners_get_no_credential_the_job_does_not_name() {
+    let script = r#"
+import os
+def run(mini_batch):
+    names = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "FLEETRUN_REDIS_URL", "COLOUR"]
+    return [":".join(os.environ.get(n, "-") for n in names)]
+"#;
+    let job = JobDir::new(
+        script,
+        "pass_environment = [\"AWS_ACCESS_KEY_ID\"]\nenvironment_variables = { COLOUR = \"blue\" }",
+    );
+    job.inputs(1);
+    let mut cmd = job.command(&[]);
+    cmd.env("AWS_ACCESS_KEY_ID", "key-id")
+        .env("AWS_SECRET_ACCESS_KEY", "secret-key")
+        .env("FLEETRUN_REDIS_URL", "redis://:secret@127.0.0.1:1/");
+    let out = cmd.output().unwrap();
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(job.output_lines(), ["key-id:-:-:blue"]);
+}
+
 /// Without a terminal, progress comes as plain lines on stderr (the first one at once), and
 /// `--quiet` turns it off.
 #[test]

@@ -76,8 +76,19 @@ pub struct Launch {
     pub stderr: PathBuf,
     /// Set in the runner's environment, over the agent's own.
     pub env: Vec<(String, String)>,
-    /// Variables removed from the runner's environment (e.g. a GPU mask it must not get).
+    /// Variables removed from the runner's environment (fleetrun's credentials, a GPU mask
+    /// it must not get), before `env` is set.
     pub env_remove: Vec<String>,
+}
+
+impl Launch {
+    /// Makes `cmd`'s environment the runner's: the agent's own, less `env_remove`, plus `env`.
+    pub fn apply_env(&self, cmd: &mut std::process::Command) {
+        for name in &self.env_remove {
+            cmd.env_remove(name);
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+    }
 }
 
 /// How a `run()` attempt ended, from the agent's side.
@@ -229,10 +240,7 @@ impl RunnerProcess {
             .stderr(append(&launch.stderr)?)
             .process_group(0)
             .kill_on_drop(true);
-        for name in &launch.env_remove {
-            cmd.env_remove(name);
-        }
-        cmd.envs(launch.env.iter().map(|(k, v)| (k, v)));
+        launch.apply_env(cmd.as_std_mut());
         let fd = theirs.as_raw_fd();
         // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec.
         unsafe {

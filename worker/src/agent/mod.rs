@@ -13,7 +13,8 @@
 //! - `attempt`: one `run()` attempt and its settlement (part, ledger record, report).
 //! - `holding`: who runs each attempt, kept in the ledger, so an attempt lost with its
 //!   worker still gets its report row.
-//! - `runner`: starting, warming and killing a slot's runner, and its environment.
+//! - `runner`: starting, warming and killing a slot's runner.
+//! - `environment`: a runner's environment, which holds none of fleetrun's credentials.
 //! - `ahead`: the delivery taken ahead while the runner works.
 //! - `stage`: staging a mini-batch's inputs into the node's cache.
 //! - `workdir`: each runner's working folder, holding the source directory.
@@ -40,6 +41,7 @@ use crate::process::Launcher;
 
 mod ahead;
 mod attempt;
+pub mod environment;
 mod holding;
 pub mod outdir;
 mod runner;

@@ -10,6 +10,7 @@ use fleetrun_common::protocol::{InitParams, ScriptError, TabularInit};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use super::environment::{RunnerEnv, runner_env};
 use super::slot::Slot;
 use super::{AgentEvent, JobContext};
 use crate::gpu::{AZ_GPU_COUNT_VAR, GPU_COUNT_VAR, GpuLease};
@@ -93,11 +94,13 @@ impl Slot {
         if ctx.first_gpu_note() {
             ctx.logs.log(&main_log, &gpu_line(self.config().gpus));
         }
-        let mut env = runner_env(ctx, &node, &name);
+        let RunnerEnv {
+            set: mut env,
+            remove: mut env_remove,
+        } = runner_env(ctx.job.spec(), ctx.job.id(), &node, &name);
         let gpu_count = self.shared.gpus.count().to_string();
         env.push((GPU_COUNT_VAR.into(), gpu_count.clone()));
         env.push((AZ_GPU_COUNT_VAR.into(), gpu_count));
-        let mut env_remove = Vec::new();
         match &gpu {
             Some(lease) => env.push(("CUDA_VISIBLE_DEVICES".into(), lease.index().to_string())),
             None => env_remove.push("CUDA_VISIBLE_DEVICES".to_owned()),
@@ -308,21 +311,6 @@ fn gpu_line(count: usize) -> String {
         source: "as configured".to_owned(),
     }
     .describe()
-}
-
-/// The runner's environment: the job's variables and who the process is.
-fn runner_env(ctx: &JobContext, node: &str, process: &str) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = ctx
-        .job
-        .spec()
-        .environment_variables
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    env.push(("FLEETRUN_JOB_ID".into(), ctx.job.id().to_owned()));
-    env.push(("FLEETRUN_NODE_ID".into(), node.to_owned()));
-    env.push(("FLEETRUN_PROCESS_NAME".into(), process.to_owned()));
-    env
 }
 
 /// What the job's monitor on this node watches: its interval, and the folders whose file

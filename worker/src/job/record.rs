@@ -47,7 +47,7 @@ mod tests {
     use super::*;
 
     /// A record written by a submitter from before `append_row_separator`, `[models]`,
-    /// `profile` and named side inputs still serves.
+    /// `profile`, `pass_environment` and named side inputs still serves.
     #[test]
     fn a_record_without_newer_fields_reads_with_their_defaults() {
         let dir = tempfile::tempdir().unwrap();
@@ -62,6 +62,7 @@ mod tests {
             "models",
             "profile",
             "partition_format",
+            "pass_environment",
         ] {
             fields.remove(newer);
         }

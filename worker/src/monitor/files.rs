@@ -153,7 +153,7 @@ pub fn gpu_row(time: &str, g: &GpuSample) -> String {
     ])
 }
 
-/// The node's processes as `ps -eo uid,pid,ppid,pgid,stat,pcpu,pmem,rss,vsz,time,args`
+/// The job's processes as `ps -eo uid,pid,ppid,pgid,stat,pcpu,pmem,rss,vsz,time,args`
 /// shows them (`%CPU` over each process's life, as `ps` computes it), under a line with the
 /// sample's time.
 pub fn listing(sample: &Sample) -> String {

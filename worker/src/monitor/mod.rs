@@ -370,8 +370,18 @@ mod tests {
         }
         let processes = std::fs::read_to_string(perf.join(PROCESSES_FILE)).unwrap();
         assert!(processes.contains(&format!(",process000,{},", runner.id())));
-        let os = std::fs::read_dir(perf.join("os")).unwrap().count();
-        assert_eq!(os, 1, "one hour folder");
+        let hours: Vec<_> = std::fs::read_dir(perf.join("os")).unwrap().collect();
+        assert_eq!(hours.len(), 1, "one hour folder");
+        // The listing holds the runner's group alone: not this test, nor anything else.
+        let hour = hours.into_iter().next().unwrap().unwrap().path();
+        let minute = std::fs::read_dir(hour).unwrap().next().unwrap().unwrap();
+        let listing = std::fs::read_to_string(minute.path()).unwrap();
+        let groups: Vec<&str> = listing
+            .lines()
+            .skip(2)
+            .map(|line| line.split_whitespace().nth(3).unwrap())
+            .collect();
+        assert_eq!(groups, [runner.id().to_string()], "{listing}");
         // Stopped is stopped: a later start does nothing.
         monitor.start_once(settings, job_stop);
         assert!(monitor.task.lock().unwrap().is_none());

@@ -22,7 +22,9 @@ pub struct Sample {
     pub processes: Vec<ProcessSample>,
     pub disks: Vec<DiskSample>,
     pub gpus: Vec<GpuSample>,
-    /// Every process of the node, for the `ps` listing.
+    /// The job's processes (the runners' process groups), for the `ps` listing. Never the
+    /// node's others: their command lines are not the job's to read (a worker started with
+    /// `--amqp-url` shows its password there).
     pub listing: Vec<ListedProcess>,
 }
 
@@ -139,11 +141,17 @@ impl Sampler {
             .map_or(0, |m| m.mem_available.unwrap_or(m.mem_free));
 
         let processes = all_processes();
+        let runners = self.runners.alive(|pid| {
+            processes
+                .iter()
+                .any(|(_, stat)| stat.pid == pid && stat.pgrp == pid)
+        });
         let listing = processes
             .iter()
+            .filter(|(_, stat)| runners.iter().any(|(_, leader)| stat.pgrp == *leader))
             .map(|(process, stat)| self.listed(process, stat, uptime, memory_total))
             .collect();
-        let job_processes = self.job_processes(&processes, uptime, since_last);
+        let job_processes = self.job_processes(&processes, runners, uptime, since_last);
         Sample {
             time_text: time.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
             time,
@@ -186,19 +194,15 @@ impl Sampler {
         100.0 * busy.saturating_sub(busy_before) as f64 / spent as f64
     }
 
-    /// The job's runner processes and what each started (its process group). Runners that
-    /// are gone are forgotten.
+    /// The runners' processes and what each started (its process group), from the runners
+    /// still there (by name and pid).
     fn job_processes(
         &mut self,
         processes: &[(Process, Stat)],
+        runners: Vec<(String, i32)>,
         uptime: f64,
         since_last: Option<f64>,
     ) -> Vec<ProcessSample> {
-        let runners = self.runners.alive(|pid| {
-            processes
-                .iter()
-                .any(|(_, stat)| stat.pid == pid && stat.pgrp == pid)
-        });
         let mut seen = HashMap::new();
         let mut rows = Vec::new();
         for (name, leader) in runners {
