@@ -63,6 +63,7 @@ mod tests {
             "profile",
             "partition_format",
             "pass_environment",
+            "notify_url",
         ] {
             fields.remove(newer);
         }
