@@ -9,8 +9,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::finalize::conclude;
+use super::load::FleetJobs;
 use super::settings::Fleet;
-use super::watch::FleetJobs;
 use crate::agent::{self, Jobs};
 
 /// Dead-lettered mini-batches count as failed in their job's ledger, so a crash loop can

@@ -14,7 +14,10 @@
 //! - `record`: the job record kept in the registry.
 //! - `code`: shipping a job's code to S3 and staging it on a worker.
 //! - `side`: staging a job's side inputs and models into the node's cache, shared by jobs.
-//! - `watch`: serving the pool: the jobs a node follows, adopting orphans, the agent's events.
+//! - `serve`: a node's composition root: the agent, its events, the pool's beat.
+//! - `load`: a job's record turned into what a node needs to run it.
+//! - `watch`: watching one job a node serves, in the ledger.
+//! - `adopt`: the pool's jobs no node looks after: orphans, unserved jobs, given-up ones.
 //! - `lifecycle`: the [`Job`] handle, the one mover of a job's state and writer of its
 //!   result files.
 //! - `notify`: a job's webhook (`notify_url`), signed, retried, in the background.
@@ -23,15 +26,18 @@
 //! - `finalize`: concluding a job: its finalization, its result, failing it.
 //! - `dead_letters`: dead-lettered mini-batches, recorded against their job.
 
+mod adopt;
 mod code;
 mod dead_letters;
 mod driver;
 mod error;
 mod finalize;
 mod lifecycle;
+mod load;
 pub mod notify;
 mod record;
 mod results;
+mod serve;
 mod settings;
 mod side;
 mod watch;
@@ -43,9 +49,10 @@ pub use finalize::conclude;
 pub use lifecycle::{Job, output_location};
 pub use record::{JobRecord, unix_now};
 pub use results::{overview_text, result_text};
+pub use serve::serve;
 pub use settings::{
     DEFAULT_POOL, Fleet, FleetArgs, KEEP_ENDED_JOBS, KEY_PREFIX, POOL_DELIVERY_LIMIT, WorkerConfig,
     open_input, open_storage, tabular_root,
 };
 pub use side::{SHIPPED_PREFIX, SIDE_DIR, UNUSED_CAP_VAR, evict, ship_side};
-pub use watch::{serve, serving};
+pub use watch::serving;

@@ -1,0 +1,176 @@
+//! A worker node's composition root: the agent, the dead-letter recorder, the adopter and
+//! the beat for its pool, and what it does with the agent's events; until it drains.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fleetrun_common::ledger::JobState;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::adopt::{adopt_orphans, recheck_given_up};
+use super::dead_letters::record_dead_letters;
+use super::finalize::{check_init_failures, conclude};
+use super::load::FleetJobs;
+use super::settings::{Fleet, WorkerConfig};
+use super::watch::{note_end, upload_logs};
+use crate::agent::{self, Agent, AgentConfig, AgentEvent, Jobs};
+
+/// How long a node's word that it serves its pool lasts (renewed every third of it).
+pub(super) const BEAT_TTL: Duration = Duration::from_secs(15);
+
+/// Serves every job of the fleet's pool until `drain` (finish what is in hand) or `abort`.
+pub async fn serve(
+    config: WorkerConfig,
+    fleet: Fleet,
+    drain: CancellationToken,
+    abort: CancellationToken,
+) {
+    let (events, mut event_rx) = mpsc::unbounded_channel();
+    let jobs = Arc::new(FleetJobs {
+        fleet: fleet.clone(),
+        config: config.clone(),
+        contexts: Mutex::new(HashMap::new()),
+        held: Arc::new(Mutex::new(HashMap::new())),
+        unserved: Mutex::new(HashMap::new()),
+        loading: tokio::sync::Mutex::new(()),
+        stop: abort.clone(),
+    });
+    let agent = tokio::spawn(agent::run(
+        Agent {
+            config: AgentConfig {
+                node_id: config.node_id.clone(),
+                processes: config.processes,
+                prefetch: config.prefetch,
+                runner_exe: config.runner_exe.clone(),
+                launcher: config.launcher.clone(),
+                staging_dir: config.cache_dir.join("staging"),
+                warm_job: config.warm_job.clone(),
+                gpus: config.gpus,
+            },
+            queue: fleet.queue.clone(),
+            ledger: fleet.ledger.clone(),
+            jobs: jobs.clone(),
+            events,
+        },
+        drain.clone(),
+        abort.clone(),
+    ));
+    let recorder = tokio::spawn(record_dead_letters(
+        fleet.clone(),
+        jobs.clone(),
+        drain.clone(),
+    ));
+    let adopter = tokio::spawn(adopt_orphans(fleet.clone(), jobs.clone(), drain.clone()));
+    let beater = tokio::spawn(beat(fleet.clone(), config.node_id.clone(), drain.clone()));
+    let mut finisher = {
+        let (fleet, jobs, node) = (fleet.clone(), jobs.clone(), config.node_id.clone());
+        tokio::spawn(async move {
+            while let Some(event) = event_rx.recv().await {
+                handle_event(&fleet, &jobs, &node, event).await;
+            }
+        })
+    };
+    let _ = agent.await;
+    recorder.abort();
+    adopter.abort();
+    beater.abort();
+    // The agent is gone, and with it the events' sender: the finisher ends once it has
+    // finalized a job this node saw complete (nobody else would), unless told to stop now.
+    tokio::select! {
+        _ = &mut finisher => {}
+        _ = abort.cancelled() => finisher.abort(),
+    }
+    for ctx in jobs.all() {
+        // Its last sample written before the logs are flushed and sent.
+        ctx.monitor.stop().await;
+        if ctx.has_place() && !config.sole_node {
+            // Another node takes this one's place in the job now, not when it runs out.
+            let _ = fleet
+                .registry
+                .release_place(ctx.job.id(), &config.node_id)
+                .await;
+        }
+        if let Ok(Some(status)) = fleet.ledger.status(ctx.job.id()).await {
+            note_end(&ctx, &status);
+        }
+        ctx.logs.flush();
+        agent::outdir::sync_logged(&ctx).await;
+        upload_logs(&ctx, &config.node_id).await;
+    }
+    // The runners are gone: the jobs' working folders and cache holds go with them.
+    jobs.held.lock().unwrap_or_else(|p| p.into_inner()).clear();
+}
+
+/// Says, while the node serves its pool, that it does (until it drains): a job that waits for
+/// a busy pool waits, one whose pool nobody serves fails on `first_task_creation_timeout`.
+pub(super) async fn beat(fleet: Fleet, node: String, drain: CancellationToken) {
+    loop {
+        if let Err(e) = fleet.registry.beat(&fleet.pool, &node, BEAT_TTL).await {
+            warn!(error = %e, "Cannot say this node serves its pool.");
+        }
+        tokio::select! {
+            _ = drain.cancelled() => return,
+            _ = tokio::time::sleep(BEAT_TTL / 3) => {}
+        }
+    }
+}
+
+/// Acts on what the agent reports: finalizes a job this node saw complete, announces a
+/// failure it caused, or fails a job no node can start.
+pub(super) async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, event: AgentEvent) {
+    match event {
+        AgentEvent::Transitioned { job, status } => {
+            let Ok(Some(ctx)) = jobs.get(&job).await else {
+                return;
+            };
+            conclude(&*fleet.ledger, &ctx, status).await;
+        }
+        AgentEvent::GaveUp { job, reason } => {
+            let Ok(Some(ctx)) = jobs.get(&job).await else {
+                return;
+            };
+            if ctx.job.spec().node_count <= 1 || jobs.config.sole_node {
+                let reason = format!("no runner process could start: {reason}");
+                ctx.job.fail_or_warn(&reason, Some(&ctx.logs)).await;
+            } else {
+                warn!(job = %job, node, "This node gave up on the job; other nodes keep serving it.");
+                let processes = ctx.seats.cap() as u32;
+                tokio::spawn(recheck_given_up(fleet.clone(), ctx, processes, reason));
+            }
+        }
+        AgentEvent::StuckInInit { job, reason } => {
+            let Ok(Some(ctx)) = jobs.get(&job).await else {
+                return;
+            };
+            // A mini-batch started somewhere: some process is past init, so not every one
+            // is stuck (CONTRACT §5 rule 3).
+            match fleet.ledger.status(&job).await {
+                Ok(Some(status)) if !status.started && status.state == JobState::Running => {
+                    ctx.job.fail_or_warn(&reason, Some(&ctx.logs)).await;
+                }
+                Ok(_) => {}
+                Err(e) => warn!(job = %job, error = %e, "Cannot read the job's state."),
+            }
+        }
+        AgentEvent::InitFailed {
+            job,
+            processes,
+            failure,
+        } => {
+            let failures = match fleet.registry.add_init_failure(&job).await {
+                Ok(n) => n,
+                Err(e) => {
+                    warn!(job = %job, error = %e, "Cannot count an init failure.");
+                    return;
+                }
+            };
+            if let Some(ctx) = jobs.cached(&job) {
+                let last = format!("the last: {failure}");
+                check_init_failures(&ctx, processes, failures, &last).await;
+            }
+        }
+    }
+}
