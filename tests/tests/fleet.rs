@@ -160,8 +160,14 @@ impl Fleet {
     }
 
     fn worker(&mut self, node: &str, processes: usize) {
+        self.worker_with(node, processes, &[], &[]);
+    }
+
+    /// A worker as [`Fleet::worker`] starts one, with more arguments and environment.
+    fn worker_with(&mut self, node: &str, processes: usize, args: &[&str], env: &[(&str, &str)]) {
         let mut cmd = Command::new(bin("fleetrun-worker"));
         self.env(&mut cmd);
+        cmd.args(args).envs(env.iter().copied());
         let log = std::fs::File::create(self.path(&format!("{node}.log"))).unwrap();
         cmd.args(["--node-id", node, "--processes", &processes.to_string()])
             .arg("--cache-dir")
@@ -2229,4 +2235,94 @@ fn a_service_submits_over_http_and_polls_to_completed() {
         exit_within(&mut serve.0, Duration::from_secs(10)).code(),
         Some(0)
     );
+}
+
+/// The address a worker's log says its metrics are served on (`Metrics on http://ADDR.`).
+fn metrics_url(fleet: &Fleet, node: &str) -> String {
+    let log = fleet.path(&format!("{node}.log"));
+    let mut url = None;
+    wait_for(
+        "the worker to serve its metrics",
+        Duration::from_secs(60),
+        || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            url = text.split("Metrics on ").nth(1).and_then(|rest| {
+                let end = rest.find(|c: char| c.is_whitespace() || c == '"')?;
+                Some(rest[..end].trim_end_matches('.').to_owned())
+            });
+            url.is_some()
+        },
+    );
+    url.unwrap()
+}
+
+/// A GET: the status and the body.
+fn http_get(fleet: &Fleet, url: &str) -> (u16, String, String) {
+    fleet.runtime.block_on(async {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let answer = client.get(url).send().await.unwrap();
+        let status = answer.status().as_u16();
+        let content_type = answer
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        (status, content_type, answer.text().await.unwrap())
+    })
+}
+
+/// The value of the sample `series` in Prometheus text.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+}
+
+/// After a job, the worker's `/metrics` counts its mini-batches, items and runs; `/healthz`
+/// answers 200 while the ledger and the broker do, and 503 naming the ledger once Redis is
+/// gone.
+#[test]
+fn a_worker_serves_its_metrics_and_its_health() {
+    let redis = PrivateRedis::start();
+    let mut fleet = Fleet::new(ECHO);
+    fleet.redis_url = redis.url();
+    fleet.inputs(30);
+    fleet.worker_with("m1", 2, &["--metrics-addr", "127.0.0.1:0"], &[]);
+    let base = metrics_url(&fleet, "m1");
+    let (status, content_type, text) = http_get(&fleet, &format!("{base}/metrics"));
+    assert_eq!(status, 200);
+    assert!(
+        content_type.starts_with("application/openmetrics-text"),
+        "{content_type}"
+    );
+    let succeeded = "fleetrun_mini_batches_total{result=\"succeeded\"}";
+    assert_eq!(sample(&text, succeeded), Some(0.0), "{text}");
+
+    let job = fleet.s3_job("mini_batch_size = 4");
+    assert_eq!(code(&fleet.submit(&job, &["--wait"])), 0);
+    let (status, _, text) = http_get(&fleet, &format!("{base}/metrics"));
+    assert_eq!(status, 200);
+    // 30 items in mini-batches of 4: 8 mini-batches, every one run here.
+    assert_eq!(sample(&text, succeeded), Some(8.0), "{text}");
+    let value = |series| sample(&text, series);
+    assert_eq!(
+        value("fleetrun_items_total{result=\"succeeded\"}"),
+        Some(30.0)
+    );
+    assert_eq!(value("fleetrun_items_total{result=\"failed\"}"), Some(0.0));
+    assert_eq!(value("fleetrun_run_seconds_count"), Some(8.0), "{text}");
+    assert!(value("fleetrun_runner_starts_total") >= Some(1.0), "{text}");
+    assert_eq!(value("fleetrun_mini_batches_in_flight"), Some(0.0));
+    assert_eq!(value("fleetrun_ledger_errors_total"), Some(0.0));
+
+    let (status, _, body) = http_get(&fleet, &format!("{base}/healthz"));
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    drop(redis);
+    let (status, _, body) = http_get(&fleet, &format!("{base}/healthz"));
+    assert_eq!(status, 503, "{body}");
+    assert!(body.starts_with("ledger: "), "{body}");
+    assert!(!body.contains("broker"), "{body}");
 }

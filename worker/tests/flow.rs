@@ -140,6 +140,7 @@ impl Flow {
             gpus: 0,
             warm_job: options.warm.then(|| JOB.to_owned()),
             sole_node: options.sole_node,
+            metrics: Default::default(),
         };
         let drain = CancellationToken::new();
         let abort = CancellationToken::new();
@@ -200,6 +201,7 @@ impl Flow {
             gpus: 0,
             warm_job: None,
             sole_node: false,
+            metrics: Default::default(),
         };
         let abort = CancellationToken::new();
         let worker = tokio::spawn(job::serve(

@@ -76,6 +76,8 @@ pub struct AgentConfig {
     pub warm_job: Option<String>,
     /// GPUs on this node, handed to runners one index each (CONTRACT.md §3).
     pub gpus: usize,
+    /// What the node counts, for `/metrics`.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// A job as a node sees it: the job (its spec as staged here, its output and parts, the
