@@ -2326,3 +2326,46 @@ fn a_worker_serves_its_metrics_and_its_health() {
     assert!(body.starts_with("ledger: "), "{body}");
     assert!(!body.contains("broker"), "{body}");
 }
+
+/// With `FLEETRUN_LOG_FORMAT=json`, every line a worker writes is a JSON object, and the
+/// lines of its slots name the node.
+#[test]
+fn a_worker_logging_json_writes_only_json_lines() {
+    let mut fleet = Fleet::new(
+        "def run(mini_batch):\n    if any(p.endswith('f0003.txt') for p in mini_batch):\n        raise ValueError('bad item')\n    return [open(p).read() for p in mini_batch]\n",
+    );
+    fleet.inputs(10);
+    fleet.worker_with("j1", 1, &[], &[("FLEETRUN_LOG_FORMAT", "json")]);
+    // A mini-batch that raises every time: the worker logs its attempts (job, mini_batch).
+    let job = fleet.s3_job("mini_batch_size = 2\nrun_max_try = 2\nerror_threshold = -1");
+    assert_eq!(code(&fleet.submit(&job, &["--wait"])), 0);
+    // Its lines on stopping are part of what it writes.
+    let (_, mut worker) = fleet.workers.pop().unwrap();
+    // SAFETY: kill(2) with SIGTERM on our own child.
+    assert_eq!(unsafe { libc::kill(worker.id() as i32, libc::SIGTERM) }, 0);
+    assert!(exit_within(&mut worker, Duration::from_secs(60)).success());
+    let log = std::fs::read_to_string(fleet.path("j1.log")).unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}\n{log}"))
+        })
+        .collect();
+    let messages: Vec<&str> = lines
+        .iter()
+        .map(|l| l["message"].as_str().expect("every line has a message"))
+        .collect();
+    assert!(messages.contains(&"Worker serving."), "{log}");
+    assert!(messages.contains(&"Worker stopped."), "{log}");
+    let requeued = lines
+        .iter()
+        .find(|l| l["message"] == "Attempt failed; requeueing.")
+        .unwrap_or_else(|| panic!("an attempt failed and was requeued:\n{log}"));
+    assert!(requeued["mini_batch"].is_u64(), "{log}");
+    assert!(
+        requeued["job"].as_str().unwrap().starts_with("fleet-"),
+        "{log}"
+    );
+    assert_eq!(requeued["span"]["node"], "j1", "{log}");
+    assert_eq!(requeued["level"], "INFO", "{log}");
+}

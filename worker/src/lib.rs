@@ -20,6 +20,7 @@
 //! - [`metrics`]: the node's Prometheus metrics (mini-batches and items by result, `run()`
 //!   seconds, runner starts and deaths, ledger and broker errors).
 //! - [`endpoints`]: `--metrics-addr`'s HTTP endpoints, `/metrics` and `/healthz`.
+//! - [`log_format`]: the worker's and `fleetrun`'s own log lines, text or JSON.
 //! - [`shutdown`]: a worker's stop on signals: drain first, then stop at once.
 //! - `testing` (tests, and the `testing` feature): a fake runner for the flow tests.
 //!
@@ -30,6 +31,7 @@ pub mod endpoints;
 pub mod gpu;
 pub mod ip;
 pub mod job;
+pub mod log_format;
 pub mod logs;
 pub mod metrics;
 pub mod monitor;

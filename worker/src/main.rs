@@ -2,7 +2,6 @@
 //! SIGTERM (or Ctrl-C) drains: no new mini-batches, the ones in hand finish or go back to
 //! the queue; a second signal, or the drain timeout, stops at once.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -61,18 +60,11 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    use tracing_subscriber::{EnvFilter, fmt};
-    let filter = EnvFilter::try_from_env("FLEETRUN_LOG")
-        // lapin logs the broker's errors in its own Debug form; fleetrun says what they mean.
-        .unwrap_or_else(|_| EnvFilter::new("info,lapin=off"));
-    // Colour for a person at a terminal only, and never under NO_COLOR (no-color.org).
-    let ansi = std::io::stderr().is_terminal()
-        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .init();
+    // lapin logs the broker's errors in its own Debug form; fleetrun says what they mean.
+    if let Err(e) = fleetrun_worker::log_format::init("info,lapin=off", true) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     match runtime.block_on(serve(cli)) {
         Ok(()) => ExitCode::SUCCESS,

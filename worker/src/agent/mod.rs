@@ -31,7 +31,7 @@ use fleetrun_common::queue::Queue;
 use fleetrun_common::storage::Storage;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{Instrument, warn};
 
 use crate::gpu::GpuPool;
 use crate::job::Job;
@@ -249,7 +249,9 @@ pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToke
             drain: drain.clone(),
             finishing: tokio::task::JoinSet::new(),
         };
-        slots.spawn(slot.run(drain.clone(), abort.clone()));
+        // Every line a slot logs names its node: one worker's lines among a fleet's.
+        let span = tracing::info_span!("slot", node = %shared.agent.config.node_id, slot = index);
+        slots.spawn(slot.run(drain.clone(), abort.clone()).instrument(span));
     }
     while let Some(result) = slots.join_next().await {
         if let Err(e) = result {

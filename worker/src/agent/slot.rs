@@ -7,7 +7,7 @@ use std::time::Duration;
 use fleetrun_common::queue::{Consumer, Delivery, Disposition};
 use fleetrun_common::wire::MiniBatch;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use super::ahead::Ahead;
 use super::runner::Active;
@@ -267,10 +267,13 @@ impl Slot {
             Verdict::Drop => Disposition::Ack,
             Verdict::Finish(work) => {
                 let (slot, metrics) = (self.index, self.config().metrics.clone());
-                self.finishing.spawn(async move {
-                    let disposition = work.await;
-                    settle(slot, &metrics, delivery, disposition).await;
-                });
+                self.finishing.spawn(
+                    async move {
+                        let disposition = work.await;
+                        settle(slot, &metrics, delivery, disposition).await;
+                    }
+                    .in_current_span(),
+                );
                 return;
             }
         };
