@@ -101,7 +101,10 @@ async fn serve(cli: Cli) -> anyhow::Result<()> {
         node_id,
         warm_job: None,
         sole_node: false,
-        metrics: Arc::new(Metrics::new()),
+        metrics: Arc::new(match cli.metrics_addr {
+            Some(_) => Metrics::new().with_gpus(),
+            None => Metrics::new(),
+        }),
     };
     tracing::info!(node = %config.node_id, pool = %fleet.pool, processes = config.processes, "Worker serving.");
     let drain = CancellationToken::new();

@@ -3,14 +3,19 @@
 //! Every series is made when the worker starts, at zero, so that a scrape shows what exists
 //! before anything happened and a rate over a counter never starts mid-way. Each counter of
 //! a labelled family is kept as its own handle: counting a mini-batch is an atomic add, with
-//! no lookup and no lock.
+//! no lookup and no lock. The GPUs' series (`fleetrun_gpu_…{gpu}`) are read from NVML at
+//! each scrape, on a node that has it ([`Metrics::with_gpus`]).
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::monitor::{GpuProbe, GpuSample};
 
 /// The content type of [`Metrics::encode`]'s text (OpenMetrics 1.0).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -127,6 +132,17 @@ impl Metrics {
         }
     }
 
+    /// These metrics and, on a node where NVML answers, each GPU's utilisation and memory,
+    /// read at each scrape.
+    pub fn with_gpus(mut self) -> Metrics {
+        let probe = GpuProbe::open();
+        if probe.has_nvml() {
+            let collector = GpuCollector(Box::new(move || probe.sample()));
+            self.registry.register_collector(Box::new(collector));
+        }
+        self
+    }
+
     /// Counts an attempt's end by its report row's `result` (one of [`MINI_BATCH_RESULTS`];
     /// any other is not counted).
     pub fn mini_batch(&self, result: &str) {
@@ -190,6 +206,56 @@ pub struct InFlight(Gauge);
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+/// Each GPU's series, from a reading at each scrape.
+struct GpuCollector(Box<dyn Fn() -> Vec<GpuSample> + Send + Sync>);
+
+impl std::fmt::Debug for GpuCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GpuCollector")
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabel {
+    gpu: u32,
+}
+
+impl Collector for GpuCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let gpus = (self.0)();
+        type Reading = fn(&GpuSample) -> Option<u64>;
+        let series: [(&str, &str, Reading); 4] = [
+            (
+                "gpu_utilization_percent",
+                "Percent of the last sample period a kernel ran on the GPU (NVML).",
+                |g| g.utilization_percent.map(u64::from),
+            ),
+            (
+                "gpu_memory_utilization_percent",
+                "Percent of the last sample period the GPU's memory was read or written (NVML).",
+                |g| g.memory_utilization_percent.map(u64::from),
+            ),
+            ("gpu_memory_used_bytes", "GPU memory in use (NVML).", |g| {
+                g.memory_used_bytes
+            }),
+            ("gpu_memory_total_bytes", "GPU memory in all (NVML).", |g| {
+                g.memory_total_bytes
+            }),
+        ];
+        for (name, help, reading) in series {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for gpu in &gpus {
+                // A reading the driver refused is left out, not shown as zero.
+                if let Some(value) = reading(gpu) {
+                    let label = GpuLabel { gpu: gpu.index };
+                    family.encode_family(&label)?.encode_gauge(&value)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -263,5 +329,66 @@ mod tests {
         drop(held);
         let text = metrics.encode();
         assert_eq!(sample(&text, "fleetrun_mini_batches_in_flight"), Some(0.0));
+    }
+
+    #[test]
+    fn each_gpu_has_its_series_and_a_refused_reading_none() {
+        let mut metrics = Metrics::new();
+        let gpus = || {
+            vec![
+                GpuSample {
+                    index: 0,
+                    name: "A100".into(),
+                    utilization_percent: Some(87),
+                    memory_utilization_percent: Some(40),
+                    memory_used_bytes: Some(1 << 30),
+                    memory_total_bytes: Some(40 << 30),
+                },
+                GpuSample {
+                    index: 1,
+                    name: "A100".into(),
+                    utilization_percent: None,
+                    memory_utilization_percent: None,
+                    memory_used_bytes: Some(0),
+                    memory_total_bytes: Some(40 << 30),
+                },
+            ]
+        };
+        metrics
+            .registry
+            .register_collector(Box::new(GpuCollector(Box::new(gpus))));
+        let text = metrics.encode();
+        let value = |series| sample(&text, series);
+        assert_eq!(
+            value("fleetrun_gpu_utilization_percent{gpu=\"0\"}"),
+            Some(87.0),
+            "{text}"
+        );
+        assert_eq!(value("fleetrun_gpu_utilization_percent{gpu=\"1\"}"), None);
+        assert_eq!(
+            value("fleetrun_gpu_memory_used_bytes{gpu=\"0\"}"),
+            Some(1073741824.0)
+        );
+        assert_eq!(
+            value("fleetrun_gpu_memory_used_bytes{gpu=\"1\"}"),
+            Some(0.0)
+        );
+        assert_eq!(
+            value("fleetrun_gpu_memory_total_bytes{gpu=\"1\"}"),
+            Some(42949672960.0)
+        );
+        assert!(
+            text.contains("# TYPE fleetrun_gpu_utilization_percent gauge"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn a_node_without_nvml_has_no_gpu_series() {
+        if !GpuProbe::open().has_nvml() {
+            let text = Metrics::new().with_gpus().encode();
+            assert!(!text.contains("fleetrun_gpu_"), "{text}");
+        }
     }
 }
