@@ -105,7 +105,7 @@ impl Metrics {
         );
         let ledger_errors = counter(
             "ledger_errors",
-            "Recordings in the ledger (Redis) that failed; the mini-batch was handed back.",
+            "Recordings in the ledger (Redis) of mini-batches whose run() returned that failed; the mini-batch was handed back.",
         );
         let broker_errors = counter(
             "broker_errors",

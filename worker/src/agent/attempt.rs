@@ -295,7 +295,7 @@ impl Slot {
                 true
             }
             Err(e) => {
-                metrics.ledger_error();
+                // Its part or its record: not told apart here, so not counted as the ledger's.
                 warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Recording a failed mini-batch failed; requeueing.");
                 false
             }
