@@ -2369,3 +2369,30 @@ fn a_worker_logging_json_writes_only_json_lines() {
     assert_eq!(requeued["span"]["node"], "j1", "{log}");
     assert_eq!(requeued["level"], "INFO", "{log}");
 }
+
+/// A worker logging JSON that cannot start says why in JSON too.
+#[test]
+fn a_worker_logging_json_that_cannot_start_says_why_in_json() {
+    let fleet = Fleet::new(ECHO);
+    let mut cmd = Command::new(bin("fleetrun-worker"));
+    fleet.env(&mut cmd);
+    // Nothing listens on port 1.
+    cmd.env("FLEETRUN_REDIS_URL", "redis://127.0.0.1:1/")
+        .env("FLEETRUN_LOG_FORMAT", "json")
+        .args(["--node-id", "nowhere"])
+        .arg("--cache-dir")
+        .arg(fleet.path("cache-nowhere"));
+    let out = cmd.output().unwrap();
+    assert_eq!(code(&out), 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect();
+    let last = lines.last().expect("a line saying why");
+    assert_eq!(last["level"], "ERROR", "{stderr}");
+    assert!(
+        last["error"].as_str().unwrap().contains("Redis"),
+        "{stderr}"
+    );
+}

@@ -44,8 +44,9 @@ impl LogFormat {
 
 /// Sets up the process's log lines, in `FLEETRUN_LOG_FORMAT`'s format, logging what
 /// `FLEETRUN_LOG` says, else `default_filter`; `targets`: each line names the module that
-/// wrote it. Call once, first thing in `main`.
-pub fn init(default_filter: &str, targets: bool) -> Result<(), UnknownLogFormat> {
+/// wrote it. Call once, first thing in `main`. Returns the format, for what the binary
+/// writes itself.
+pub fn init(default_filter: &str, targets: bool) -> Result<LogFormat, UnknownLogFormat> {
     let format = LogFormat::from_env()?;
     let filter =
         EnvFilter::try_from_env(FILTER_VAR).unwrap_or_else(|_| EnvFilter::new(default_filter));
@@ -68,7 +69,7 @@ pub fn init(default_filter: &str, targets: bool) -> Result<(), UnknownLogFormat>
             .with_ansi(false)
             .init(),
     }
-    Ok(())
+    Ok(format)
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use fleetrun_common::report::one_line;
 use fleetrun_worker::agent;
 use fleetrun_worker::endpoints::{self, Observed};
 use fleetrun_worker::job::{self, Fleet, FleetArgs, WorkerConfig};
+use fleetrun_worker::log_format::{self, LogFormat};
 use fleetrun_worker::metrics::Metrics;
 use fleetrun_worker::node;
 use fleetrun_worker::process::find_runner_exe;
@@ -61,15 +62,23 @@ struct Cli {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // lapin logs the broker's errors in its own Debug form; fleetrun says what they mean.
-    if let Err(e) = fleetrun_worker::log_format::init("info,lapin=off", true) {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
-    }
+    let format = match log_format::init("info,lapin=off", true) {
+        Ok(format) => format,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     match runtime.block_on(serve(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", one_line(e.as_ref()));
+            let error = one_line(e.as_ref());
+            match format {
+                // A collector reads every line as JSON: the last one too.
+                LogFormat::Json => tracing::error!(%error, "Worker stopped on an error."),
+                LogFormat::Text => eprintln!("error: {error}"),
+            }
             ExitCode::FAILURE
         }
     }
