@@ -205,6 +205,7 @@ pub async fn run_local(
         gpus,
         warm_job: Some(job_id.clone()),
         sole_node: true,
+        metrics: Default::default(),
     };
     let drain = CancellationToken::new();
     let abort = CancellationToken::new();

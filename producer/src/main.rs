@@ -1,6 +1,6 @@
 //! `fleetrun`: the user-facing command.
 
-use std::io::{self, IsTerminal, Write};
+use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -150,7 +150,11 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    // lapin logs the broker's errors in its own Debug form; fleetrun says what they mean.
+    if let Err(e) = fleetrun_worker::log_format::init("warn,lapin=off", false) {
+        eprintln!("error: {e}");
+        return ExitCode::from(exit::REFUSED);
+    }
     match cli.command {
         Command::Run {
             job,
@@ -264,22 +268,6 @@ fn empty_input(allow: bool) -> EmptyInput {
     } else {
         EmptyInput::Refuse
     }
-}
-
-fn init_tracing() {
-    use tracing_subscriber::{EnvFilter, fmt};
-    let filter = EnvFilter::try_from_env("FLEETRUN_LOG")
-        // lapin logs the broker's errors in its own Debug form; fleetrun says what they mean.
-        .unwrap_or_else(|_| EnvFilter::new("warn,lapin=off"));
-    // Colour for a person at a terminal only, and never under NO_COLOR (no-color.org).
-    let ansi =
-        io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    fmt()
-        .with_env_filter(filter)
-        .with_writer(io::stderr)
-        .with_target(false)
-        .with_ansi(ansi)
-        .init();
 }
 
 fn run(

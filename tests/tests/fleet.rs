@@ -2428,3 +2428,163 @@ fn first_line(child: &mut Child) -> String {
 
 /// A script whose `run()` raises for the mini-batch holding `f0003`.
 const RAISES_ON_F0003: &str = "def run(mini_batch):\n    if any('f0003' in p for p in mini_batch):\n        raise ValueError('bad f0003')\n    return [open(p).read() for p in mini_batch]\n";
+
+/// The address a worker's log says its metrics are served on (`Metrics on http://ADDR.`).
+fn metrics_url(fleet: &Fleet, node: &str) -> String {
+    let log = fleet.path(&format!("{node}.log"));
+    let mut url = None;
+    wait_for(
+        "the worker to serve its metrics",
+        Duration::from_secs(60),
+        || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            url = text.split("Metrics on ").nth(1).and_then(|rest| {
+                let end = rest.find(|c: char| c.is_whitespace() || c == '"')?;
+                Some(rest[..end].trim_end_matches('.').to_owned())
+            });
+            url.is_some()
+        },
+    );
+    url.unwrap()
+}
+
+/// A GET: the status and the body.
+fn http_get(fleet: &Fleet, url: &str) -> (u16, String, String) {
+    fleet.runtime.block_on(async {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let answer = client.get(url).send().await.unwrap();
+        let status = answer.status().as_u16();
+        let content_type = answer
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        (status, content_type, answer.text().await.unwrap())
+    })
+}
+
+/// The value of the sample `series` in Prometheus text.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+}
+
+/// After a job, the worker's `/metrics` counts its mini-batches, items and runs; `/healthz`
+/// answers 200 while the ledger and the broker do, and 503 naming the ledger once Redis is
+/// gone.
+#[test]
+fn a_worker_serves_its_metrics_and_its_health() {
+    let redis = PrivateRedis::start();
+    let mut fleet = Fleet::new(ECHO);
+    fleet.redis_url = redis.url();
+    fleet.inputs(30);
+    fleet.worker_with("m1", 2, &[], &["--metrics-addr", "127.0.0.1:0"]);
+    let base = metrics_url(&fleet, "m1");
+    let (status, content_type, text) = http_get(&fleet, &format!("{base}/metrics"));
+    assert_eq!(status, 200);
+    assert!(
+        content_type.starts_with("application/openmetrics-text"),
+        "{content_type}"
+    );
+    let succeeded = "fleetrun_mini_batches_total{result=\"succeeded\"}";
+    assert_eq!(sample(&text, succeeded), Some(0.0), "{text}");
+
+    let job = fleet.s3_job("mini_batch_size = 4");
+    assert_eq!(code(&fleet.submit(&job, &["--wait"])), 0);
+    let (status, _, text) = http_get(&fleet, &format!("{base}/metrics"));
+    assert_eq!(status, 200);
+    // 30 items in mini-batches of 4: 8 mini-batches, every one run here.
+    assert_eq!(sample(&text, succeeded), Some(8.0), "{text}");
+    let value = |series| sample(&text, series);
+    assert_eq!(
+        value("fleetrun_items_total{result=\"succeeded\"}"),
+        Some(30.0)
+    );
+    assert_eq!(value("fleetrun_items_total{result=\"failed\"}"), Some(0.0));
+    assert_eq!(value("fleetrun_run_seconds_count"), Some(8.0), "{text}");
+    assert!(value("fleetrun_runner_starts_total") >= Some(1.0), "{text}");
+    assert_eq!(value("fleetrun_mini_batches_in_flight"), Some(0.0));
+    assert_eq!(value("fleetrun_ledger_errors_total"), Some(0.0));
+
+    let (status, _, body) = http_get(&fleet, &format!("{base}/healthz"));
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    drop(redis);
+    let (status, _, body) = http_get(&fleet, &format!("{base}/healthz"));
+    assert_eq!(status, 503, "{body}");
+    assert!(body.starts_with("ledger: "), "{body}");
+    assert!(!body.contains("broker"), "{body}");
+}
+
+/// With `FLEETRUN_LOG_FORMAT=json`, every line a worker writes is a JSON object, and the
+/// lines of its slots name the node.
+#[test]
+fn a_worker_logging_json_writes_only_json_lines() {
+    let mut fleet = Fleet::new(
+        "def run(mini_batch):\n    if any(p.endswith('f0003.txt') for p in mini_batch):\n        raise ValueError('bad item')\n    return [open(p).read() for p in mini_batch]\n",
+    );
+    fleet.inputs(10);
+    fleet.worker_with("j1", 1, &[("FLEETRUN_LOG_FORMAT", "json")], &[]);
+    // A mini-batch that raises every time: the worker logs its attempts (job, mini_batch).
+    let job = fleet.s3_job("mini_batch_size = 2\nrun_max_try = 2\nerror_threshold = -1");
+    assert_eq!(code(&fleet.submit(&job, &["--wait"])), 0);
+    // Its lines on stopping are part of what it writes.
+    let (_, mut worker) = fleet.workers.pop().unwrap();
+    // SAFETY: kill(2) with SIGTERM on our own child.
+    assert_eq!(unsafe { libc::kill(worker.id() as i32, libc::SIGTERM) }, 0);
+    assert!(exit_within(&mut worker, Duration::from_secs(60)).success());
+    let log = std::fs::read_to_string(fleet.path("j1.log")).unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}\n{log}"))
+        })
+        .collect();
+    let messages: Vec<&str> = lines
+        .iter()
+        .map(|l| l["message"].as_str().expect("every line has a message"))
+        .collect();
+    assert!(messages.contains(&"Worker serving."), "{log}");
+    assert!(messages.contains(&"Worker stopped."), "{log}");
+    let requeued = lines
+        .iter()
+        .find(|l| l["message"] == "Attempt failed; requeueing.")
+        .unwrap_or_else(|| panic!("an attempt failed and was requeued:\n{log}"));
+    assert!(requeued["mini_batch"].is_u64(), "{log}");
+    assert!(
+        requeued["job"].as_str().unwrap().starts_with("fleet-"),
+        "{log}"
+    );
+    assert_eq!(requeued["span"]["node"], "j1", "{log}");
+    assert_eq!(requeued["level"], "INFO", "{log}");
+}
+
+/// A worker logging JSON that cannot start says why in JSON too.
+#[test]
+fn a_worker_logging_json_that_cannot_start_says_why_in_json() {
+    let fleet = Fleet::new(ECHO);
+    let mut cmd = Command::new(bin("fleetrun-worker"));
+    fleet.env(&mut cmd);
+    // Nothing listens on port 1.
+    cmd.env("FLEETRUN_REDIS_URL", "redis://127.0.0.1:1/")
+        .env("FLEETRUN_LOG_FORMAT", "json")
+        .args(["--node-id", "nowhere"])
+        .arg("--cache-dir")
+        .arg(fleet.path("cache-nowhere"));
+    let out = cmd.output().unwrap();
+    assert_eq!(code(&out), 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect();
+    let last = lines.last().expect("a line saying why");
+    assert_eq!(last["level"], "ERROR", "{stderr}");
+    assert!(
+        last["error"].as_str().unwrap().contains("Redis"),
+        "{stderr}"
+    );
+}

@@ -17,16 +17,23 @@
 //! - [`job`]: serving a pool's jobs from RabbitMQ, Redis and S3: settings, the job
 //!   registry's records, code shipping, watching and adopting jobs, finalizing them, the
 //!   dead-letter recorder.
+//! - [`metrics`]: the node's Prometheus metrics (mini-batches and items by result, `run()`
+//!   seconds, runner starts and deaths, ledger and broker errors).
+//! - [`endpoints`]: `--metrics-addr`'s HTTP endpoints, `/metrics` and `/healthz`.
+//! - [`log_format`]: the worker's and `fleetrun`'s own log lines, text or JSON.
 //! - [`shutdown`]: a worker's stop on signals: drain first, then stop at once.
 //! - `testing` (tests, and the `testing` feature): a fake runner for the flow tests.
 //!
 //! The runner process itself (embedded Python) is the `fleetrun-runner` crate.
 
 pub mod agent;
+pub mod endpoints;
 pub mod gpu;
 pub mod ip;
 pub mod job;
+pub mod log_format;
 pub mod logs;
+pub mod metrics;
 pub mod monitor;
 pub mod node;
 pub mod output;

@@ -2,15 +2,19 @@
 //! SIGTERM (or Ctrl-C) drains: no new mini-batches, the ones in hand finish or go back to
 //! the queue; a second signal, or the drain timeout, stops at once.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::Parser;
 use fleetrun_common::report::one_line;
 use fleetrun_worker::agent;
+use fleetrun_worker::endpoints::{self, Observed};
 use fleetrun_worker::job::{self, Fleet, FleetArgs, WorkerConfig};
+use fleetrun_worker::log_format::{self, LogFormat};
+use fleetrun_worker::metrics::Metrics;
 use fleetrun_worker::node;
 use fleetrun_worker::process::find_runner_exe;
 use fleetrun_worker::shutdown;
@@ -49,27 +53,32 @@ struct Cli {
     /// Seconds to finish the mini-batches in hand after SIGTERM before stopping at once.
     #[arg(long, env = "FLEETRUN_DRAIN_TIMEOUT", default_value_t = 600)]
     drain_timeout: u64,
+    /// Serve `/metrics` (Prometheus) and `/healthz` on this address, e.g. `0.0.0.0:9464`
+    /// (port 0: any free port; the log says which). Off when unset.
+    #[arg(long, env = "FLEETRUN_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    use tracing_subscriber::{EnvFilter, fmt};
-    let filter = EnvFilter::try_from_env("FLEETRUN_LOG")
-        // lapin logs the broker's errors in its own Debug form; fleetrun says what they mean.
-        .unwrap_or_else(|_| EnvFilter::new("info,lapin=off"));
-    // Colour for a person at a terminal only, and never under NO_COLOR (no-color.org).
-    let ansi = std::io::stderr().is_terminal()
-        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .init();
+    // lapin logs the broker's errors in its own Debug form; fleetrun says what they mean.
+    let format = match log_format::init("info,lapin=off", true) {
+        Ok(format) => format,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     match runtime.block_on(serve(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", one_line(e.as_ref()));
+            let error = one_line(e.as_ref());
+            match format {
+                // A collector reads every line as JSON: the last one too.
+                LogFormat::Json => tracing::error!(%error, "Worker stopped on an error."),
+                LogFormat::Text => eprintln!("error: {error}"),
+            }
             ExitCode::FAILURE
         }
     }
@@ -101,10 +110,35 @@ async fn serve(cli: Cli) -> anyhow::Result<()> {
         node_id,
         warm_job: None,
         sole_node: false,
+        metrics: Arc::new(match cli.metrics_addr {
+            Some(_) => Metrics::new().with_gpus(),
+            None => Metrics::new(),
+        }),
     };
     tracing::info!(node = %config.node_id, pool = %fleet.pool, processes = config.processes, "Worker serving.");
     let drain = CancellationToken::new();
     let abort = CancellationToken::new();
+    let stopped = CancellationToken::new();
+    let endpoints = match cli.metrics_addr {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} for metrics"))?;
+            let addr = listener.local_addr()?;
+            tracing::info!(node = %config.node_id, %addr, "Metrics on http://{addr}.");
+            let observed = Observed {
+                metrics: config.metrics.clone(),
+                ledger: fleet.ledger.clone(),
+                queue: fleet.queue.clone(),
+            };
+            Some(tokio::spawn(endpoints::serve(
+                listener,
+                observed,
+                stopped.clone(),
+            )))
+        }
+        None => None,
+    };
     let (signalled, signals) = tokio::sync::mpsc::channel(4);
     tokio::spawn(async move {
         loop {
@@ -124,6 +158,12 @@ async fn serve(cli: Cli) -> anyhow::Result<()> {
     let cache_dir = config.cache_dir.clone();
     job::serve(config, fleet, drain, abort).await;
     signals.abort();
+    stopped.cancel();
+    if let Some(endpoints) = endpoints
+        && let Ok(Err(e)) = endpoints.await
+    {
+        tracing::warn!(error = %e, "The metrics endpoint failed.");
+    }
     if scratch
         && let Err(e) = std::fs::remove_dir_all(&cache_dir)
         && e.kind() != std::io::ErrorKind::NotFound

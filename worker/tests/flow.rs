@@ -17,6 +17,7 @@ use fleetrun_config::MiniBatchSize;
 use fleetrun_worker::agent::DEFAULT_PREFETCH;
 use fleetrun_worker::job::{self, Fleet, JobRecord, WorkerConfig};
 use fleetrun_worker::logs;
+use fleetrun_worker::metrics::Metrics;
 use fleetrun_worker::testing::{FakeLauncher, Init, Run};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -65,6 +66,8 @@ struct Flow {
     started: Instant,
     /// Every event of the job's state, as a service bound to them hears them.
     heard: tokio::sync::broadcast::Receiver<JobEvent>,
+    /// What the worker counted, as its `/metrics` shows it.
+    metrics: Arc<Metrics>,
 }
 
 impl Flow {
@@ -140,7 +143,9 @@ impl Flow {
             gpus: 0,
             warm_job: options.warm.then(|| JOB.to_owned()),
             sole_node: options.sole_node,
+            metrics: Arc::new(Metrics::new()),
         };
+        let metrics = config.metrics.clone();
         let drain = CancellationToken::new();
         let abort = CancellationToken::new();
         let worker = tokio::spawn(job::serve(
@@ -158,7 +163,19 @@ impl Flow {
             worker: Some(worker),
             started: Instant::now(),
             heard,
+            metrics,
         }
+    }
+
+    /// The value of one of the worker's metrics, as `/metrics` shows it
+    /// (`fleetrun_mini_batches_total{result="raised"}`).
+    fn metric(&self, series: &str) -> f64 {
+        let text = self.metrics.encode();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+            .parse()
+            .unwrap()
     }
 
     /// The events heard until the job's end was: each state the job moved to, in order.
@@ -200,6 +217,7 @@ impl Flow {
             gpus: 0,
             warm_job: None,
             sole_node: false,
+            metrics: Default::default(),
         };
         let abort = CancellationToken::new();
         let worker = tokio::spawn(job::serve(
@@ -326,6 +344,17 @@ async fn a_mini_batch_raising_every_time_fails_whole_after_run_max_try_attempts(
         )
     );
     assert_eq!(flow.output(), "f00.txt\nf01.txt\nf04.txt\nf05.txt\n");
+    let result = |r| format!("fleetrun_mini_batches_total{{result=\"{r}\"}}");
+    assert_eq!(flow.metric(&result("succeeded")), 2.0);
+    assert_eq!(flow.metric(&result("raised")), 3.0);
+    assert_eq!(flow.metric(&result("failed_whole")), 1.0);
+    // Items are counted for the mini-batches whose run() returned.
+    assert_eq!(
+        flow.metric("fleetrun_items_total{result=\"succeeded\"}"),
+        4.0
+    );
+    assert_eq!(flow.metric("fleetrun_run_seconds_count"), 5.0);
+    assert_eq!(flow.metric("fleetrun_mini_batches_in_flight"), 0.0);
 }
 
 /// A `run()` that hangs is killed at exactly `run_invocation_timeout` and the mini-batch
@@ -358,6 +387,12 @@ async fn a_hung_run_is_killed_at_run_invocation_timeout_and_retried() {
     assert_contains(&report, "\n0,1,timeout,1,0,0,0,process000,");
     assert_contains(&report, "\n0,2,succeeded,1,1,0,0,process001,");
     assert_eq!(flow.output(), "f00.txt\n");
+    let result = |r| format!("fleetrun_mini_batches_total{{result=\"{r}\"}}");
+    assert_eq!(flow.metric(&result("timeout")), 1.0);
+    assert_eq!(flow.metric(&result("succeeded")), 1.0);
+    assert_eq!(flow.metric("fleetrun_runner_starts_total"), 2.0);
+    // Killed at the timeout, it did not die of itself.
+    assert_eq!(flow.metric("fleetrun_runner_deaths_total"), 0.0);
 }
 
 /// Runs four one-file mini-batches, of which 1 and 2 raise, under `settings`.
@@ -749,6 +784,17 @@ async fn the_log_files_tell_what_happened() {
     assert_eq!(
         flow.output(),
         "f00.txt\nf01.txt\nf02.txt\nf03.txt\nf04.txt\nf05.txt\n"
+    );
+    // The worker's metrics count the same attempts.
+    let result = |r| format!("fleetrun_mini_batches_total{{result=\"{r}\"}}");
+    assert_eq!(flow.metric(&result("succeeded")), 3.0);
+    assert_eq!(flow.metric(&result("raised")), 3.0);
+    assert_eq!(flow.metric(&result("died")), 1.0);
+    assert_eq!(flow.metric(&result("failed_whole")), 1.0);
+    assert_eq!(flow.metric("fleetrun_runner_deaths_total"), 1.0);
+    assert_eq!(
+        flow.metric("fleetrun_items_total{result=\"succeeded\"}"),
+        6.0
     );
 
     let result = flow.log(logs::JOB_RESULT);

@@ -34,6 +34,8 @@ impl Slot {
         consumer: &mut Box<dyn Consumer>,
     ) -> Verdict {
         let node = self.config().node_id.clone();
+        let metrics = self.config().metrics.clone();
+        let _in_flight = metrics.in_flight();
         let process = self.runner.as_ref().map_or("_main", |a| a.name.as_str());
         let holding = Holding::new(&node, process, attempt);
         holding::started(ctx, batch, &holding).await;
@@ -55,6 +57,7 @@ impl Slot {
                         ),
                     );
                     let cause = format!("staging inputs failed: {e}");
+                    metrics.mini_batch("staging_failed");
                     let row = report_row(
                         batch,
                         &holding,
@@ -138,6 +141,8 @@ impl Slot {
                 } else {
                     "succeeded"
                 };
+                metrics.mini_batch(result);
+                metrics.run_took(timing.run_seconds);
                 let row = report_row(
                     batch,
                     &holding,
@@ -182,6 +187,8 @@ impl Slot {
                 }))
             }
             RunOutcome::Raised { error, timing } => {
+                metrics.mini_batch("raised");
+                metrics.run_took(timing.run_seconds);
                 self.script_error(ctx, &process, batch, attempt, &error);
                 let row = report_row(
                     batch,
@@ -203,6 +210,7 @@ impl Slot {
                 }
                 let (result, main_line, cause) = match lost {
                     RunOutcome::Died(status) => {
+                        metrics.runner_died();
                         let code = returncode(&status);
                         (
                             "died",
@@ -224,6 +232,7 @@ impl Slot {
                         )
                     }
                 };
+                metrics.mini_batch(result);
                 ctx.logs.log(logs::JobLogs::node_main(&node), &main_line);
                 ctx.logs
                     .log(logs::JobLogs::sys_error(&node, &process), &main_line);
@@ -278,12 +287,15 @@ impl Slot {
         cause: &str,
         row: Option<&str>,
     ) -> bool {
+        let metrics = &self.config().metrics;
         match record_failed_batch(ctx, batch, attempts, cause, row).await {
             Ok(recorded) => {
+                metrics.mini_batch("failed_whole");
                 report_recorded(&self.shared, ctx, recorded.transitioned, recorded.status);
                 true
             }
             Err(e) => {
+                // Its part or its record: not told apart here, so not counted as the ledger's.
                 warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Recording a failed mini-batch failed; requeueing.");
                 false
             }
@@ -366,12 +378,17 @@ async fn record_outcome(
     part: Option<&str>,
     row: &str,
 ) -> bool {
+    let metrics = &shared.agent.config.metrics;
     match ctx.job.record(index, outcome, part, Some(row)).await {
         Ok(recorded) => {
+            if recorded.first {
+                metrics.items(outcome.succeeded, outcome.failed);
+            }
             report_recorded(shared, ctx, recorded.transitioned, recorded.status);
             true
         }
         Err(e) => {
+            metrics.ledger_error();
             warn!(job = %ctx.job.id(), mini_batch = index, error = %e, "Recording in the ledger failed; requeueing.");
             false
         }

@@ -32,7 +32,7 @@ use fleetrun_common::queue::Queue;
 use fleetrun_common::storage::Storage;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{Instrument, warn};
 
 use crate::gpu::GpuPool;
 use crate::job::Job;
@@ -78,6 +78,8 @@ pub struct AgentConfig {
     pub warm_job: Option<String>,
     /// GPUs on this node, handed to runners one index each (CONTRACT.md §3).
     pub gpus: usize,
+    /// What the node counts, for `/metrics`.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// A job as a node sees it: the job (its spec as staged here, its output and parts, the
@@ -249,7 +251,9 @@ pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToke
             drain: drain.clone(),
             finishing: tokio::task::JoinSet::new(),
         };
-        slots.spawn(slot.run(drain.clone(), abort.clone()));
+        // Every line a slot logs names its node: one worker's lines among a fleet's.
+        let span = tracing::info_span!("slot", node = %shared.agent.config.node_id, slot = index);
+        slots.spawn(slot.run(drain.clone(), abort.clone()).instrument(span));
     }
     while let Some(result) = slots.join_next().await {
         if let Err(e) = result {

@@ -187,6 +187,7 @@ impl Slot {
                     ),
                 );
                 ctx.monitor.runner_started(&name, info.pid);
+                self.config().metrics.runner_started();
                 self.runner = Some(Active {
                     job: ctx.job.id().to_owned(),
                     name,
@@ -243,6 +244,7 @@ impl Slot {
                 &format!("{name} failed to start: {failure}"),
             );
         }
+        self.config().metrics.runner_start_failed();
         let failures = ctx.init_failures.fetch_add(1, Ordering::Relaxed) + 1;
         let processes = ctx.seats.cap() as u32;
         warn!(job = %ctx.job.id(), process = %name, failures, "Runner failed to start: {failure}");

@@ -7,11 +7,12 @@ use std::time::Duration;
 use fleetrun_common::queue::{Consumer, Delivery, Disposition};
 use fleetrun_common::wire::MiniBatch;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use super::ahead::Ahead;
 use super::runner::Active;
 use super::{AgentConfig, JobContext, Shared};
+use crate::metrics::Metrics;
 use crate::process::returncode;
 
 /// How long a node that gave up on a job holds one of its mini-batches before handing it back.
@@ -62,6 +63,7 @@ impl Slot {
         let mut consumer = match queue.consume(self.config().prefetch).await {
             Ok(c) => c,
             Err(e) => {
+                self.config().metrics.broker_error();
                 warn!(slot = self.index, error = %e, "Cannot consume; slot stops.");
                 return;
             }
@@ -130,6 +132,7 @@ impl Slot {
                     }
                 }
                 Err(e) => {
+                    self.config().metrics.broker_error();
                     warn!(slot = self.index, error = %e, "Consuming failed; retrying.");
                     tokio::select! {
                         _ = drain.cancelled() => break,
@@ -263,15 +266,18 @@ impl Slot {
             Verdict::Settle(d) => d,
             Verdict::Drop => Disposition::Ack,
             Verdict::Finish(work) => {
-                let slot = self.index;
-                self.finishing.spawn(async move {
-                    let disposition = work.await;
-                    settle(slot, delivery, disposition).await;
-                });
+                let (slot, metrics) = (self.index, self.config().metrics.clone());
+                self.finishing.spawn(
+                    async move {
+                        let disposition = work.await;
+                        settle(slot, &metrics, delivery, disposition).await;
+                    }
+                    .in_current_span(),
+                );
                 return;
             }
         };
-        settle(self.index, delivery, disposition).await;
+        settle(self.index, &self.config().metrics, delivery, disposition).await;
     }
 }
 
@@ -282,10 +288,13 @@ async fn pause(slot: usize, consumer: &mut Box<dyn Consumer>) {
     }
 }
 
-async fn settle(slot: usize, delivery: Delivery, disposition: Disposition) {
+async fn settle(slot: usize, metrics: &Metrics, delivery: Delivery, disposition: Disposition) {
     match delivery.settle(disposition).await {
         Ok(true) => {}
         Ok(false) => info!(slot, "Settlement not delivered; the broker will redeliver."),
-        Err(e) => warn!(slot, error = %e, "Settling a delivery failed."),
+        Err(e) => {
+            metrics.broker_error();
+            warn!(slot, error = %e, "Settling a delivery failed.");
+        }
     }
 }

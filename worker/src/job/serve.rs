@@ -49,6 +49,7 @@ pub async fn serve(
                 staging_dir: config.cache_dir.join("staging"),
                 warm_job: config.warm_job.clone(),
                 gpus: config.gpus,
+                metrics: config.metrics.clone(),
             },
             queue: fleet.queue.clone(),
             ledger: fleet.ledger.clone(),

@@ -173,6 +173,8 @@ pub struct WorkerConfig {
     /// This worker is the job's only node (`fleetrun run`): its log files take the names
     /// CONTRACT §7 gives them, with no node id in them.
     pub sole_node: bool,
+    /// What the node counts, for `/metrics`.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// The job's input as storage. A local output folder inside a local input folder (or a

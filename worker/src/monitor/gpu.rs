@@ -24,6 +24,11 @@ impl GpuProbe {
         GpuProbe { nvml }
     }
 
+    /// Whether the node has NVML (else [`GpuProbe::sample`] is always empty).
+    pub fn has_nvml(&self) -> bool {
+        self.nvml.is_some()
+    }
+
     /// Utilisation and memory of each GPU; a reading the driver refuses is left empty.
     pub fn sample(&self) -> Vec<GpuSample> {
         let Some(nvml) = &self.nvml else {

@@ -31,6 +31,8 @@ mod gpu;
 mod sample;
 
 pub use files::{DISK_FILE, GPU_FILE, NODE_FILE, PROCESSES_FILE, perf_dir};
+pub use gpu::GpuProbe;
+pub use sample::GpuSample;
 use sample::{Sample, Sampler};
 
 /// The runner processes of a job on this node, by name and pid (each leads its process
