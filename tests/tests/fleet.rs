@@ -492,7 +492,7 @@ fn threshold_stops_every_worker_and_leaves_nothing_queued() {
             d.ready == 0 && d.unacked == Some(0)
         },
     );
-    let result = String::from_utf8_lossy(&fleet.output("out/logs/job_result.txt")).into_owned();
+    let result = fleet.job_result("out");
     assert!(result.contains("Result: Failed"), "{result}");
     // Promptly: with nothing left queued or held, no mini-batch started more than a few
     // seconds after `submit --wait` saw the job fail, and far fewer than the 300 ran.
@@ -732,7 +732,7 @@ fn init_failures_over_the_fleet_fail_the_job_after_two_minutes() {
         exit_within(&mut stalled, Duration::from_secs(240)).code(),
         Some(42)
     );
-    let result = String::from_utf8_lossy(&fleet.output("stalled/logs/job_result.txt")).into_owned();
+    let result = fleet.job_result("stalled");
     assert!(result.contains("Result: Failed"), "{result}");
     assert!(
         result.contains("no mini-batch has ended on any node"),
@@ -748,7 +748,7 @@ fn init_failures_over_the_fleet_fail_the_job_after_two_minutes() {
         submitted.elapsed() > Duration::from_secs(120),
         "failed only once the job had run two minutes"
     );
-    let result = String::from_utf8_lossy(&fleet.output("out/logs/job_result.txt")).into_owned();
+    let result = fleet.job_result("out");
     assert!(result.contains("Result: Failed"), "{result}");
     assert!(
         result.contains("runner processes failed to start over the job (the limit is 4"),
@@ -1163,6 +1163,17 @@ impl Fleet {
             .unwrap();
         assert_eq!(code(&run), 0);
         std::fs::read(self.path("local-out/parallel_run_step.txt")).unwrap()
+    }
+
+    /// `<out>/logs/job_result.txt`, waited for: whoever ends a job writes its results just
+    /// after the ledger says it ended (`job_result.txt` last), so a submitter may be told
+    /// first.
+    fn job_result(&self, out: &str) -> String {
+        let s3 = self.storage(&format!("{out}/logs"));
+        wait_for("the job's results", Duration::from_secs(30), || {
+            self.runtime.block_on(s3.get("job_result.txt")).is_ok()
+        });
+        self.text(&format!("{out}/logs/job_result.txt"))
     }
 
     fn text(&self, key: &str) -> String {
@@ -1666,7 +1677,7 @@ fn a_side_input_that_cannot_be_staged_fails_the_job() {
     std::fs::write(&job, text).unwrap();
     let out = fleet.submit(&job, &["--wait"]);
     assert_eq!(code(&out), 42);
-    let result = String::from_utf8_lossy(&fleet.output("out/logs/job_result.txt")).into_owned();
+    let result = fleet.job_result("out");
     assert!(
         result.contains("side_inputs or models cannot be staged on node w1")
             && result.contains("no/such/prefix"),
