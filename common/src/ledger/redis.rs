@@ -214,17 +214,6 @@ end
 return {first, moved, redis.call('HGETALL', KEYS[1])}
 "#;
 
-/// KEYS: state, holders. ARGV: index, holder. Returns nil for an unknown job, else
-/// `{holder before}` (false for none), and notes `holder`.
-const ATTEMPT_STARTED_LUA: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 0 then return nil end
-local before = redis.call('HGET', KEYS[2], ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
-return {before}
-"#;
-
 /// KEYS: state, holders, report. ARGV: index, row ('' for none), call id. Returns nil for
 /// an unknown job, else `{holder before}` (false for none); keeps the row once per call
 /// (a retried call finds its id noted) and forgets the holder.
@@ -308,7 +297,6 @@ fn script(body: &str) -> Script {
 static CREATE: LazyLock<Script> = LazyLock::new(|| script(CREATE_LUA));
 static SEAL: LazyLock<Script> = LazyLock::new(|| script(SEAL_LUA));
 static RECORD: LazyLock<Script> = LazyLock::new(|| script(RECORD_LUA));
-static ATTEMPT_STARTED: LazyLock<Script> = LazyLock::new(|| script(ATTEMPT_STARTED_LUA));
 static ATTEMPT_ENDED: LazyLock<Script> = LazyLock::new(|| script(ATTEMPT_ENDED_LUA));
 static TRANSITION: LazyLock<Script> = LazyLock::new(|| script(TRANSITION_LUA));
 static CLAIM: LazyLock<Script> = LazyLock::new(|| script(CLAIM_LUA));
@@ -532,22 +520,34 @@ impl Ledger for RedisLedger {
         holder: &str,
     ) -> Result<Option<String>, LedgerError> {
         let keys = self.keys(job);
-        // A retry finds this call's own holder noted: it is not another's.
-        let reply: Option<(Option<String>,)> = retrying("attempt_started", job, || {
+        // Three plain commands in one round trip, not a script: this runs once per attempt,
+        // and a script costs Redis several times their CPU. Not atomic, and need not be:
+        // only a lost attempt's holder, never a live one's, is ever read back. A retry finds
+        // this call's own holder noted: it is not another's.
+        let (known, before, _): (bool, Option<String>, i64) =
+            retrying("attempt_started", job, || {
+                let mut conn = self.conn.clone();
+                let keys = &keys;
+                async move {
+                    redis::pipe()
+                        .exists(&keys.state)
+                        .hget(&keys.holders, index)
+                        .hset(&keys.holders, index, holder)
+                        .query_async(&mut conn)
+                        .await
+                }
+            })
+            .await?;
+        if !known {
+            // The holder just noted would outlive a job the ledger has forgotten.
             let mut conn = self.conn.clone();
-            let keys = &keys;
-            async move {
-                ATTEMPT_STARTED
-                    .key(&keys.state)
-                    .key(&keys.holders)
-                    .arg(index)
-                    .arg(holder)
-                    .invoke_async(&mut conn)
-                    .await
-            }
-        })
-        .await?;
-        let (before,) = reply.ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+            let _: Result<i64, _> = redis::cmd("HDEL")
+                .arg(&keys.holders)
+                .arg(index)
+                .query_async(&mut conn)
+                .await;
+            return Err(LedgerError::UnknownJob(job.to_owned()));
+        }
         Ok(before.filter(|before| before != holder))
     }
 
