@@ -2046,7 +2046,7 @@ fn a_listener_bound_to_the_events_exchange_hears_each_change_once() {
     let mut fleet = Fleet::new(RAISES_ON_F0003);
     fleet.inputs(20);
     fleet.worker("w1", 2);
-    let (channel, queue) = fleet.runtime.block_on(async {
+    let (_connection, channel, queue) = fleet.runtime.block_on(async {
         let connection =
             lapin::Connection::connect(&fleet.amqp_url, lapin::ConnectionProperties::default())
                 .await
@@ -2072,8 +2072,7 @@ fn a_listener_bound_to_the_events_exchange_hears_each_change_once() {
             )
             .await
             .unwrap();
-        std::mem::forget(connection);
-        (channel, name)
+        (connection, channel, name)
     });
     let settings = "mini_batch_size = 5\nrun_max_try = 1";
     let completes = fleet.s3_job(&format!("{settings}\nerror_threshold = -1"));
