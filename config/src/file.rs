@@ -64,6 +64,11 @@ pub struct JobFile {
     /// Attempts of `run()` per mini-batch (1–100).
     #[serde(default = "default::run_max_try")]
     pub run_max_try: i64,
+    /// A mini-batch of several items that failed its `run_max_try` attempts is split in
+    /// halves, each run again, down to the items that fail alone (false: the mini-batch fails
+    /// whole, as in ParallelRunStep).
+    #[serde(default = "default::isolate_failures")]
+    pub isolate_failures: bool,
     /// Seconds one `run()` call may take (1 to a year).
     #[serde(default = "default::run_invocation_timeout")]
     pub run_invocation_timeout: i64,
@@ -347,6 +352,10 @@ pub mod default {
     pub(super) const fn allowed_failed_percent() -> f64 {
         100.0
     }
+    pub(super) const fn isolate_failures() -> bool {
+        true
+    }
+
     pub(super) const fn run_max_try() -> i64 {
         3
     }

@@ -71,6 +71,10 @@ pub struct JobSpec {
     pub allowed_failed_percent: f64,
     /// Attempts of `run()` per mini-batch (at least 1).
     pub run_max_try: u32,
+    /// Split a mini-batch of several items that failed its attempts, down to the items that
+    /// fail alone. A job recorded before this field isolates.
+    #[serde(default = "yes")]
+    pub isolate_failures: bool,
     /// Seconds one `run()` call may take (at least 1).
     pub run_invocation_timeout: u64,
     /// Worker machines to run on (at least 1).
@@ -136,6 +140,10 @@ fn named_or_listed<'de, D: serde::Deserializer<'de>>(
             .map(|location| (location.last_component(), location))
             .collect(),
     })
+}
+
+const fn yes() -> bool {
+    true
 }
 
 const fn space() -> u8 {

@@ -141,6 +141,7 @@ impl JobFile {
             allowed_failed_count,
             allowed_failed_percent,
             run_max_try,
+            isolate_failures: self.isolate_failures,
             run_invocation_timeout,
             node_count,
             process_count_per_node,

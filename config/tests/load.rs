@@ -115,6 +115,7 @@ error_threshold = 7
 allowed_failed_count = 3
 allowed_failed_percent = 12.5
 run_max_try = 5
+isolate_failures = false
 run_invocation_timeout = 120
 node_count = 2
 process_count_per_node = 8
@@ -180,6 +181,7 @@ path = "./results/../out"
         allowed_failed_count: Some(3),
         allowed_failed_percent: 12.5,
         run_max_try: 5,
+        isolate_failures: false,
         run_invocation_timeout: 120,
         node_count: 2,
         process_count_per_node: Some(8),
@@ -224,6 +226,7 @@ fn a_minimal_job_file_gets_the_defaults() {
         allowed_failed_count: None,
         allowed_failed_percent: 100.0,
         run_max_try: 3,
+        isolate_failures: true,
         run_invocation_timeout: 60,
         node_count: 1,
         process_count_per_node: None,

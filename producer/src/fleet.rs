@@ -436,23 +436,33 @@ pub async fn wait(
     let mut bar = progress.then(|| Progress::new(&record.spec.name));
     let age = Duration::from_secs_f64((job::unix_now() - record.submitted_at).max(0.0));
     let mut rules = StopRules::new(&record.spec, age);
+    let mut outage = false;
     loop {
-        let status = fleet
-            .ledger
-            .status(job)
-            .await?
-            .ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+        let status = match fleet.ledger.status(job).await {
+            Ok(Some(status)) => status,
+            Ok(None) => return Err(LedgerError::UnknownJob(job.to_owned()).into()),
+            Err(e) => {
+                // The workers pause through a ledger outage, and so does the waiting.
+                if !std::mem::replace(&mut outage, true) {
+                    tracing::warn!(job = %job, error = %e, "The ledger does not answer; waiting for it.");
+                }
+                tokio::select! {
+                    _ = interrupt.cancelled() => return Err(e.into()),
+                    _ = tokio::time::sleep(POLL) => continue,
+                }
+            }
+        };
+        outage = false;
         if status.state.is_terminal() {
             if let Some(b) = &bar {
                 b.finish();
             }
             return Ok(status);
         }
-        if let Some(reason) = rules.check(&status, job::serving(fleet, &status).await) {
-            Job::open(fleet, job, record)
-                .await?
-                .fail(&reason, None)
-                .await?;
+        if let Some(stop) = rules.check(&status, job::serving(fleet, &status).await) {
+            let handle = Job::open(fleet, job, record).await?;
+            let reason = handle.stop_reason(stop).await;
+            handle.fail(&reason, None).await?;
             continue;
         }
         if let Some(b) = bar.as_mut() {

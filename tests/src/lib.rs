@@ -180,6 +180,24 @@ pub fn wait_with_output_within(mut child: Child, limit: Duration) -> Output {
     }
 }
 
+/// The inputs a poison script raises for (`f0017`, `f0333`, `f0998`), each with the
+/// message `poison fNNNN`.
+pub const POISONED: [usize; 3] = [17, 333, 998];
+
+/// `failed_items.csv` lists exactly the files of `POISONED`, in order, each with its own
+/// error.
+pub fn assert_failed_alone(failed_items: &str, poisoned: &[usize]) {
+    let listed: Vec<&str> = failed_items.lines().skip(1).collect();
+    assert_eq!(listed.len(), poisoned.len(), "{failed_items}");
+    for (line, i) in listed.iter().zip(poisoned) {
+        let name = format!("f{i:04}");
+        assert!(
+            line.contains(&format!("/{name}.txt,")) && line.ends_with(&format!("poison {name}")),
+            "{line}"
+        );
+    }
+}
+
 /// Lines `f0000`…: what a script echoing each file's content returns for `n` inputs.
 pub fn expected_lines(n: usize, skip: impl Fn(usize) -> bool) -> Vec<String> {
     (0..n)
@@ -361,6 +379,26 @@ impl PrivateRedis {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Freezes the server (SIGSTOP): it keeps its connections and answers nothing until
+    /// [`PrivateRedis::thaw`].
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen server go on (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let sent = Command::new("kill")
+            .arg(signal)
+            .arg(self.server.id().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "kill {signal} redis-server");
     }
 
     /// Whether the server answers a `PING`.

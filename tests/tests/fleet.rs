@@ -15,7 +15,8 @@ use fleetrun_common::storage::Storage;
 use fleetrun_common::storage::s3::{S3Settings, S3Storage};
 use fleetrun_common::testing::random_suffix;
 use fleetrun_tests::{
-    PrivateRabbitMq, PrivateRedis, bin, code, expected_lines, services, wait_for,
+    POISONED, PrivateRabbitMq, PrivateRedis, assert_failed_alone, bin, code, expected_lines,
+    services, wait_for,
 };
 use futures::TryStreamExt;
 
@@ -364,20 +365,29 @@ fn a_worker_killed_mid_job_with_local_output_loses_and_duplicates_nothing() {
     );
 }
 
-/// The same with one attempt per mini-batch: the output and `failed_items.csv` are disjoint
-/// and together cover the input, and the job's one report has a row for every attempt, the
-/// killed worker's included: those it ended before it died, and those it held as it died,
-/// reported lost, naming it, by the worker that found them.
+/// The same with one attempt per mini-batch and no failure allowed: the attempts lost with
+/// the worker are not the script's, so the job completes with every line once, in order,
+/// and nothing failed; the job's one report has a row for every attempt, the killed
+/// worker's included: those it ended before it died, and those it held as it died, reported
+/// lost, naming it, by the worker that found them; each mini-batch succeeded once.
 #[test]
-fn a_worker_killed_with_one_attempt_lists_what_failed_and_reports_every_attempt() {
+fn a_worker_killed_with_one_attempt_costs_no_item_and_reports_every_attempt() {
     let (fleet, markers) = kill_a_worker_mid_job(|fleet| {
-        fleet.s3_job("mini_batch_size = 5\nrun_max_try = 1\nnode_count = 2")
+        fleet.s3_job("mini_batch_size = 5\nrun_max_try = 1\nerror_threshold = 0\nnode_count = 2")
     });
     let output = lines(&fleet.output("out/parallel_run_step.txt"));
-    assert_output_and_failed_items_cover(&fleet, &output, 150);
+    assert_eq!(output, expected_lines(150, |_| false));
+    assert!(
+        fleet
+            .runtime
+            .block_on(fleet.storage("out/logs").get("failed_items.csv"))
+            .is_err(),
+        "nothing failed"
+    );
     let rows = assert_every_run_reported(&fleet, &markers.path().join("runs"), &output);
     for (index, rows) in &rows {
-        assert_eq!(rows.len(), 1, "one attempt of mini-batch {index}: {rows:?}");
+        let succeeded = rows.iter().filter(|(result, _)| result == "succeeded");
+        assert_eq!(succeeded.count(), 1, "mini-batch {index}: {rows:?}");
     }
     assert!(
         rows.values()
@@ -770,17 +780,56 @@ fn a_broker_restart_mid_job_loses_and_duplicates_nothing() {
     );
 }
 
-/// With one attempt per mini-batch, a broker restart fails the mini-batches whose only
-/// attempt it took: those, and only those, are listed as failed. A mini-batch that
-/// succeeded but whose acknowledgement the restart lost comes back past its attempts and is
-/// not listed. The output and the failed items are disjoint and together cover the input, and
-/// every run has its row in the report.
+/// With one attempt per mini-batch and no failure allowed, a broker restart costs nothing:
+/// the attempts it took were not the script's, so the job completes with every line once,
+/// in order, and nothing failed. A mini-batch that succeeded but whose acknowledgement the
+/// restart lost comes back and is not run into the output twice. Every run has its row in
+/// the report.
 #[test]
-fn a_broker_restart_with_one_attempt_lists_exactly_what_failed() {
-    let (_broker, fleet, markers) = restart_the_broker_mid_job("run_max_try = 1");
+fn a_broker_restart_with_one_attempt_costs_no_item() {
+    let (_broker, fleet, markers) =
+        restart_the_broker_mid_job("run_max_try = 1\nerror_threshold = 0");
     let output = lines(&fleet.output("out/parallel_run_step.txt"));
+    assert_eq!(output, expected_lines(200, |_| false));
     assert_output_and_failed_items_cover(&fleet, &output, 200);
     assert_every_run_reported(&fleet, &markers.path().join("runs"), &output);
+}
+
+/// Redis frozen (SIGSTOP) for 15 s in the middle of a job with one attempt per mini-batch
+/// and no failure allowed (a Redis of the test's own): the workers' ledger calls wait or
+/// fail, the work pauses and resumes, and the job completes with every line once, in
+/// order, and nothing failed: a ledger that does not answer spends no attempt.
+#[test]
+fn redis_frozen_for_15_s_with_one_attempt_costs_no_item() {
+    let redis = PrivateRedis::start();
+    let markers = tempfile::tempdir().unwrap();
+    let runs = markers.path().join("runs");
+    let script = format!(
+        "import os, time\nRUNS = {:?}\ndef run(mini_batch):\n    with open(RUNS, 'a') as f:\n        f.write(os.environ['FLEETRUN_NODE_ID'] + ' ' + os.path.basename(mini_batch[0]) + '\\n')\n    time.sleep(0.3)\n    return [open(p).read() for p in mini_batch]\n",
+        runs.display().to_string()
+    );
+    let mut fleet = Fleet::new(&script);
+    fleet.redis_url = redis.url();
+    fleet.inputs(200);
+    fleet.worker("w1", 1);
+    fleet.worker("w2", 1);
+    let job =
+        fleet.s3_job("mini_batch_size = 5\nrun_max_try = 1\nerror_threshold = 0\nnode_count = 2");
+    let mut submit = Submitted(fleet.spawn_submit(&job));
+    let started = || std::fs::read_to_string(&runs).map_or(0, |s| s.lines().count());
+    wait_for("a few mini-batches to run", Duration::from_secs(60), || {
+        started() >= 6
+    });
+    redis.freeze();
+    std::thread::sleep(Duration::from_secs(15));
+    redis.thaw();
+    assert_eq!(
+        exit_within(&mut submit.0, Duration::from_secs(180)).code(),
+        Some(0)
+    );
+    let output = lines(&fleet.output("out/parallel_run_step.txt"));
+    assert_eq!(output, expected_lines(200, |_| false));
+    assert_output_and_failed_items_cover(&fleet, &output, 200);
 }
 
 /// Checks that the output lines and the items of the job's `failed_items.csv` (none when
@@ -2122,7 +2171,8 @@ fn a_listener_bound_to_the_events_exchange_hears_each_change_once() {
     let (_, completed) = &heard[&name(&completes)][2];
     assert_eq!(completed["state"], "Completed");
     assert_eq!(completed["counts"]["total_mini_batches"], 4);
-    assert_eq!(completed["counts"]["failed_items"], 5);
+    // f0003 failed alone: its mini-batch's four other files were isolated from it.
+    assert_eq!(completed["counts"]["failed_items"], 1);
     assert!(
         completed["output"]
             .as_str()
@@ -2176,7 +2226,7 @@ fn programs_submit_wait_and_read_status_as_json_and_exit_codes() {
     let shown = json(&out);
     assert_eq!(shown["job_id"], ok.as_str());
     assert_eq!(shown["counts"]["total_mini_batches"], 4);
-    assert_eq!(shown["counts"]["failed_items"], 5);
+    assert_eq!(shown["counts"]["failed_items"], 1);
     let failed_items = format!("s3://{}/out/logs/failed_items.csv", fleet.bucket);
     assert_eq!(shown["failed_items"], failed_items.as_str());
     assert_eq!(shown["eta_seconds"], serde_json::Value::Null);
@@ -2426,6 +2476,28 @@ fn a_webhook_receiver_gets_a_signed_post_of_each_end() {
         );
     }
     assert!(!heard.contains("FORGED"), "{heard}");
+}
+
+/// Three poison files among a thousand on a fleet of two workers, inputs and output on S3:
+/// each costs only itself. The output holds the other 997 lines in input order and
+/// `failed_items.csv` names exactly the three, with their own errors.
+#[test]
+fn poison_files_are_isolated_on_a_fleet() {
+    let script = "POISON = {'f0017', 'f0333', 'f0998'}\n\ndef run(mini_batch):\n    names = [open(p).read() for p in mini_batch]\n    bad = POISON.intersection(names)\n    if bad:\n        raise ValueError('poison ' + min(bad))\n    return names\n";
+    let mut fleet = Fleet::new(script);
+    fleet.inputs(1000);
+    fleet.worker("w1", 2);
+    fleet.worker("w2", 1);
+    let job = fleet.s3_job("mini_batch_size = 10\nrun_max_try = 1\nerror_threshold = -1");
+    let out = fleet.submit(&job, &["--wait"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    fleet.job_result("out");
+    assert_eq!(
+        lines(&fleet.output("out/parallel_run_step.txt")),
+        expected_lines(1000, |i| POISONED.contains(&i))
+    );
+    let failed = fleet.output("out/logs/failed_items.csv");
+    assert_failed_alone(&String::from_utf8_lossy(&failed), &POISONED);
 }
 
 /// The first line a child prints on its piped stdout (an address it listens on), trimmed.

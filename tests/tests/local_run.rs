@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use fleetrun_tests::{JobDir, code, expected_lines, wait_for};
+use fleetrun_tests::{JobDir, POISONED, assert_failed_alone, code, expected_lines, wait_for};
 
 /// Returns each file's content; prints and logs so the log layout can be checked.
 const ECHO: &str = r#"
@@ -167,6 +167,76 @@ def run(mini_batch):
     );
     let report = job.log("sys/job_report/processed_mini-batches.csv");
     assert_eq!(report.lines().filter(|l| l.contains(",raised,")).count(), 8);
+}
+
+/// Raises for the mini-batch holding any of three poison files, and records every call.
+const POISON: &str = r#"
+import os, sys
+
+POISON = {"f0017", "f0333", "f0998"}
+
+def run(mini_batch):
+    names = [open(p).read() for p in mini_batch]
+    with open(os.environ["CALLS"], "a") as calls:
+        calls.write(f"{len(names)}\n")
+    bad = POISON.intersection(names)
+    if bad:
+        raise ValueError("poison " + min(bad))
+    return names
+"#;
+
+/// Three poison files among a thousand, in mini-batches of ten, cost only themselves: the
+/// output holds the other 997 lines in input order, `failed_items.csv` names exactly the
+/// three with their own errors, and the extra `run()` calls stay within `2⌈log₂ 10⌉` for
+/// each poisoned mini-batch.
+#[test]
+fn three_poison_files_among_a_thousand_cost_only_themselves() {
+    let calls = tempfile::NamedTempFile::new().unwrap();
+    let settings = format!(
+        "mini_batch_size = 10\nrun_max_try = 2\nerror_threshold = -1\nenvironment_variables = {{ CALLS = \"{}\" }}",
+        calls.path().display()
+    );
+    let job = JobDir::new(POISON, &settings);
+    job.inputs(1000);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        job.output_lines(),
+        expected_lines(1000, |i| POISONED.contains(&i))
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("997 items succeeded, 3 failed"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_failed_alone(&job.log("failed_items.csv"), &POISONED);
+    let calls = std::fs::read_to_string(calls.path()).unwrap();
+    // 100 mini-batches, 3 of them tried twice whole, then at most 8 isolation runs each.
+    let count = calls.lines().count();
+    assert!(
+        (100 + 3 + 3 * 2..=100 + 3 + 3 * 8).contains(&count),
+        "{count} calls"
+    );
+}
+
+/// `isolate_failures = false` keeps ParallelRunStep's behaviour: the poisoned mini-batches
+/// fail whole.
+#[test]
+fn without_isolation_a_poison_file_fails_its_whole_mini_batch() {
+    let calls = tempfile::NamedTempFile::new().unwrap();
+    let settings = format!(
+        "mini_batch_size = 10\nerror_threshold = -1\nisolate_failures = false\nenvironment_variables = {{ CALLS = \"{}\" }}",
+        calls.path().display()
+    );
+    let job = JobDir::new(POISON, &settings);
+    job.inputs(100);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0);
+    assert_eq!(
+        job.output_lines(),
+        expected_lines(100, |i| (10..20).contains(&i))
+    );
+    assert_eq!(job.log("failed_items.csv").lines().count(), 1 + 10);
 }
 
 #[test]

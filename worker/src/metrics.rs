@@ -23,7 +23,7 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 /// How a `run()` attempt of a mini-batch ended, as its row of the job's report says
 /// (`processed_mini-batches.csv`), and `failed_whole` for a mini-batch recorded failed once
 /// its attempts were spent or lost.
-pub const MINI_BATCH_RESULTS: [&str; 7] = [
+pub const MINI_BATCH_RESULTS: [&str; 8] = [
     "succeeded",
     "partial",
     "raised",
@@ -31,6 +31,7 @@ pub const MINI_BATCH_RESULTS: [&str; 7] = [
     "timeout",
     "staging_failed",
     "failed_whole",
+    "isolated",
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

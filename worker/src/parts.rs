@@ -57,9 +57,9 @@ pub trait Parts: Send + Sync {
     async fn clear(&self) -> Result<(), String>;
 }
 
-/// What a part the ledger names holds: a mini-batch's rows, or the lines of
-/// `failed_items.csv` for a mini-batch that failed whole. A failed mini-batch's reference
-/// carries this mark before the part's own.
+/// What the parts a ledger reference names hold: a mini-batch's rows, the lines of
+/// `failed_items.csv` for its failed items, or both (a mini-batch whose failed items were
+/// isolated). The failed items' part follows this mark, after the rows' part if any.
 const FAILED_ITEMS_MARK: char = '!';
 
 /// Which of the counted parts a join takes.
@@ -71,21 +71,29 @@ pub enum PartKind {
     FailedItems,
 }
 
-impl PartKind {
-    /// The reference to record in the ledger for a part of this kind stored as `part`.
-    pub fn reference(self, part: &str) -> String {
-        match self {
-            PartKind::Rows => part.to_owned(),
-            PartKind::FailedItems => format!("{FAILED_ITEMS_MARK}{part}"),
-        }
+/// The reference to record in the ledger for a mini-batch whose rows were stored as `rows`
+/// and its failed items' lines as `failed_items` (either may be absent); `None` for neither.
+pub fn reference(rows: Option<&str>, failed_items: Option<&str>) -> Option<String> {
+    match (rows, failed_items) {
+        (None, None) => None,
+        (Some(rows), None) => Some(rows.to_owned()),
+        (rows, Some(failed)) => Some(format!(
+            "{}{FAILED_ITEMS_MARK}{failed}",
+            rows.unwrap_or_default()
+        )),
     }
+}
 
-    /// The stored part a ledger reference names, if it is of this kind.
+impl PartKind {
+    /// The stored part of this kind a ledger reference names, if it names one.
     fn take(self, reference: String) -> Option<String> {
-        match (self, reference.strip_prefix(FAILED_ITEMS_MARK)) {
-            (PartKind::Rows, None) => Some(reference),
-            (PartKind::FailedItems, Some(part)) => Some(part.to_owned()),
-            _ => None,
+        let (rows, failed) = match reference.split_once(FAILED_ITEMS_MARK) {
+            Some((rows, failed)) => (rows, Some(failed)),
+            None => (reference.as_str(), None),
+        };
+        match self {
+            PartKind::Rows => Some(rows).filter(|r| !r.is_empty()).map(str::to_owned),
+            PartKind::FailedItems => failed.map(str::to_owned),
         }
     }
 }
@@ -556,6 +564,25 @@ mod tests {
             Err(PartError::Folder(e)) => assert_eq!(e.folder, folder),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_reference_names_the_rows_the_failed_items_or_both() {
+        use super::{PartKind, reference};
+        let take = |r: &Option<String>, kind: PartKind| r.clone().and_then(|r| kind.take(r));
+        let rows = reference(Some("w-1.seg@0+4"), None);
+        assert_eq!(take(&rows, PartKind::Rows).as_deref(), Some("w-1.seg@0+4"));
+        assert_eq!(take(&rows, PartKind::FailedItems), None);
+        let failed = reference(None, Some("w-1.seg@4+9"));
+        assert_eq!(take(&failed, PartKind::Rows), None);
+        assert_eq!(
+            take(&failed, PartKind::FailedItems).as_deref(),
+            Some("w-1.seg@4+9")
+        );
+        let both = reference(Some("a"), Some("b"));
+        assert_eq!(take(&both, PartKind::Rows).as_deref(), Some("a"));
+        assert_eq!(take(&both, PartKind::FailedItems).as_deref(), Some("b"));
+        assert_eq!(reference(None, None), None);
     }
 
     #[tokio::test]

@@ -317,16 +317,17 @@ fn counts(status: &Status) -> (u64, u64, u64, u64) {
     )
 }
 
-/// A mini-batch raising at every attempt fails whole after exactly `run_max_try`
-/// attempts: its items are listed in `failed_items.csv`, the others' rows are the output,
-/// and the job completes (no threshold is exceeded).
+/// Without isolation (ParallelRunStep's behaviour), a mini-batch raising at every attempt
+/// fails whole after exactly `run_max_try` attempts: its items are listed in
+/// `failed_items.csv`, the others' rows are the output, and the job completes (no threshold
+/// is exceeded).
 #[tokio::test(start_paused = true)]
 async fn a_mini_batch_raising_every_time_fails_whole_after_run_max_try_attempts() {
     let fake = FakeLauncher::new().run(|call| match call.mini_batch {
         1 => Run::Raise("bad input".into()),
         _ => Run::Rows,
     });
-    let settings = "mini_batch_size = 2\nrun_max_try = 3";
+    let settings = "mini_batch_size = 2\nrun_max_try = 3\nisolate_failures = false";
     let mut flow = Flow::start(&fake, settings, 6, Options::default()).await;
     let (status, _) = flow.end().await;
 
@@ -355,6 +356,108 @@ async fn a_mini_batch_raising_every_time_fails_whole_after_run_max_try_attempts(
     );
     assert_eq!(flow.metric("fleetrun_run_seconds_count"), 5.0);
     assert_eq!(flow.metric("fleetrun_mini_batches_in_flight"), 0.0);
+}
+
+/// Whether a `run()` call was given the file `name`.
+fn holds(call: &fleetrun_worker::testing::Call, name: &str) -> bool {
+    call.items.iter().any(|p| p.ends_with(name))
+}
+
+/// One bad file in a mini-batch of ten costs only itself: once the mini-batch has failed its
+/// attempts, its halves run again, down to the file that fails alone. The output keeps every
+/// other row in input order; `failed_items.csv` names the one file with its own error; the
+/// counts see one failed item; the extra `run()` calls stay within `2⌈log₂ 10⌉`.
+#[tokio::test(start_paused = true)]
+async fn one_bad_file_is_isolated_and_its_mini_batch_keeps_the_other_rows() {
+    let fake = FakeLauncher::new().run(|call| {
+        if holds(call, "f13.txt") {
+            Run::Raise("cannot read f13".into())
+        } else {
+            Run::Rows
+        }
+    });
+    let settings = "mini_batch_size = 10\nrun_max_try = 2";
+    let mut flow = Flow::start(&fake, settings, 20, Options::default()).await;
+    let (status, _) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(counts(&status), (2, 1, 19, 1));
+    let expected: String = (0..20)
+        .filter(|i| *i != 13)
+        .map(|i| format!("f{i:02}.txt\n"))
+        .collect();
+    assert_eq!(flow.output(), expected);
+    assert_eq!(
+        flow.log(logs::FAILED_ITEMS_CSV),
+        format!(
+            "{}\nf13.txt,1,2,cannot read f13\n",
+            logs::FAILED_ITEMS_HEADER
+        )
+    );
+    // Two attempts of the whole, then halves in input order, a failed one split before the
+    // next is run: 10-14 (fails), 10-12, 13-14 (fails), 13 (fails alone), 14, 15-19.
+    let tries = fake.tries(1);
+    let sizes: Vec<usize> = tries.iter().map(|t| t.call.items.len()).collect();
+    assert_eq!(sizes, [10, 10, 5, 3, 2, 1, 1, 5], "{tries:?}");
+    assert!(sizes.len() - 2 <= 2 * 4);
+    let report = flow.log(logs::REPORT_CSV);
+    assert_contains(&report, "\n1,2,isolated,10,9,1,");
+    assert_contains(&report, "isolating items 4-4 of 10: cannot read f13");
+    let result = |r| format!("fleetrun_mini_batches_total{{result=\"{r}\"}}");
+    assert_eq!(flow.metric(&result("isolated")), 1.0);
+    assert_eq!(flow.metric(&result("failed_whole")), 0.0);
+    assert_eq!(flow.metric("fleetrun_items_total{result=\"failed\"}"), 1.0);
+}
+
+/// A file whose `run()` hangs is isolated as one that raises: each run holding it is killed
+/// at `run_invocation_timeout`, a new runner takes the next piece, and only that file fails.
+#[tokio::test(start_paused = true)]
+async fn a_file_that_hangs_run_is_isolated_at_the_timeout() {
+    let fake = FakeLauncher::new().run(|call| {
+        if holds(call, "f02.txt") {
+            Run::Hang
+        } else {
+            Run::Rows
+        }
+    });
+    let settings = "mini_batch_size = 4\nrun_max_try = 1\nrun_invocation_timeout = 60";
+    let mut flow = Flow::start(&fake, settings, 4, Options::default()).await;
+    let (status, _) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(counts(&status), (1, 1, 3, 1));
+    assert_eq!(flow.output(), "f00.txt\nf01.txt\nf03.txt\n");
+    assert_eq!(
+        flow.log(logs::FAILED_ITEMS_CSV),
+        format!(
+            "{}\nf02.txt,0,1,run() exceeded run_invocation_timeout (60s); the process was killed\n",
+            logs::FAILED_ITEMS_HEADER
+        )
+    );
+    let results: Vec<&str> = fake.tries(0).iter().map(|t| t.result).collect();
+    assert_eq!(
+        results,
+        ["timed out", "rows", "timed out", "timed out", "rows"]
+    );
+}
+
+/// A job that asks for ParallelRunStep's behaviour (`isolate_failures = false`) and a
+/// mini-batch of one file are never split.
+#[tokio::test(start_paused = true)]
+async fn a_mini_batch_of_one_file_fails_alone_without_isolation_runs() {
+    let fake = FakeLauncher::new().run(|call| {
+        if holds(call, "f01.txt") {
+            Run::Raise("bad".into())
+        } else {
+            Run::Rows
+        }
+    });
+    let settings = "mini_batch_size = 1\nrun_max_try = 2";
+    let mut flow = Flow::start(&fake, settings, 3, Options::default()).await;
+    let (status, _) = flow.end().await;
+    assert_eq!(counts(&status), (3, 1, 2, 1));
+    assert_eq!(fake.tries(1).len(), 2);
+    assert_eq!(flow.output(), "f00.txt\nf02.txt\n");
 }
 
 /// A `run()` that hangs is killed at exactly `run_invocation_timeout` and the mini-batch
@@ -695,6 +798,38 @@ async fn node_count_nodes_take_the_job_and_another_takes_a_stopped_ones_place() 
     other.await.unwrap();
 }
 
+/// A worker lost mid-job spends none of the script's attempts: with `run_max_try = 1` and
+/// `error_threshold = 0`, the mini-batches it held (the one running, and those delivered
+/// to it but never started) run on the other worker and the job completes with nothing
+/// failed. Each mini-batch's report row numbers its attempt from the script's failures
+/// only.
+#[tokio::test(start_paused = true)]
+async fn a_lost_worker_spends_none_of_the_scripts_attempts() {
+    let run = |_: &fleetrun_worker::testing::Call| {
+        Run::After(Duration::from_secs(10), Box::new(Run::Rows))
+    };
+    let (first, second) = (FakeLauncher::new().run(run), FakeLauncher::new().run(run));
+    let options = Options {
+        sole_node: false,
+        ..Options::default()
+    };
+    let settings = "mini_batch_size = 1\nrun_max_try = 1\nerror_threshold = 0";
+    let mut flow = Flow::start(&first, settings, 6, options).await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(first.calls().len(), 1, "one run ended, the next running");
+    flow.stop_first_worker().await;
+    let (other, stop_other) = flow.another_worker(&second, "1", 1);
+    let (status, _) = flow.end().await;
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(counts(&status), (6, 0, 6, 0));
+    assert_eq!(second.calls().len(), 5);
+    let report = flow.log(logs::REPORT_CSV);
+    assert_eq!(report.matches(",1,succeeded,").count(), 6, "{report}");
+    assert!(!flow.log_path(logs::FAILED_ITEMS_CSV).exists());
+    stop_other.cancel();
+    other.await.unwrap();
+}
+
 /// A job whose runs hang longer than `progress_update_timeout` fails as stalled when that
 /// much time has passed without a mini-batch completing, and its hung run is killed.
 #[tokio::test(start_paused = true)]
@@ -705,8 +840,13 @@ async fn a_job_making_no_progress_fails_at_progress_update_timeout() {
     let mut flow = Flow::start(&fake, settings, 2, Options::default()).await;
     let (status, ended) = flow.end().await;
 
-    let reason = "stalled: no mini-batch created or completed for 300s (progress_update_timeout); 0 of 2 done";
-    assert_failed(&flow, &status, reason);
+    // The cause names the mini-batch in flight: its index, first item, node, process, how
+    // long it has run (by the wall clock the nodes share: not paused here) and its attempt.
+    let reason = status.reason.clone().unwrap_or_default();
+    let stalled = "stalled: no mini-batch created or completed for 300s (progress_update_timeout); 0 of 2 done; in flight: mini-batch 0 (first item f00.txt) on node 0 process000 for ";
+    assert!(reason.starts_with(stalled), "{reason}");
+    assert!(reason.ends_with("s, attempt 1"), "{reason}");
+    assert_failed(&flow, &status, &reason);
     // The watcher looks once a second.
     assert_ended_within(ended, 300, 303);
     assert!(fake.calls().is_empty(), "{:?}", fake.calls());
@@ -767,7 +907,8 @@ async fn a_dead_lettered_mini_batch_is_recorded_failed() {
 
 /// Every log file of CONTRACT.md §7 fleetrun writes (the script's own stdout, stderr and
 /// logger files aside), by content, for a job where one mini-batch succeeds, one raises
-/// once, one's process dies once and one raises at every attempt.
+/// once, one's process dies once and one raises at every attempt (and fails whole: this job
+/// does not isolate).
 #[tokio::test(start_paused = true)]
 async fn the_log_files_tell_what_happened() {
     let fake = FakeLauncher::new().run(|call| match (call.mini_batch, call.try_number) {
@@ -776,7 +917,7 @@ async fn the_log_files_tell_what_happened() {
         (3, _) => Run::Raise("boom-3".into()),
         _ => Run::After(Duration::from_secs(2), Box::new(Run::Rows)),
     });
-    let settings = "mini_batch_size = 2\nrun_max_try = 2";
+    let settings = "mini_batch_size = 2\nrun_max_try = 2\nisolate_failures = false";
     let mut flow = Flow::start(&fake, settings, 8, Options::default()).await;
     let (status, _) = flow.end().await;
     assert_eq!(status.state, JobState::Completed, "{status:?}");
@@ -931,7 +1072,7 @@ async fn an_attempt_lost_with_its_node_gets_a_report_row_from_the_next_holder() 
         .attempt_started(JOB, 1, gone)
         .await
         .unwrap();
-    assert_eq!(before, None);
+    assert_eq!(before.lost, None);
     let (status, _) = flow.end().await;
 
     assert_eq!(status.state, JobState::Completed, "{status:?}");

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::{JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Status, unix_now};
+use super::{
+    InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Started, Status, unix_now,
+};
 
 #[derive(Default)]
 pub struct MemoryLedger {
@@ -21,6 +23,8 @@ struct Job {
     parts: HashMap<u64, String>,
     /// Who runs an attempt of each mini-batch not yet recorded.
     holders: HashMap<u64, String>,
+    /// The attempts each mini-batch spent on the script's faults.
+    spent: HashMap<u64, u32>,
     /// The job's report rows, in the order they were kept.
     report: Vec<String>,
     /// Who finalizes the job, and until when.
@@ -95,6 +99,7 @@ impl Ledger for MemoryLedger {
                 done: HashSet::new(),
                 parts: HashMap::new(),
                 holders: HashMap::new(),
+                spent: HashMap::new(),
                 report: Vec::new(),
                 finalizer: None,
                 publisher: None,
@@ -160,11 +165,13 @@ impl Ledger for MemoryLedger {
         job: &str,
         index: u64,
         holder: &str,
-    ) -> Result<Option<String>, LedgerError> {
-        self.with_job(job, |j| {
-            j.holders
+    ) -> Result<Started, LedgerError> {
+        self.with_job(job, |j| Started {
+            lost: j
+                .holders
                 .insert(index, holder.to_owned())
-                .filter(|before| before != holder)
+                .filter(|before| before != holder),
+            spent: j.spent.get(&index).copied().unwrap_or(0),
         })
     }
 
@@ -173,10 +180,30 @@ impl Ledger for MemoryLedger {
         job: &str,
         index: u64,
         row: Option<&str>,
+        charged: bool,
     ) -> Result<Option<String>, LedgerError> {
         self.with_job(job, |j| {
             j.report.extend(row.map(str::to_owned));
+            if charged {
+                *j.spent.entry(index).or_default() += 1;
+            }
             j.holders.remove(&index)
+        })
+    }
+
+    async fn in_flight(&self, job: &str) -> Result<Vec<InFlight>, LedgerError> {
+        self.with_job(job, |j| {
+            let mut held: Vec<InFlight> = j
+                .holders
+                .iter()
+                .map(|(index, holder)| InFlight {
+                    index: *index,
+                    holder: holder.clone(),
+                    spent: j.spent.get(index).copied().unwrap_or(0),
+                })
+                .collect();
+            held.sort_unstable_by_key(|h| h.index);
+            held
         })
     }
 

@@ -197,6 +197,25 @@ impl Status {
     }
 }
 
+/// What [`Ledger::attempt_started`] learned of a mini-batch's attempts before this one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Started {
+    /// The holder of an attempt that ended with no word (lost with its worker), if any.
+    pub lost: Option<String>,
+    /// Attempts the mini-batch spent on the script's faults (see [`Ledger::attempt_ended`]).
+    pub spent: u32,
+}
+
+/// A mini-batch in flight (see [`Ledger::in_flight`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFlight {
+    pub index: u64,
+    /// Who holds it, as noted by [`Ledger::attempt_started`].
+    pub holder: String,
+    /// Attempts it spent on the script's faults before this one.
+    pub spent: u32,
+}
+
 /// Now, in seconds since the Unix epoch: the embedded ledger's clock.
 pub fn unix_now() -> f64 {
     std::time::SystemTime::now()
@@ -254,24 +273,29 @@ pub trait Ledger: Send + Sync {
         row: Option<&str>,
     ) -> Result<Recorded, LedgerError>;
     /// Notes that `holder` (an opaque text that names who runs it, unique per attempt) runs
-    /// an attempt of mini-batch `index`, and returns the holder noted before, if any, other
-    /// than `holder`: an attempt that ended with neither [`Ledger::attempt_ended`] nor a
-    /// recording, lost with whoever held it.
+    /// an attempt of mini-batch `index`. Returns the holder noted before, if any, other than
+    /// `holder` (an attempt that ended with neither [`Ledger::attempt_ended`] nor a
+    /// recording, lost with whoever held it), and the attempts the mini-batch has spent.
     async fn attempt_started(
         &self,
         job: &str,
         index: u64,
         holder: &str,
-    ) -> Result<Option<String>, LedgerError>;
+    ) -> Result<Started, LedgerError>;
     /// Notes that an attempt of mini-batch `index` ended unrecorded (it failed, and another
-    /// follows): keeps its `row` of the job's report, and forgets who holds the mini-batch,
-    /// returning the holder noted, if any.
+    /// follows): keeps its `row` of the job's report, counts it among the mini-batch's spent
+    /// attempts when it was the script's fault (`charged`), and forgets who holds the
+    /// mini-batch, returning the holder noted, if any. A retried call counts once.
     async fn attempt_ended(
         &self,
         job: &str,
         index: u64,
         row: Option<&str>,
+        charged: bool,
     ) -> Result<Option<String>, LedgerError>;
+    /// The attempts in flight: each mini-batch someone holds (noted by
+    /// [`Ledger::attempt_started`], not yet ended or recorded), by index.
+    async fn in_flight(&self, job: &str) -> Result<Vec<InFlight>, LedgerError>;
     /// Keeps a row of the job's report that no attempt's end brings (an attempt lost with
     /// its worker, noted by the next holder).
     async fn report(&self, job: &str, row: &str) -> Result<(), LedgerError>;

@@ -64,7 +64,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, RedisResult, RetryMethod, Script};
 use tracing::{debug, warn};
 
-use super::{JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Status};
+use super::{InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Started, Status};
 
 /// How long a command may wait for its reply. The crate's default (500 ms) fails calls the
 /// server still executes, and a busy server can take longer.
@@ -144,7 +144,7 @@ local function settle(key, call)
 end
 "#;
 
-/// KEYS: state, done, parts, holders, report. ARGV: call id, error_threshold,
+/// KEYS: state, done, parts, holders, report, spent. ARGV: call id, error_threshold,
 /// allowed_failed_count (-1 = none),
 /// allowed_failed_percent. Returns 1 if the job was entered (by this call), 0 if it exists.
 const CREATE_LUA: &str = r#"
@@ -152,7 +152,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   if redis.call('HGET', KEYS[1], 'created_by') == ARGV[1] then return 1 end
   return 0
 end
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 local now = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'state', RUNNING, 'done', 0, 'items_succeeded', 0,
   'items_failed', 0, 'batches_failed', 0, 'error_threshold', ARGV[2],
@@ -214,18 +214,25 @@ end
 return {first, moved, redis.call('HGETALL', KEYS[1])}
 "#;
 
-/// KEYS: state, holders, report. ARGV: index, row ('' for none), call id. Returns nil for
-/// an unknown job, else `{holder before}` (false for none); keeps the row once per call
-/// (a retried call finds its id noted) and forgets the holder.
+/// KEYS: state, holders, report, spent. ARGV: index, row ('' for none), call id, charged
+/// (0/1). Returns nil for an unknown job, else `{holder before}` (false for none); keeps
+/// the row and counts a charged attempt once per call (a retried call finds its id noted)
+/// and forgets the holder.
 const ATTEMPT_ENDED_LUA: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return nil end
 local before = redis.call('HGET', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
-if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'reported_by') ~= ARGV[3] then
-  redis.call('RPUSH', KEYS[3], ARGV[2])
-  redis.call('HSET', KEYS[1], 'reported_by', ARGV[3])
+if redis.call('HGET', KEYS[1], 'ended_by') ~= ARGV[3] then
+  redis.call('HSET', KEYS[1], 'ended_by', ARGV[3])
   local ttl = redis.call('PTTL', KEYS[1])
-  if ttl > 0 then redis.call('PEXPIRE', KEYS[3], ttl) end
+  if ARGV[2] ~= '' then
+    redis.call('RPUSH', KEYS[3], ARGV[2])
+    if ttl > 0 then redis.call('PEXPIRE', KEYS[3], ttl) end
+  end
+  if ARGV[4] == '1' then
+    redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
+    if ttl > 0 then redis.call('PEXPIRE', KEYS[4], ttl) end
+  end
 end
 return {before}
 "#;
@@ -245,7 +252,7 @@ end
 return {moved_by(KEYS[1], ARGV[1]), redis.call('HGETALL', KEYS[1])}
 "#;
 
-/// KEYS: state, done, parts, holders, report. ARGV: keep (ms). Returns nil for an unknown
+/// KEYS: state, done, parts, holders, report, spent. ARGV: keep (ms). Returns nil for an unknown
 /// job, else 1 if it
 /// has ended (its keys now expire), 0 if it still runs or finalizes.
 const RETIRE_LUA: &str = r#"
@@ -326,6 +333,8 @@ struct JobKeys {
     holders: String,
     /// The job's report rows (a list).
     report: String,
+    /// The attempts each mini-batch spent on the script's faults.
+    spent: String,
 }
 
 impl RedisLedger {
@@ -385,6 +394,7 @@ impl RedisLedger {
             done: format!("{base}:done"),
             parts: format!("{base}:parts"),
             holders: format!("{base}:holders"),
+            spent: format!("{base}:spent"),
             report: format!("{base}:report"),
         }
     }
@@ -439,6 +449,7 @@ impl Ledger for RedisLedger {
                     .key(&keys.parts)
                     .key(&keys.holders)
                     .key(&keys.report)
+                    .key(&keys.spent)
                     .arg(call)
                     .arg(limits.error_threshold)
                     .arg(allowed_count)
@@ -518,19 +529,21 @@ impl Ledger for RedisLedger {
         job: &str,
         index: u64,
         holder: &str,
-    ) -> Result<Option<String>, LedgerError> {
+    ) -> Result<Started, LedgerError> {
         let keys = self.keys(job);
-        // Three plain commands in one round trip, not a script: this runs once per attempt,
-        // and a script costs Redis several times their CPU. Not atomic, and need not be:
-        // only a lost attempt's holder, never a live one's, is ever read back. A retry finds
-        // this call's own holder noted: it is not another's.
-        let (known, before, _): (bool, Option<String>, i64) =
+        // Plain commands in one round trip, not a script: this runs once per attempt, and a
+        // script costs Redis several times their CPU. Not atomic, and need not be: only a
+        // lost attempt's holder, never a live one's, is ever read back, and the attempts a
+        // mini-batch spent change only when one of its attempts ends. A retry finds this
+        // call's own holder noted: it is not another's.
+        let (known, spent, before, _): (bool, Option<u32>, Option<String>, i64) =
             retrying("attempt_started", job, || {
                 let mut conn = self.conn.clone();
                 let keys = &keys;
                 async move {
                     redis::pipe()
                         .exists(&keys.state)
+                        .hget(&keys.spent, index)
                         .hget(&keys.holders, index)
                         .hset(&keys.holders, index, holder)
                         .query_async(&mut conn)
@@ -548,7 +561,10 @@ impl Ledger for RedisLedger {
                 .await;
             return Err(LedgerError::UnknownJob(job.to_owned()));
         }
-        Ok(before.filter(|before| before != holder))
+        Ok(Started {
+            lost: before.filter(|before| before != holder),
+            spent: spent.unwrap_or(0),
+        })
     }
 
     async fn attempt_ended(
@@ -556,6 +572,7 @@ impl Ledger for RedisLedger {
         job: &str,
         index: u64,
         row: Option<&str>,
+        charged: bool,
     ) -> Result<Option<String>, LedgerError> {
         let keys = self.keys(job);
         let call = self.call_id();
@@ -567,9 +584,11 @@ impl Ledger for RedisLedger {
                     .key(&keys.state)
                     .key(&keys.holders)
                     .key(&keys.report)
+                    .key(&keys.spent)
                     .arg(index)
                     .arg(row.unwrap_or(""))
                     .arg(call)
+                    .arg(u8::from(charged))
                     .invoke_async(&mut conn)
                     .await
             }
@@ -579,9 +598,42 @@ impl Ledger for RedisLedger {
         Ok(before)
     }
 
+    async fn in_flight(&self, job: &str) -> Result<Vec<InFlight>, LedgerError> {
+        let keys = self.keys(job);
+        type Reply = (bool, Vec<(u64, String)>, HashMap<u64, u32>);
+        let (known, held, spent): Reply = retrying("in_flight", job, || {
+            let mut conn = self.conn.clone();
+            let keys = &keys;
+            async move {
+                redis::pipe()
+                    .exists(&keys.state)
+                    .hgetall(&keys.holders)
+                    .hgetall(&keys.spent)
+                    .query_async(&mut conn)
+                    .await
+            }
+        })
+        .await?;
+        if !known {
+            return Err(LedgerError::UnknownJob(job.to_owned()));
+        }
+        let mut held: Vec<InFlight> = held
+            .into_iter()
+            .map(|(index, holder)| InFlight {
+                index,
+                holder,
+                spent: spent.get(&index).copied().unwrap_or(0),
+            })
+            .collect();
+        held.sort_unstable_by_key(|h| h.index);
+        Ok(held)
+    }
+
     async fn report(&self, job: &str, row: &str) -> Result<(), LedgerError> {
         // A row with no mini-batch to let go: the same step, holding nothing.
-        self.attempt_ended(job, u64::MAX, Some(row)).await.map(drop)
+        self.attempt_ended(job, u64::MAX, Some(row), false)
+            .await
+            .map(drop)
     }
 
     async fn report_rows(
@@ -706,6 +758,7 @@ impl Ledger for RedisLedger {
                     .key(&keys.parts)
                     .key(&keys.holders)
                     .key(&keys.report)
+                    .key(&keys.spent)
                     .arg(keep_ms)
                     .invoke_async(&mut conn)
                     .await

@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::ledger::{JobState, Ledger, LedgerError, Limits, Outcome};
+use crate::ledger::{InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Started};
 
 /// Generates one `#[tokio::test]` per case for the ledger built by `$make`, an async closure
 /// returning `Arc<dyn Ledger>`.
@@ -20,7 +20,8 @@ macro_rules! ledger_conformance {
             publication_is_claimed_by_one_until_sealed,
             an_ended_job_is_forgotten_in_its_time_once_retired,
             creation_and_start_are_noted, a_holder_not_let_go_is_told_to_the_next,
-            report_rows_are_kept_in_order, the_last_move_is_timed);
+            report_rows_are_kept_in_order, the_last_move_is_timed,
+            only_charged_attempts_are_spent);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -529,35 +530,93 @@ where
         Err(LedgerError::UnknownJob(_))
     ));
     l.create(&j, Limits::NONE).await.unwrap();
-    assert_eq!(l.attempt_started(&j, 0, "w1/1").await.unwrap(), None);
+    assert_eq!(l.attempt_started(&j, 0, "w1/1").await.unwrap().lost, None);
     assert_eq!(
-        l.attempt_started(&j, 0, "w1/1").await.unwrap(),
+        l.attempt_started(&j, 0, "w1/1").await.unwrap().lost,
         None,
         "itself again"
     );
     assert_eq!(
-        l.attempt_started(&j, 0, "w2/2").await.unwrap().as_deref(),
+        l.attempt_started(&j, 0, "w2/2")
+            .await
+            .unwrap()
+            .lost
+            .as_deref(),
         Some("w1/1"),
         "lost with w1"
     );
-    let ended = l.attempt_ended(&j, 0, Some("row 0 w2")).await.unwrap();
+    let ended = l
+        .attempt_ended(&j, 0, Some("row 0 w2"), true)
+        .await
+        .unwrap();
     assert_eq!(ended.as_deref(), Some("w2/2"));
     assert_eq!(
-        l.attempt_started(&j, 0, "w3/3").await.unwrap(),
+        l.attempt_started(&j, 0, "w3/3").await.unwrap().lost,
         None,
         "w2's ended"
     );
     l.record(&j, 0, OK, None).await.unwrap();
     assert_eq!(
-        l.attempt_ended(&j, 0, None).await.unwrap(),
+        l.attempt_ended(&j, 0, None, false).await.unwrap(),
         None,
         "a recording forgets it"
     );
     // Mini-batches are held apart.
-    assert_eq!(l.attempt_started(&j, 1, "w1/4").await.unwrap(), None);
-    assert_eq!(l.attempt_started(&j, 2, "w2/5").await.unwrap(), None);
-    let ended = l.attempt_ended(&j, 1, Some("row 1 w1")).await.unwrap();
+    assert_eq!(l.attempt_started(&j, 1, "w1/4").await.unwrap().lost, None);
+    assert_eq!(l.attempt_started(&j, 2, "w2/5").await.unwrap().lost, None);
+    assert_eq!(
+        l.in_flight(&j).await.unwrap(),
+        [in_flight(1, "w1/4", 0), in_flight(2, "w2/5", 0)]
+    );
+    let ended = l
+        .attempt_ended(&j, 1, Some("row 1 w1"), false)
+        .await
+        .unwrap();
     assert_eq!(ended.as_deref(), Some("w1/4"));
+    assert_eq!(
+        l.in_flight(&j).await.unwrap(),
+        [in_flight(2, "w2/5", 0)],
+        "what ended or was recorded is not in flight"
+    );
+    assert!(matches!(
+        l.in_flight(&job()).await,
+        Err(LedgerError::UnknownJob(_))
+    ));
+}
+
+fn in_flight(index: u64, holder: &str, spent: u32) -> InFlight {
+    InFlight {
+        index,
+        holder: holder.to_owned(),
+        spent,
+    }
+}
+
+/// The attempts a mini-batch spent: only those ended as the script's fault count, once per
+/// call, each mini-batch apart; a lost attempt (never ended) or a recording spends none.
+pub async fn only_charged_attempts_are_spent<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(&j, Limits::NONE).await.unwrap();
+    let spent = |started: Started| started.spent;
+    assert_eq!(spent(l.attempt_started(&j, 0, "a").await.unwrap()), 0);
+    l.attempt_ended(&j, 0, Some("raised"), true).await.unwrap();
+    assert_eq!(spent(l.attempt_started(&j, 0, "b").await.unwrap()), 1);
+    // b is lost with its worker: c finds it, and nothing more spent.
+    let c = l.attempt_started(&j, 0, "c").await.unwrap();
+    assert_eq!((c.lost.as_deref(), c.spent), (Some("b"), 1));
+    assert_eq!(l.in_flight(&j).await.unwrap(), [in_flight(0, "c", 1)]);
+    // Handed back for the node's own trouble: not the script's.
+    l.attempt_ended(&j, 0, Some("part write failed"), false)
+        .await
+        .unwrap();
+    l.attempt_ended(&j, 0, None, true).await.unwrap();
+    assert_eq!(spent(l.attempt_started(&j, 0, "d").await.unwrap()), 2);
+    assert_eq!(spent(l.attempt_started(&j, 1, "e").await.unwrap()), 0);
 }
 
 /// The job's report rows are kept in the order they came, each once, and read back a part
@@ -575,19 +634,19 @@ where
         l.report_rows(&j, 0, 10).await.unwrap(),
         Vec::<String>::new()
     );
-    l.attempt_ended(&j, 3, Some("a")).await.unwrap();
+    l.attempt_ended(&j, 3, Some("a"), true).await.unwrap();
     l.report(&j, "b").await.unwrap();
-    l.attempt_ended(&j, 1, None).await.unwrap();
-    l.attempt_ended(&j, 1, Some("c")).await.unwrap();
+    l.attempt_ended(&j, 1, None, false).await.unwrap();
+    l.attempt_ended(&j, 1, Some("c"), true).await.unwrap();
     // The attempt a recording ends keeps its row, and so does a second run's.
-    assert_eq!(l.attempt_started(&j, 1, "w1/1").await.unwrap(), None);
+    assert_eq!(l.attempt_started(&j, 1, "w1/1").await.unwrap().lost, None);
     let recorded = l.record_attempt(&j, 1, OK, None, Some("d")).await.unwrap();
     assert!(recorded.first);
     let again = l.record_attempt(&j, 1, OK, None, Some("e")).await.unwrap();
     assert!(!again.first);
     l.record(&j, 2, OK, None).await.unwrap();
     assert_eq!(
-        l.attempt_ended(&j, 1, None).await.unwrap(),
+        l.attempt_ended(&j, 1, None, false).await.unwrap(),
         None,
         "recorded"
     );

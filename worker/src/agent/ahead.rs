@@ -36,7 +36,7 @@ impl Slot {
         ctx: &Arc<JobContext>,
         consumer: &mut Box<dyn Consumer>,
     ) {
-        if self.ahead.is_some() || self.drain.is_cancelled() {
+        if self.ahead.is_some() || self.drain.is_cancelled() || !self.isolations.is_empty() {
             return;
         }
         let Some(Ok(delivery)) = consumer.next().now_or_never() else {
@@ -45,7 +45,7 @@ impl Slot {
         let sent = match MiniBatch::decode(&delivery.body) {
             Ok(batch)
                 if batch.job == ctx.job.id()
-                    && delivery.attempt <= ctx.job.spec().run_max_try
+                    && !super::lost_too_often(delivery.attempt, ctx.job.spec())
                     && !ctx.stop.is_cancelled()
                     && !ctx.gave_up.load(Ordering::Relaxed) =>
             {

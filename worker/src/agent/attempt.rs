@@ -18,9 +18,13 @@ use super::slot::{Slot, Verdict};
 use super::stage::{StageError, Staged};
 use super::{AgentEvent, JobContext, Shared};
 use crate::logs::{self, csv_field};
-use crate::parts::{PartError, PartKind};
+use crate::parts::PartError;
 use crate::process::{RunOutcome, returncode};
 use crate::scratch::FolderError;
+
+/// How long a slot pauses when the ledger does not answer before it hands the mini-batch in
+/// hand back and takes the next.
+const LEDGER_PAUSE: Duration = Duration::from_secs(2);
 
 impl Slot {
     /// One `run()` attempt of a mini-batch, and what becomes of the delivery. `sent` holds
@@ -37,8 +41,19 @@ impl Slot {
         let metrics = self.config().metrics.clone();
         let _in_flight = metrics.in_flight();
         let process = self.runner.as_ref().map_or("_main", |a| a.name.as_str());
-        let holding = Holding::new(&node, process, attempt);
-        holding::started(ctx, batch, &holding).await;
+        // Numbered by the ledger's count of the attempts the script spent (the delivery's
+        // number, which counts those lost with workers too, only when it cannot tell).
+        let mut holding = Holding::new(&node, process, attempt, batch);
+        if !holding::started(ctx, batch, &mut holding).await && sent.is_none() {
+            // The ledger does not answer: neither the attempts spent nor this one's record
+            // could be kept. The work pauses; the mini-batch goes back untried.
+            tokio::select! {
+                _ = ctx.stop.cancelled() => return Verdict::Drop,
+                _ = tokio::time::sleep(LEDGER_PAUSE) => {}
+            }
+            return Verdict::Settle(Disposition::Return);
+        }
+        let attempt = holding.attempt;
         let (mut staged, sent) = match sent {
             Some(staged) => (staged, true),
             None => match self.stage(ctx, batch).await {
@@ -168,7 +183,7 @@ impl Slot {
                             Err(PartError::Folder(e)) => return fail_job(&shared, &ctx, &e).await,
                             Err(e @ PartError::Other(_)) => {
                                 warn!(job = %ctx.job.id(), mini_batch = index, error = %e, "Writing the output part failed; requeueing.");
-                                holding::ended(&ctx, index, Some(&row), &holding).await;
+                                holding::ended(&ctx, index, Some(&row), &holding, false).await;
                                 return Disposition::Requeue;
                             }
                         },
@@ -208,30 +223,10 @@ impl Slot {
                 if let Some(sent) = self.ahead.as_mut().and_then(|a| a.sent.take()) {
                     sent.staged.clean().await;
                 }
-                let (result, main_line, cause) = match lost {
-                    RunOutcome::Died(status) => {
-                        metrics.runner_died();
-                        let code = returncode(&status);
-                        (
-                            "died",
-                            format!("{process} exits with returncode {code}."),
-                            format!(
-                                "the process died (returncode {code}) while running the mini-batch"
-                            ),
-                        )
-                    }
-                    _ => {
-                        let cause = format!(
-                            "run() exceeded run_invocation_timeout ({}s); the process was killed",
-                            ctx.job.spec().run_invocation_timeout
-                        );
-                        (
-                            "timeout",
-                            format!("{process} killed: mini-batch {} {cause}.", batch.index),
-                            cause,
-                        )
-                    }
-                };
+                if matches!(lost, RunOutcome::Died(_)) {
+                    metrics.runner_died();
+                }
+                let (result, main_line, cause) = runner_lost(&lost, ctx, &process, batch.index);
                 metrics.mini_batch(result);
                 ctx.logs.log(logs::JobLogs::node_main(&node), &main_line);
                 ctx.logs
@@ -264,9 +259,13 @@ impl Slot {
         let attempt = holding.attempt;
         if attempt < ctx.job.spec().run_max_try {
             info!(job = %ctx.job.id(), mini_batch = batch.index, attempt, "Attempt failed; requeueing.");
-            // Its row kept, the next holder does not report it lost.
-            holding::ended(ctx, batch.index, Some(&row), holding).await;
+            // Its row kept, the next holder does not report it lost; the attempt is spent.
+            holding::ended(ctx, batch.index, Some(&row), holding, true).await;
             return Verdict::Settle(Disposition::Requeue);
+        }
+        if super::isolate::isolates(ctx, batch) {
+            holding::ended(ctx, batch.index, Some(&row), holding, true).await;
+            return Verdict::isolate(ctx, batch, attempt);
         }
         if self
             .record_failure(ctx, batch, attempt, cause, Some(&row))
@@ -302,7 +301,7 @@ impl Slot {
         }
     }
 
-    fn script_error(
+    pub(super) fn script_error(
         &self,
         ctx: &JobContext,
         process: &str,
@@ -370,7 +369,7 @@ pub(super) fn report_items(batch: &MiniBatch, outcome: Outcome) -> u64 {
 }
 
 /// Records an outcome in the ledger and reports a state change it caused.
-async fn record_outcome(
+pub(super) async fn record_outcome(
     shared: &Shared,
     ctx: &Arc<JobContext>,
     index: u64,
@@ -413,7 +412,11 @@ fn report_recorded(shared: &Shared, ctx: &JobContext, transitioned: bool, status
 /// which every further attempt would meet, and no item's fault. Returns what
 /// becomes of the delivery in hand: dropped, as the job no longer runs, or handed back
 /// untried (no attempt spent) when the ledger could not be told.
-async fn fail_job(shared: &Shared, ctx: &JobContext, folder: &FolderError) -> Disposition {
+pub(super) async fn fail_job(
+    shared: &Shared,
+    ctx: &JobContext,
+    folder: &FolderError,
+) -> Disposition {
     let reason = system_error(ctx, folder);
     ctx.logs.log(
         logs::JobLogs::sys_error(&shared.agent.config.node_id, "_main"),
@@ -470,7 +473,6 @@ pub async fn record_failed_batch(
     cause: &str,
     row: Option<&str>,
 ) -> Result<Recorded, String> {
-    let cause_line = csv_field(cause.lines().next().unwrap_or_default());
     // A tabular mini-batch's items are its rows; its list names each file and byte range.
     let described: Vec<String> = batch.chunks.iter().map(|c| c.describe()).collect();
     let failed = if batch.chunks.is_empty() {
@@ -484,13 +486,7 @@ pub async fn record_failed_batch(
         .items
         .iter()
         .chain(&described)
-        .map(|item| {
-            format!(
-                "{},{},{attempts},{cause_line}",
-                csv_field(item),
-                batch.index
-            )
-        })
+        .map(|item| failed_item_line(item, batch.index, attempts, cause))
         .collect();
     let part = ctx
         .job
@@ -498,16 +494,57 @@ pub async fn record_failed_batch(
         .put(batch.index, join_rows(&lines))
         .await
         .map_err(|e| e.to_string())?;
-    let reference = PartKind::FailedItems.reference(&part);
+    let reference = crate::parts::reference(None, Some(&part));
     ctx.job
         .record(
             batch.index,
             Outcome::all_failed(failed),
-            Some(&reference),
+            reference.as_deref(),
             row,
         )
         .await
         .map_err(|e| e.to_string())
+}
+
+/// An item's line of `failed_items.csv`: the item, its mini-batch, the attempts spent and the
+/// first line of the cause.
+pub(super) fn failed_item_line(item: &str, index: u64, attempts: u32, cause: &str) -> String {
+    format!(
+        "{},{index},{attempts},{}",
+        csv_field(item),
+        csv_field(cause.lines().next().unwrap_or_default())
+    )
+}
+
+/// What a runner lost while it ran a mini-batch (killed at the timeout, or dead) says: the
+/// report's result, the line for the node's logs, and the cause.
+pub(super) fn runner_lost(
+    lost: &RunOutcome,
+    ctx: &JobContext,
+    process: &str,
+    index: u64,
+) -> (&'static str, String, String) {
+    match lost {
+        RunOutcome::Died(status) => {
+            let code = returncode(status);
+            (
+                "died",
+                format!("{process} exits with returncode {code}."),
+                format!("the process died (returncode {code}) while running the mini-batch"),
+            )
+        }
+        _ => {
+            let cause = format!(
+                "run() exceeded run_invocation_timeout ({}s); the process was killed",
+                ctx.job.spec().run_invocation_timeout
+            );
+            (
+                "timeout",
+                format!("{process} killed: mini-batch {index} {cause}."),
+                cause,
+            )
+        }
+    }
 }
 
 /// A part: the rows, one per line.

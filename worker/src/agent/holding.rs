@@ -4,6 +4,7 @@
 //! the broker) and reports it, naming the node that held it. So the report
 //! (`processed_mini-batches.csv`) has a row for every attempt, whichever workers died.
 
+use fleetrun_common::ledger::InFlight;
 use fleetrun_common::wire::MiniBatch;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
@@ -11,26 +12,48 @@ use tracing::warn;
 use super::JobContext;
 use crate::logs;
 
-/// One attempt's holder: what its report row names.
+/// One attempt's holder: what its report row names, and what a stalled job's cause says of
+/// it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(super) struct Holding {
+pub(crate) struct Holding {
     pub(super) node: String,
     pub(super) process: String,
+    /// The attempt's number: one more than the attempts the mini-batch spent before it, as
+    /// the ledger tells when the attempt starts (not kept with the holder: the ledger counts).
+    #[serde(skip)]
     pub(super) attempt: u32,
     /// When the attempt started, as report rows write it.
     pub(super) start: String,
     /// Tells this attempt from any other, on any node.
     id: u64,
+    /// The mini-batch's first item (a tabular one's first chunk), to name it by.
+    #[serde(default)]
+    first: String,
+    /// When the attempt started, in seconds since the Unix epoch.
+    #[serde(default)]
+    since: f64,
 }
 
 impl Holding {
-    pub(super) fn new(node: &str, process: &str, attempt: u32) -> Holding {
+    /// The holder of an attempt of `batch`; `attempt` is its number until the ledger tells
+    /// ([`started`]).
+    pub(super) fn new(node: &str, process: &str, attempt: u32, batch: &MiniBatch) -> Holding {
+        let first = match batch.items.first() {
+            Some(item) => item.clone(),
+            None => batch
+                .chunks
+                .first()
+                .map(|c| c.describe())
+                .unwrap_or_default(),
+        };
         Holding {
             node: node.to_owned(),
             process: process.to_owned(),
             attempt,
             start: logs::now(),
             id: rand::random(),
+            first,
+            since: fleetrun_common::ledger::unix_now(),
         }
     }
 
@@ -39,49 +62,114 @@ impl Holding {
     }
 }
 
-/// Notes in the ledger that `holding` runs `batch`, and reports an attempt that held it
-/// before and ended with no word. The ledger not answering loses only the notes.
-pub(super) async fn started(ctx: &JobContext, batch: &MiniBatch, holding: &Holding) {
+/// The mini-batches in flight as a stalled job's cause names them (`held`: the ledger's
+/// [`in_flight`](fleetrun_common::ledger::Ledger::in_flight), at `now`, seconds since the
+/// epoch): each one's index, first item, node and process, how long it has run and its
+/// attempt. The first few, longest running first.
+pub(crate) fn describe_in_flight(held: &[InFlight], now: f64) -> String {
+    const NAMED: usize = 5;
+    if held.is_empty() {
+        return "no mini-batch is in flight: no worker holds one".to_owned();
+    }
+    let mut known: Vec<(u64, Holding)> = held
+        .iter()
+        .filter_map(|h| {
+            let mut holding = serde_json::from_str::<Holding>(&h.holder).ok()?;
+            holding.attempt = h.spent + 1;
+            Some((h.index, holding))
+        })
+        .collect();
+    known.sort_by(|a, b| a.1.since.total_cmp(&b.1.since).then(a.0.cmp(&b.0)));
+    let mut named: Vec<String> = known
+        .iter()
+        .take(NAMED)
+        .map(|(index, h)| {
+            let first = if h.first.is_empty() {
+                String::new()
+            } else {
+                format!(" (first item {})", h.first)
+            };
+            let running = if h.since > 0.0 {
+                format!(" for {:.0}s", (now - h.since).max(0.0))
+            } else {
+                String::new()
+            };
+            format!(
+                "mini-batch {index}{first} on node {} {}{running}, attempt {}",
+                h.node, h.process, h.attempt
+            )
+        })
+        .collect();
+    if held.len() > named.len() {
+        named.push(format!("{} more", held.len() - named.len()));
+    }
+    format!("in flight: {}", named.join("; "))
+}
+
+/// Notes in the ledger that `holding` runs `batch`, reports an attempt that held it before
+/// and ended with no word, and numbers `holding`'s attempt from the attempts the mini-batch
+/// spent. False when the ledger did not answer: the number is left as it was.
+pub(super) async fn started(ctx: &JobContext, batch: &MiniBatch, holding: &mut Holding) -> bool {
     match ctx
         .job
         .attempt_started(batch.index, &holding.encode())
         .await
     {
-        Ok(before) => report_lost(ctx, batch, before.as_deref(), &holding.node).await,
+        Ok(started) => {
+            holding.attempt = started.spent + 1;
+            let lost = started.lost.as_deref();
+            report_lost(ctx, batch, lost, started.spent + 1, &holding.node).await;
+            true
+        }
         Err(e) => {
             warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Cannot note who runs the mini-batch.");
+            false
         }
     }
 }
 
-/// Keeps the `row` of `holding`'s attempt of mini-batch `index`, which has ended, and
-/// forgets its holder.
-pub(super) async fn ended(ctx: &JobContext, index: u64, row: Option<&str>, holding: &Holding) {
-    if let Err(e) = ctx.job.attempt_ended(index, row).await {
+/// Keeps the `row` of `holding`'s attempt of mini-batch `index`, which has ended, spends it
+/// when it failed by the script's fault (`charged`), and forgets its holder.
+pub(super) async fn ended(
+    ctx: &JobContext,
+    index: u64,
+    row: Option<&str>,
+    holding: &Holding,
+    charged: bool,
+) {
+    if let Err(e) = ctx.job.attempt_ended(index, row, charged).await {
         warn!(job = %ctx.job.id(), mini_batch = index, attempt = holding.attempt, error = %e, "Cannot keep the attempt's report row.");
     }
 }
 
-/// For a mini-batch that came back past its attempts: reports the attempt that held it
-/// last, lost with its worker, as node `by` learns of it.
-pub(super) async fn lost_before(ctx: &JobContext, batch: &MiniBatch, by: &str) {
-    match ctx.job.attempt_ended(batch.index, None).await {
-        Ok(before) => report_lost(ctx, batch, before.as_deref(), by).await,
+/// For a mini-batch lost with its workers too often: reports the attempt that held it
+/// last (numbered `attempt`), lost with its worker, as node `by` learns of it.
+pub(super) async fn lost_before(ctx: &JobContext, batch: &MiniBatch, attempt: u32, by: &str) {
+    match ctx.job.attempt_ended(batch.index, None, false).await {
+        Ok(before) => report_lost(ctx, batch, before.as_deref(), attempt, by).await,
         Err(e) => {
             warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Cannot read who held the mini-batch.");
         }
     }
 }
 
-/// Keeps the report row of an attempt lost with its holder (`before`), noted by node `by`.
-async fn report_lost(ctx: &JobContext, batch: &MiniBatch, before: Option<&str>, by: &str) {
+/// Keeps the report row of attempt `attempt`, lost with its holder (`before`), noted by
+/// node `by`.
+async fn report_lost(
+    ctx: &JobContext,
+    batch: &MiniBatch,
+    before: Option<&str>,
+    attempt: u32,
+    by: &str,
+) {
     let Some(before) = before else {
         return;
     };
-    let Ok(lost) = serde_json::from_str::<Holding>(before) else {
+    let Ok(mut lost) = serde_json::from_str::<Holding>(before) else {
         warn!(job = %ctx.job.id(), mini_batch = batch.index, holder = before, "A mini-batch's holder is not one this worker reads.");
         return;
     };
+    lost.attempt = attempt;
     let cause = format!(
         "lost with node {}: the attempt ended with no word from it (the worker was killed or lost the broker); noted by node {by}",
         lost.node
@@ -89,5 +177,49 @@ async fn report_lost(ctx: &JobContext, batch: &MiniBatch, before: Option<&str>, 
     let row = super::attempt::report_row(batch, &lost, "lost", Default::default(), None, &cause);
     if let Err(e) = ctx.job.report(&row).await {
         warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Cannot keep a lost attempt's report row.");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fleetrun_common::ledger::InFlight;
+    use fleetrun_common::wire::MiniBatch;
+
+    use super::{Holding, describe_in_flight};
+
+    fn held(index: u64, node: &str, since: f64) -> InFlight {
+        let batch = MiniBatch::new("j", index, vec![format!("in/f{index}.txt")]);
+        let mut holding = Holding::new(node, "process001", 9, &batch);
+        holding.since = since;
+        InFlight {
+            index,
+            holder: holding.encode(),
+            spent: 1,
+        }
+    }
+
+    #[test]
+    fn a_stall_names_what_is_in_flight_longest_running_first() {
+        let held = [held(7, "w1", 1000.0), held(3, "w2", 940.0)];
+        assert_eq!(
+            describe_in_flight(&held, 1060.0),
+            "in flight: mini-batch 3 (first item in/f3.txt) on node w2 process001 for 120s, attempt 2; mini-batch 7 (first item in/f7.txt) on node w1 process001 for 60s, attempt 2"
+        );
+    }
+
+    #[test]
+    fn a_stall_names_the_first_five_and_counts_the_rest() {
+        let held: Vec<_> = (0..8).map(|i| held(i, "w1", 100.0 + i as f64)).collect();
+        let text = describe_in_flight(&held, 200.0);
+        assert_eq!(text.matches("mini-batch ").count(), 5, "{text}");
+        assert!(text.ends_with("; 3 more"), "{text}");
+    }
+
+    #[test]
+    fn a_stall_with_nothing_in_flight_says_so() {
+        assert_eq!(
+            describe_in_flight(&[], 0.0),
+            "no mini-batch is in flight: no worker holds one"
+        );
     }
 }

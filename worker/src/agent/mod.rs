@@ -11,6 +11,8 @@
 //!
 //! - `slot`: a slot's loop and its verdict on each delivery, settled in one place.
 //! - `attempt`: one `run()` attempt and its settlement (part, ledger record, report).
+//! - `isolate`: a mini-batch that failed its attempts, split down to the items that fail
+//!   alone.
 //! - `holding`: who runs each attempt, kept in the ledger, so an attempt lost with its
 //!   worker still gets its report row.
 //! - `runner`: starting, warming and killing a slot's runner.
@@ -42,7 +44,8 @@ use crate::process::Launcher;
 mod ahead;
 mod attempt;
 pub mod environment;
-mod holding;
+pub(crate) mod holding;
+mod isolate;
 pub mod outdir;
 mod runner;
 pub mod seats;
@@ -250,6 +253,7 @@ pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToke
             seatless: false,
             drain: drain.clone(),
             finishing: tokio::task::JoinSet::new(),
+            isolations: Default::default(),
         };
         // Every line a slot logs names its node: one worker's lines among a fleet's.
         let span = tracing::info_span!("slot", node = %shared.agent.config.node_id, slot = index);
@@ -282,6 +286,18 @@ impl Shared {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         (format!("process{number:03}"), self.gpus.acquire())
     }
+}
+
+/// Deliveries of a mini-batch lost with a worker or its broker connection (beyond the
+/// attempts its script may spend) before it is failed: infrastructure faults spend none of
+/// the script's `run_max_try` attempts, and have this bound of their own. The broker's own
+/// limit ([`crate::job::POOL_DELIVERY_LIMIT`]) stands above both for `run_max_try` up to 80.
+pub const LOST_LIMIT: u32 = 20;
+
+/// Whether a delivery numbered `attempt` has come back more often than the script's attempts
+/// and [`LOST_LIMIT`] allow: it is failed untried.
+fn lost_too_often(attempt: u32, spec: &fleetrun_config::JobSpec) -> bool {
+    attempt > spec.run_max_try + LOST_LIMIT
 }
 
 /// States in which the job's remaining mini-batches are no longer worked on.

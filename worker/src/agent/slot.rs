@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
 
 use super::ahead::Ahead;
+use super::isolate::Isolation;
 use super::runner::Active;
 use super::{AgentConfig, JobContext, Shared};
 use crate::metrics::Metrics;
@@ -32,6 +33,9 @@ pub(super) struct Slot {
     pub(super) finishing: tokio::task::JoinSet<()>,
     /// The last start found the job's seats on this node taken.
     pub(super) seatless: bool,
+    /// Mini-batches whose failed items are isolated once the runner has nothing else
+    /// queued, with their deliveries (see `isolate`). Nothing is sent ahead meanwhile.
+    pub(super) isolations: std::collections::VecDeque<(Delivery, Isolation)>,
 }
 
 /// How often a slot that takes no work looks again whether it should.
@@ -45,6 +49,19 @@ pub(super) enum Verdict {
     /// `run()` succeeded: write the part and record the outcome, then settle with what that
     /// gives. Done in the background, so the runner gets its next mini-batch at once.
     Finish(futures::future::BoxFuture<'static, Disposition>),
+    /// The mini-batch failed its attempts: isolate its failed items once the runner has
+    /// nothing else queued.
+    Isolate(Box<Isolation>),
+}
+
+impl Verdict {
+    pub(super) fn isolate(ctx: &Arc<JobContext>, batch: &MiniBatch, attempts: u32) -> Verdict {
+        Verdict::Isolate(Box::new(Isolation {
+            ctx: ctx.clone(),
+            batch: batch.clone(),
+            attempts,
+        }))
+    }
 }
 
 impl Slot {
@@ -77,6 +94,18 @@ impl Slot {
                         break;
                     }
                     _ = self.handle_ahead(ahead, &mut consumer) => {}
+                }
+                continue;
+            }
+            if let Some((delivery, isolation)) = self.isolations.pop_front() {
+                tokio::select! {
+                    biased;
+                    _ = abort.cancelled() => {
+                        // Dropping the delivery hands it back to the queue.
+                        self.kill_runner().await;
+                        break;
+                    }
+                    verdict = self.isolate(isolation) => self.conclude(delivery, verdict).await,
                 }
                 continue;
             }
@@ -199,12 +228,15 @@ impl Slot {
             // This node cannot start the job's script; leave the work to other nodes.
             return self.hand_back(&ctx).await;
         }
-        let max = ctx.job.spec().run_max_try;
-        if delivery.attempt > max {
-            let cause =
-                format!("all {max} attempts were lost with the process or worker that held them");
+        if super::lost_too_often(delivery.attempt, ctx.job.spec()) {
+            let lost = delivery.attempt - 1 - ctx.job.spec().run_max_try;
+            let cause = format!(
+                "delivered {} times: lost at least {lost} times with the worker or broker connection that held it (the limit is {})",
+                delivery.attempt - 1,
+                super::LOST_LIMIT
+            );
             let node = self.config().node_id.clone();
-            super::holding::lost_before(&ctx, &batch, &node).await;
+            super::holding::lost_before(&ctx, &batch, delivery.attempt - 1, &node).await;
             // Unrecorded (the ledger did not answer), it comes back: nothing is lost.
             let recorded = self
                 .record_failure(&ctx, &batch, delivery.attempt - 1, &cause, None)
@@ -264,6 +296,10 @@ impl Slot {
     pub(super) async fn conclude(&mut self, delivery: Delivery, verdict: Verdict) {
         let disposition = match verdict {
             Verdict::Settle(d) => d,
+            Verdict::Isolate(isolation) => {
+                self.isolations.push_back((delivery, *isolation));
+                return;
+            }
             Verdict::Drop => Disposition::Ack,
             Verdict::Finish(work) => {
                 let (slot, metrics) = (self.index, self.config().metrics.clone());

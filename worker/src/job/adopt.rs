@@ -154,7 +154,7 @@ pub(super) async fn watch_unserved(
             .or_insert_with(|| StopRules::new(&record.spec, age))
             .check(&status, serving)
     };
-    let Some(reason) = reason else {
+    let Some(stop) = reason else {
         return Ok(());
     };
     let job_handle = match Job::open(fleet, job, &record).await {
@@ -164,6 +164,7 @@ pub(super) async fn watch_unserved(
             return Ok(());
         }
     };
+    let reason = job_handle.stop_reason(stop).await;
     job_handle.fail(&reason, None).await?;
     jobs.unserved
         .lock()

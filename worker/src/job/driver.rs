@@ -25,6 +25,24 @@ use tokio::time::Instant;
 /// How long a job runs before init failures across all its nodes can fail it.
 pub const INIT_FAILURE_GRACE: Duration = Duration::from_secs(120);
 
+/// Why the stop rules fail a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stop {
+    pub reason: String,
+    /// The job stalled with work outstanding: its cause should name what is in flight
+    /// ([`Job::stop_reason`](super::Job::stop_reason)).
+    pub stalled: bool,
+}
+
+impl Stop {
+    fn because(reason: String) -> Stop {
+        Stop {
+            reason,
+            stalled: false,
+        }
+    }
+}
+
 /// One watcher's view of a job's progress, and the rules that fail a job that makes none.
 #[derive(Debug)]
 pub struct StopRules {
@@ -61,7 +79,7 @@ impl StopRules {
     /// Looks at the job's status now: the reason to fail it, if a rule says so. `serving` is
     /// how many nodes serve the job's pool, when the caller could tell (it needs asking only
     /// while the job has not started).
-    pub fn check(&mut self, status: &Status, serving: Option<u64>) -> Option<String> {
+    pub fn check(&mut self, status: &Status, serving: Option<u64>) -> Option<Stop> {
         let counts = (status.created, status.done);
         if counts != self.last_counts {
             self.last_counts = counts;
@@ -72,30 +90,34 @@ impl StopRules {
         }
         let still = self.last_change.elapsed();
         if !status.started && serving == Some(0) && self.age() >= self.first_task {
-            return Some(format!(
+            return Some(Stop::because(format!(
                 "no mini-batch was started within first_task_creation_timeout ({}s) and no worker serves the job's pool; {} created",
                 self.first_task.as_secs(),
                 status.created
-            ));
+            )));
         }
         let sealed = status.total.is_some();
         if !sealed && status.done >= status.created && still >= self.first_task {
-            return Some(format!(
+            return Some(Stop::because(format!(
                 "mini-batch creation stopped: none created for {}s (first_task_creation_timeout) after {}, and all of them are done; submit the job again with the same --job-id to finish it",
                 self.first_task.as_secs(),
                 status.created
-            ));
+            )));
         }
         let outstanding = status.total.is_none_or(|total| status.done < total);
         if status.started && outstanding && still >= self.progress {
-            return Some(format!(
+            let reason = format!(
                 "stalled: no mini-batch created or completed for {}s (progress_update_timeout); {} of {} done",
                 self.progress.as_secs(),
                 status.done,
                 status
                     .total
                     .map_or_else(|| format!("{} created", status.created), |t| t.to_string())
-            ));
+            );
+            return Some(Stop {
+                reason,
+                stalled: true,
+            });
         }
         None
     }
@@ -157,7 +179,8 @@ mod tests {
         advance(1).await;
         let reason = rules
             .check(&waiting, Some(0))
-            .expect("60s after submission");
+            .expect("60s after submission")
+            .reason;
         assert!(reason.contains("no worker serves"), "{reason}");
         assert!(
             reason.contains("first_task_creation_timeout (60s)"),
@@ -191,7 +214,8 @@ mod tests {
         advance(1).await;
         let reason = rules
             .check(&status(3, 3, None, true), Some(1))
-            .expect("creation stopped");
+            .expect("creation stopped")
+            .reason;
         assert!(reason.contains("creation stopped"), "{reason}");
         assert!(reason.contains("--job-id"), "{reason}");
     }
@@ -209,7 +233,9 @@ mod tests {
         advance(299).await;
         assert_eq!(rules.check(&moved, Some(1)), None);
         advance(1).await;
-        let reason = rules.check(&moved, Some(1)).expect("stalled");
+        let stop = rules.check(&moved, Some(1)).expect("stalled");
+        assert!(stop.stalled);
+        let reason = stop.reason;
         assert!(reason.contains("progress_update_timeout"), "{reason}");
         assert!(reason.contains("5 of 10 done"), "{reason}");
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fleetrun_common::events::{Counts, Events, JobEvent};
-use fleetrun_common::ledger::{JobState, Ledger, LedgerError, Outcome, Recorded, Status};
+use fleetrun_common::ledger::{JobState, Ledger, LedgerError, Outcome, Recorded, Started, Status};
 use fleetrun_common::storage::Storage;
 use fleetrun_config::{JobSpec, Location, OutputAction};
 use tracing::{info, warn};
@@ -135,23 +135,43 @@ impl Job {
     }
 
     /// Notes that `holder` runs an attempt of mini-batch `index`; returns a holder noted
-    /// before that ended with no word (see [`Ledger::attempt_started`]).
-    pub async fn attempt_started(
-        &self,
-        index: u64,
-        holder: &str,
-    ) -> Result<Option<String>, LedgerError> {
+    /// before that ended with no word, and the attempts the mini-batch spent (see
+    /// [`Ledger::attempt_started`]).
+    pub async fn attempt_started(&self, index: u64, holder: &str) -> Result<Started, LedgerError> {
         self.ledger.attempt_started(&self.id, index, holder).await
     }
 
-    /// Keeps the report `row` of an attempt of mini-batch `index` that ended unrecorded, and
-    /// forgets its holder, returning the holder noted, if any.
+    /// Keeps the report `row` of an attempt of mini-batch `index` that ended unrecorded,
+    /// spends it when it was the script's fault (`charged`), and forgets its holder,
+    /// returning the holder noted, if any.
     pub async fn attempt_ended(
         &self,
         index: u64,
         row: Option<&str>,
+        charged: bool,
     ) -> Result<Option<String>, LedgerError> {
-        self.ledger.attempt_ended(&self.id, index, row).await
+        self.ledger
+            .attempt_ended(&self.id, index, row, charged)
+            .await
+    }
+
+    /// The cause to fail the job with for `stop`: a stall's names the mini-batches in flight
+    /// (index, first item, node, process, how long), or says none is.
+    pub async fn stop_reason(&self, stop: super::driver::Stop) -> String {
+        if !stop.stalled {
+            return stop.reason;
+        }
+        match self.ledger.in_flight(&self.id).await {
+            Ok(held) => format!(
+                "{}; {}",
+                stop.reason,
+                crate::agent::holding::describe_in_flight(&held, unix_now())
+            ),
+            Err(e) => {
+                warn!(job = %self.id, error = %e, "Cannot read what is in flight.");
+                stop.reason
+            }
+        }
     }
 
     /// Keeps a row of the job's report that no attempt's end brings.

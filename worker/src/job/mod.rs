@@ -43,7 +43,7 @@ mod side;
 mod watch;
 
 pub use code::{CODE_PREFIX, ship_code};
-pub use driver::{INIT_FAILURE_GRACE, StopRules, init_failures_fail_job};
+pub use driver::{INIT_FAILURE_GRACE, Stop, StopRules, init_failures_fail_job};
 pub use error::{JobError, SettingsError};
 pub use finalize::conclude;
 pub use lifecycle::{Job, output_location};

@@ -75,7 +75,8 @@ pub(super) async fn watch_job(
             }
         };
         note_changes(&ctx, &node, &mut seen, &status);
-        if let Some(reason) = rules.check(&status, serving(&fleet, &status).await) {
+        if let Some(stop) = rules.check(&status, serving(&fleet, &status).await) {
+            let reason = ctx.job.stop_reason(stop).await;
             ctx.job.fail_or_warn(&reason, Some(&ctx.logs)).await;
             continue;
         }
