@@ -17,6 +17,7 @@ pub mod fleet;
 pub mod local;
 pub mod partition;
 pub mod progress;
+pub mod resume;
 pub mod serve;
 pub mod summary;
 pub mod tabular;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
+use fleetrun_common::ledger::journal::{Entry, Header, Journal, JournalError};
 use fleetrun_common::ledger::{JobState, MemoryLedger, MemoryRegistry, Status};
 use fleetrun_common::queue::{MemoryQueue, QueueOptions};
 use fleetrun_common::storage::s3::S3Settings;
@@ -47,6 +48,9 @@ pub enum RunError {
     /// This machine has no runner to start.
     #[error("{0}")]
     Runner(String),
+    /// The run cannot be resumed as asked (exit 2).
+    #[error("{0}")]
+    Resume(String),
     #[error(transparent)]
     Fleet(#[from] FleetError),
 }
@@ -59,6 +63,11 @@ pub struct RunOptions {
     pub progress: bool,
     /// Whether an input that lists no item is run (by default it is refused).
     pub empty_input: fleet_cmd::EmptyInput,
+    /// Continue the last run on the output folder, if it was left unfinished: keep what it
+    /// recorded, run only the rest.
+    pub resume: bool,
+    /// Resume even when the job's settings, code or input changed since.
+    pub force: bool,
 }
 
 /// A stop asked from outside the run (Ctrl-C, SIGTERM): the job is canceled, its result
@@ -170,7 +179,12 @@ pub async fn run_local(
     let runner_exe = find_runner_exe().map_err(RunError::Runner)?;
     // Held to the end: the output folder is this run's alone, and what it writes there is
     // recorded as fleetrun's.
-    let mut guard = OutputGuard::claim(&output_dir, &spec)?;
+    let mut guard = if options.resume {
+        OutputGuard::claim_to_resume(&output_dir, &spec)?
+    } else {
+        OutputGuard::claim(&output_dir, &spec)?
+    };
+    let resumed = open_journal(&guard, &spec, &options).await?;
     let temp = std::env::temp_dir();
     node::sweep_stale_scratch(&temp);
 
@@ -179,8 +193,13 @@ pub async fn run_local(
         .processes
         .or(spec.process_count_per_node.map(|n| n as usize))
         .unwrap_or_else(|| node::default_process_count(gpus));
-    let job_id = new_job_id(&spec.name);
+    let Resumed {
+        job_id,
+        journal,
+        entries,
+    } = resumed;
     guard.runs_job(&job_id)?;
+    let ledger = Arc::new(MemoryLedger::journaled(journal));
     let scratch = node::scratch_dir(&temp, &format!("run-{job_id}"));
     let fleet = Fleet {
         // Enough ready mini-batches that no runner waits, few enough that memory stays flat.
@@ -189,12 +208,29 @@ pub async fn run_local(
             QueueOptions::default(),
             4 * processes + 16,
         )),
-        ledger: Arc::new(MemoryLedger::new()),
+        ledger: ledger.clone(),
         registry: Arc::new(MemoryRegistry::new()),
         s3: S3Settings::default(),
         pool: LOCAL_POOL.to_owned(),
     };
     let registered = fleet_cmd::register(spec, &fleet, Some(&job_id)).await?;
+    // What the last run recorded is done: its mini-batches are not published again.
+    let done: std::collections::HashSet<u64> = entries
+        .iter()
+        .filter(|e| !e.batch_failed && e.failed == 0)
+        .map(|e| e.index)
+        .collect();
+    if !done.is_empty() {
+        ledger.replay(&job_id, &entries).map_err(FleetError::from)?;
+        tracing::info!(job = %job_id, done = done.len(), "Resuming: mini-batches the last run recorded are kept.");
+    }
+    let publishing = Fleet {
+        queue: Arc::new(crate::resume::Unfinished {
+            queue: fleet.queue.clone(),
+            done,
+        }),
+        ..fleet.clone()
+    };
     let config = WorkerConfig {
         node_id: LOCAL_NODE.to_owned(),
         processes,
@@ -217,7 +253,7 @@ pub async fn run_local(
     ));
     let produced = Arc::new(Produced::default());
     let publisher = {
-        let (fleet, produced) = (fleet.clone(), produced.clone());
+        let (fleet, produced) = (publishing, produced.clone());
         let registered = registered.clone();
         tokio::spawn(async move {
             if let Err(e) = fleet_cmd::publish(&fleet, &registered, &produced).await {
@@ -273,11 +309,20 @@ pub async fn run_local(
         let logs = JobLogs::new(guard.log_dir());
         handle.write_results(Some(&logs), &status).await;
     }
-    // A completed job has removed its parts; another's are of no use to anyone (nothing
-    // resumes a local run). The folder goes too once no job's parts are left in it.
-    let parts = output_dir.join(fleetrun_worker::output::PARTS_DIR);
-    let _ = std::fs::remove_dir_all(parts.join(&job_id));
-    let _ = std::fs::remove_dir(&parts);
+    // A completed job has removed its parts, and its journal goes; another's are kept for
+    // `--resume`, until the next run on the folder that does not resume.
+    if status.state == JobState::Completed {
+        let parts = output_dir.join(fleetrun_worker::output::PARTS_DIR);
+        let _ = std::fs::remove_dir_all(parts.join(&job_id));
+        let _ = std::fs::remove_dir(&parts);
+        drop(fleet);
+        drop(ledger);
+        if let Err(e) = Journal::remove(&guard.journal_path()) {
+            tracing::warn!(error = %e, "Cannot remove the run's journal.");
+        }
+    } else {
+        guard.keep_for_resume(&job_id);
+    }
     let log_dir = guard.log_dir();
     if let Err(e) = guard.finish() {
         tracing::warn!(error = %e, "Cannot record what the job wrote in its output folder.");
@@ -292,6 +337,63 @@ pub async fn run_local(
         log_dir,
         elapsed: started.elapsed(),
         signal: interrupt.signal(),
+    })
+}
+
+/// The job a run runs: a new one, or the last run's when resuming it (its id, its journal
+/// reopened, the recordings it kept).
+struct Resumed {
+    job_id: String,
+    journal: Journal,
+    entries: Vec<Entry>,
+}
+
+/// Opens the run's journal in the output folder: the last run's, when resuming one left
+/// unfinished whose job, code and input are the same (or `force`), else a new one.
+async fn open_journal(
+    guard: &OutputGuard,
+    spec: &JobSpec,
+    options: &RunOptions,
+) -> Result<Resumed, RunError> {
+    let path = guard.journal_path();
+    let journal_error = |e: JournalError| RunError::Resume(e.to_string());
+    let fingerprint = crate::resume::fingerprint(spec)
+        .await
+        .map_err(|e| RunError::Setup(e.to_string()))?;
+    let last = if options.resume {
+        Journal::read(&path).map_err(journal_error)?
+    } else {
+        None
+    };
+    let Some(last) = last else {
+        if options.resume {
+            tracing::info!(folder = %guard.dir().display(), "No unfinished run on this output folder to resume: running the job from the start.");
+        }
+        let job_id = new_job_id(&spec.name);
+        let journal =
+            Journal::create(&path, &Header::new(&job_id, fingerprint)).map_err(journal_error)?;
+        return Ok(Resumed {
+            job_id,
+            journal,
+            entries: Vec::new(),
+        });
+    };
+    let changed = crate::resume::changed(&last.header.fingerprint, &fingerprint);
+    if !changed.is_empty() {
+        if !options.force {
+            return Err(RunError::Resume(format!(
+                "cannot resume job {}: {} changed since it ran; run it from the start without --resume, or resume anyway with --force",
+                last.header.job,
+                changed.join(", ")
+            )));
+        }
+        tracing::warn!(job = %last.header.job, changed = %changed.join(", "), "Resuming a job that changed since it ran (--force).");
+    }
+    let journal = Journal::append(&path, &last).map_err(journal_error)?;
+    Ok(Resumed {
+        job_id: last.header.job,
+        journal,
+        entries: last.entries,
     })
 }
 

@@ -60,6 +60,14 @@ enum Command {
         /// Run the job even if its input lists no item (else refused: exit 2).
         #[arg(long)]
         allow_empty_input: bool,
+        /// Continue the last run on the output folder where it stopped (killed, interrupted
+        /// or failed): keep every mini-batch it recorded, run only the rest. Refused when the
+        /// job's settings, code or input changed since, unless --force.
+        #[arg(long)]
+        resume: bool,
+        /// With --resume: resume even though the job changed since it ran.
+        #[arg(long, requires = "resume")]
+        force: bool,
     },
     /// Submit a job to a fleet (RabbitMQ + Redis + S3); prints its id.
     Submit {
@@ -162,12 +170,18 @@ fn main() -> ExitCode {
             processes,
             quiet,
             allow_empty_input,
+            resume,
+            force,
         } => run(
             job,
             overrides,
-            processes,
-            quiet,
-            empty_input(allow_empty_input),
+            RunOptions {
+                processes,
+                progress: !quiet,
+                empty_input: empty_input(allow_empty_input),
+                resume,
+                force,
+            },
         ),
         Command::Submit {
             job,
@@ -270,13 +284,7 @@ fn empty_input(allow: bool) -> EmptyInput {
     }
 }
 
-fn run(
-    job: PathBuf,
-    overrides: Vec<String>,
-    processes: Option<usize>,
-    quiet: bool,
-    empty: EmptyInput,
-) -> ExitCode {
+fn run(job: PathBuf, overrides: Vec<String>, options: RunOptions) -> ExitCode {
     let spec = match fleetrun_config::load(&job, &overrides) {
         Ok(spec) => spec,
         Err(e) => {
@@ -301,23 +309,14 @@ fn run(
             Ok(interrupt) => interrupt,
             Err(e) => return Err(anyhow::Error::from(e)),
         };
-        Ok(run_local(
-            spec,
-            RunOptions {
-                processes,
-                progress: !quiet,
-                empty_input: empty,
-            },
-            interrupt,
-        )
-        .await)
+        Ok(run_local(spec, options, interrupt).await)
     });
     match report {
         Ok(Ok(report)) => {
             print_report(&report);
             ExitCode::from(report.exit_code())
         }
-        Ok(Err(e @ (RunError::Setup(_) | RunError::Output(_)))) => {
+        Ok(Err(e @ (RunError::Setup(_) | RunError::Output(_) | RunError::Resume(_)))) => {
             eprintln!("error: {}: {e}", job.display());
             ExitCode::from(exit::REFUSED)
         }

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use fleetrun_tests::{JobDir, POISONED, assert_failed_alone, code, expected_lines, wait_for};
+use fleetrun_tests::{
+    JobDir, POISONED, RUN_LIMIT, assert_failed_alone, code, expected_lines, output_within, wait_for,
+};
 
 /// Returns each file's content; prints and logs so the log layout can be checked.
 const ECHO: &str = r#"
@@ -517,4 +519,128 @@ fn progress_is_plain_lines_when_not_on_a_terminal() {
     );
     let quiet = job.run(&[]);
     assert!(!String::from_utf8_lossy(&quiet.stderr).contains("[e2e] "));
+}
+
+/// Notes each `run()` call (the run's tag from the environment and the mini-batch's first
+/// file) and takes a little time.
+const NOTES_CALLS: &str = r#"
+import os, time
+
+def run(mini_batch):
+    with open(os.environ["CALLS"], "a") as calls:
+        calls.write(os.environ["RUN_TAG"] + " " + os.path.basename(mini_batch[0]) + "\n")
+    time.sleep(0.05)
+    return [open(p).read() for p in mini_batch]
+"#;
+
+/// The `run()` calls of the run tagged `tag`.
+fn calls_of(calls: &std::path::Path, tag: &str) -> usize {
+    std::fs::read_to_string(calls)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with(&format!("{tag} ")))
+        .count()
+}
+
+/// A job over 1,000 files in mini-batches of 10 whose `run()` notes its calls in `calls`.
+fn resumable_job(calls: &std::path::Path) -> JobDir {
+    let settings = format!(
+        "mini_batch_size = 10\nprocess_count_per_node = 2\nenvironment_variables = {{ CALLS = \"{}\" }}",
+        calls.display()
+    );
+    let job = JobDir::new(NOTES_CALLS, &settings);
+    job.inputs(1000);
+    job
+}
+
+/// `fleetrun run` killed with SIGKILL at about 40%, then run again with `--resume`:
+/// the job completes with every line once, in input order, and the script of the second run
+/// sees only what the first had not recorded (at most the runs then in flight again).
+#[test]
+fn a_run_killed_at_40_percent_resumes_where_it_stood() {
+    let calls = tempfile::NamedTempFile::new().unwrap();
+    let job = resumable_job(calls.path());
+    let mut first = job.command(&[]).env("RUN_TAG", "first").spawn().unwrap();
+    wait_for(
+        "40% of the mini-batches to run",
+        Duration::from_secs(120),
+        || calls_of(calls.path(), "first") >= 40,
+    );
+    first.kill().unwrap(); // SIGKILL
+    first.wait().unwrap();
+    let before = calls_of(calls.path(), "first");
+    assert!(before < 90, "killed well before the end: {before} calls");
+
+    let out = output_within(
+        job.command(&["--resume"]).env("RUN_TAG", "second"),
+        RUN_LIMIT,
+    );
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(job.output_lines(), expected_lines(1000, |_| false));
+    let again = calls_of(calls.path(), "second");
+    // Two runners: each had at most one mini-batch running and one returned but not yet
+    // recorded when the run was killed.
+    assert!(
+        again <= 100 - before + 4,
+        "the resumed run ran {again} mini-batches; {before} had started before"
+    );
+    eprintln!("first run: {before} calls; resumed: {again}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1000 items succeeded"));
+}
+
+/// A run interrupted by SIGINT resumes too; a resume is refused, naming what changed, when
+/// the input changed since, and goes ahead with `--force`; a run without `--resume` starts
+/// from the start.
+#[test]
+fn a_resume_is_refused_when_the_input_changed_unless_forced() {
+    let calls = tempfile::NamedTempFile::new().unwrap();
+    let job = resumable_job(calls.path());
+    let mut first = job.command(&[]).env("RUN_TAG", "first").spawn().unwrap();
+    wait_for(
+        "a few mini-batches to run",
+        Duration::from_secs(120),
+        || calls_of(calls.path(), "first") >= 10,
+    );
+    unsafe { libc::kill(first.id() as i32, libc::SIGINT) };
+    assert_eq!(first.wait().unwrap().code(), Some(130));
+
+    std::fs::write(job.path("data/g99-new.txt"), "new").unwrap();
+    let refused = output_within(
+        job.command(&["--resume"]).env("RUN_TAG", "refused"),
+        RUN_LIMIT,
+    );
+    assert_eq!(code(&refused), 2);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("the input listing changed since it ran"),
+        "{said}"
+    );
+    assert_eq!(calls_of(calls.path(), "refused"), 0);
+
+    let forced = output_within(
+        job.command(&["--resume", "--force"])
+            .env("RUN_TAG", "forced"),
+        RUN_LIMIT,
+    );
+    assert_eq!(
+        code(&forced),
+        0,
+        "{}",
+        String::from_utf8_lossy(&forced.stderr)
+    );
+    let mut expected = expected_lines(1000, |_| false);
+    expected.push("new".to_owned());
+    assert_eq!(job.output_lines(), expected);
+    assert!(calls_of(calls.path(), "forced") < 100);
+
+    let fresh = output_within(
+        job.command(&["--resume"]).env("RUN_TAG", "fresh"),
+        RUN_LIMIT,
+    );
+    assert_eq!(code(&fresh), 0);
+    assert_eq!(
+        calls_of(calls.path(), "fresh"),
+        101,
+        "a completed run leaves nothing to resume"
+    );
 }

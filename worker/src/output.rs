@@ -12,10 +12,12 @@
 //!   files, and only those, before it starts.
 //! - `_parts/`: output parts while a job runs on a fleet whose output folder is local. Left as
 //!   they are (a resumed job reads them); a job removes its own `_parts/<job>/` when it
-//!   completes. The parts of a job run here (named with [`OutputGuard::runs_job`]) are
-//!   removed by the next claim when its run died: nothing resumes a local run.
-//! - `.fleetrun/`: `lock`, held by the running job, and `manifest.json`, the record of what
-//!   fleetrun wrote here.
+//!   completes. The parts of a job run here (named with [`OutputGuard::runs_job`]) that did
+//!   not complete (it died, failed or was interrupted) are kept for `fleetrun run --resume`
+//!   ([`OutputGuard::claim_to_resume`]), and removed by the next claim that does not resume.
+//! - `.fleetrun/`: `lock`, held by the running job, `manifest.json`, the record of what
+//!   fleetrun wrote here, and `journal`, the embedded ledger's record of the job run here
+//!   (kept with its parts for a resume).
 //!
 //! # Rules
 //!
@@ -64,6 +66,7 @@ pub const LOGS_DIR: &str = "logs";
 pub const PARTS_DIR: &str = "_parts";
 const LOCK_FILE: &str = "lock";
 const MANIFEST_FILE: &str = "manifest.json";
+const JOURNAL_FILE: &str = "journal";
 const MANIFEST_VERSION: u32 = 1;
 /// Names an output file may not take.
 const RESERVED: [&str; 3] = [STATE_DIR, LOGS_DIR, PARTS_DIR];
@@ -127,6 +130,16 @@ impl OutputGuard {
     /// overwrite that is not fleetrun's, and removes the previous run's logs. Fails at once
     /// if another job holds the folder.
     pub fn claim(dir: &Path, spec: &JobSpec) -> Result<OutputGuard, OutputError> {
+        Self::claim_with(dir, spec, false)
+    }
+
+    /// [`OutputGuard::claim`] for a run that continues the last one left unfinished here
+    /// (`fleetrun run --resume`): its parts and its journal are kept, not removed.
+    pub fn claim_to_resume(dir: &Path, spec: &JobSpec) -> Result<OutputGuard, OutputError> {
+        Self::claim_with(dir, spec, true)
+    }
+
+    fn claim_with(dir: &Path, spec: &JobSpec, resume: bool) -> Result<OutputGuard, OutputError> {
         let output = (spec.output_action == OutputAction::AppendRow)
             .then(|| spec.append_row_file_name.clone());
         if let Some(name) = &output
@@ -155,7 +168,18 @@ impl OutputGuard {
                 "The last job on this output folder did not finish; settling what it wrote."
             );
             manifest.settle(dir, &dead)?;
-            manifest.remove_parts(dir, &dead)?;
+            if dead.job.is_some() {
+                manifest.resumable = dead.job;
+            }
+        }
+        if !resume && let Some(job) = manifest.resumable.take() {
+            // A new run: the last one's parts and journal are of no use any more.
+            manifest.remove_parts(dir, &job)?;
+            let journal = state.join(JOURNAL_FILE);
+            match fs::remove_file(&journal) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_at(&journal)(e)),
+                _ => {}
+            }
         }
         manifest.forget_replaced(dir)?;
 
@@ -219,6 +243,17 @@ impl OutputGuard {
             run.job = Some(job.to_owned());
         }
         self.manifest.save(&self.dir.join(STATE_DIR))
+    }
+
+    /// Keeps what this run's job leaves unfinished here (its parts and journal) for
+    /// `fleetrun run --resume`; the next claim that does not resume removes them.
+    pub fn keep_for_resume(&mut self, job: &str) {
+        self.manifest.resumable = Some(job.to_owned());
+    }
+
+    /// The embedded ledger's journal of the job run here (see `fleetrun run --resume`).
+    pub fn journal_path(&self) -> PathBuf {
+        self.dir.join(STATE_DIR).join(JOURNAL_FILE)
     }
 
     /// The output folder.
@@ -288,6 +323,9 @@ struct Manifest {
     entries: BTreeMap<String, Identity>,
     /// The run that holds the folder. Still set when a claim reads it: that run died.
     run: Option<Run>,
+    /// The job whose parts and journal the last run left here for a resume.
+    #[serde(default)]
+    resumable: Option<String>,
 }
 
 /// Which file an entry is: another file put under the same name has another identity.
@@ -403,9 +441,8 @@ impl Manifest {
 
     /// Removes the parts of the job a dead `run` ran here (fleetrun's, as they appeared during
     /// that run), and `_parts/` once it is empty.
-    fn remove_parts(&mut self, dir: &Path, run: &Run) -> Result<(), OutputError> {
+    fn remove_parts(&mut self, dir: &Path, job: &str) -> Result<(), OutputError> {
         let parts = dir.join(PARTS_DIR);
-        let Some(job) = &run.job else { return Ok(()) };
         let Some(meta) = lstat(&parts)? else {
             return Ok(());
         };
@@ -415,7 +452,6 @@ impl Manifest {
         let held = parts.join(job);
         if let Some(meta) = lstat(&held)?
             && meta.is_dir()
-            && appeared(&meta) >= run.since
         {
             match fs::remove_dir_all(&held) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_at(&held)(e)),

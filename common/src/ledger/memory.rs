@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+use super::journal::{Entry, Journal};
 use super::{
     InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Started, Status, unix_now,
 };
@@ -14,6 +15,8 @@ use super::{
 #[derive(Default)]
 pub struct MemoryLedger {
     jobs: Mutex<HashMap<String, Job>>,
+    /// Where the first recordings of one job are kept, to be replayed by a resumed run.
+    journal: Option<Journal>,
 }
 
 struct Job {
@@ -38,6 +41,37 @@ struct Job {
 impl MemoryLedger {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An embedded ledger that writes the first recordings of the journal's job to it.
+    pub fn journaled(journal: Journal) -> Self {
+        MemoryLedger {
+            journal: Some(journal),
+            ..Self::default()
+        }
+    }
+
+    /// Takes the recordings a journal kept for `job` (entered with [`Ledger::create`]) as
+    /// its own: each mini-batch recorded whole is done again, with its counts, its part and
+    /// its report row. One that failed, whole or in part, is left to run again. Returns how
+    /// many were taken.
+    pub fn replay(&self, job: &str, entries: &[Entry]) -> Result<u64, LedgerError> {
+        self.with_job(job, |j| {
+            let mut taken = 0;
+            for entry in entries.iter().filter(|e| !e.batch_failed && e.failed == 0) {
+                if !j.done.insert(entry.index) {
+                    continue;
+                }
+                taken += 1;
+                if let Some(part) = &entry.part {
+                    j.parts.insert(entry.index, part.clone());
+                }
+                j.report.extend(entry.row.clone());
+                j.status.done += 1;
+                j.status.items_succeeded += entry.succeeded;
+            }
+            taken
+        })
     }
 
     /// The jobs, with those whose time has come forgotten.
@@ -135,12 +169,23 @@ impl Ledger for MemoryLedger {
         part: Option<&str>,
         row: Option<&str>,
     ) -> Result<Recorded, LedgerError> {
+        let journal = self.journal.as_ref();
         self.with_job(job, |j| {
             j.holders.remove(&index);
             j.report.extend(row.map(str::to_owned));
             let first = j.done.insert(index);
             let mut transitioned = false;
             if first {
+                if let Some(journal) = journal.filter(|journal| journal.job() == job) {
+                    journal.write(&Entry {
+                        index,
+                        succeeded: outcome.succeeded,
+                        failed: outcome.failed,
+                        batch_failed: outcome.batch_failed,
+                        part: part.map(str::to_owned),
+                        row: row.map(str::to_owned),
+                    });
+                }
                 if let Some(part) = part {
                     j.parts.insert(index, part.to_owned());
                 }

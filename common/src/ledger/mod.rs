@@ -6,6 +6,7 @@
 //! never both see "first completion" or both flip the state. The state moves
 //! `Running → Finalizing → Completed`, or to `Failed`/`Canceled`, and never back.
 
+pub mod journal;
 mod memory;
 pub mod redis;
 mod registry;

@@ -1,7 +1,7 @@
 //! A job's code: shipped by the submitter to the job's S3 output, content-addressed, and
 //! staged once per code hash into each worker's cache.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use fleetrun_common::storage::s3::{S3Settings, S3Storage};
@@ -23,21 +23,11 @@ pub async fn ship_code(mut spec: JobSpec, s3: &S3Settings) -> Result<JobSpec, Jo
     let Location::S3 { bucket, prefix } = &spec.output else {
         return Ok(spec);
     };
-    let Location::Local(entry) = &spec.entry_script else {
+    let Some((root, files)) = local_code(&spec)? else {
         return Ok(spec);
     };
-    let (root, files) = match &spec.source_directory {
-        Some(Location::Local(dir)) => (dir.clone(), list_code(dir).map_err(JobError::io(dir))?),
-        Some(Location::S3 { .. }) => return Ok(spec),
-        None => {
-            let dir = entry.parent().unwrap_or(Path::new("/")).to_path_buf();
-            let name = entry
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned();
-            (dir, vec![name])
-        }
+    let Location::Local(entry) = &spec.entry_script else {
+        return Ok(spec);
     };
     let rel_entry = entry
         .strip_prefix(&root)
@@ -47,17 +37,7 @@ pub async fn ship_code(mut spec: JobSpec, s3: &S3Settings) -> Result<JobSpec, Jo
         })?
         .to_string_lossy()
         .replace('\\', "/");
-    let mut hasher = Sha256::new();
-    let mut contents = Vec::with_capacity(files.len());
-    for rel in &files {
-        let body = std::fs::read(root.join(rel)).map_err(JobError::io(root.join(rel)))?;
-        hasher.update(rel.as_bytes());
-        hasher.update([0]);
-        hasher.update((body.len() as u64).to_be_bytes());
-        hasher.update(&body);
-        contents.push(body);
-    }
-    let hash = format!("{:x}", hasher.finalize());
+    let (hash, contents) = hash_code(&root, &files)?;
     let code_prefix = join_key(&join_key(prefix, CODE_PREFIX), &hash);
     let storage = S3Storage::new(bucket, &code_prefix, s3).await?;
     for (rel, body) in files.iter().zip(contents) {
@@ -72,6 +52,50 @@ pub async fn ship_code(mut spec: JobSpec, s3: &S3Settings) -> Result<JobSpec, Jo
         prefix: code_prefix,
     });
     Ok(spec)
+}
+
+/// The digest of a job's code (its source directory, or its entry script alone) as it is
+/// on this machine now; `None` when its code is not local.
+pub fn code_digest(spec: &JobSpec) -> Result<Option<String>, JobError> {
+    let Some((root, files)) = local_code(spec)? else {
+        return Ok(None);
+    };
+    Ok(Some(hash_code(&root, &files)?.0))
+}
+
+/// A job's local code: the folder it is in and its files there; `None` when it is not local.
+fn local_code(spec: &JobSpec) -> Result<Option<(PathBuf, Vec<String>)>, JobError> {
+    let Location::Local(entry) = &spec.entry_script else {
+        return Ok(None);
+    };
+    Ok(Some(match &spec.source_directory {
+        Some(Location::Local(dir)) => (dir.clone(), list_code(dir).map_err(JobError::io(dir))?),
+        Some(Location::S3 { .. }) => return Ok(None),
+        None => {
+            let dir = entry.parent().unwrap_or(Path::new("/")).to_path_buf();
+            let name = entry
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            (dir, vec![name])
+        }
+    }))
+}
+
+/// The SHA-256 of code files (each one's name, length and bytes), and their contents.
+fn hash_code(root: &Path, files: &[String]) -> Result<(String, Vec<Vec<u8>>), JobError> {
+    let mut hasher = Sha256::new();
+    let mut contents = Vec::with_capacity(files.len());
+    for rel in files {
+        let body = std::fs::read(root.join(rel)).map_err(JobError::io(root.join(rel)))?;
+        hasher.update(rel.as_bytes());
+        hasher.update([0]);
+        hasher.update((body.len() as u64).to_be_bytes());
+        hasher.update(&body);
+        contents.push(body);
+    }
+    Ok((format!("{:x}", hasher.finalize()), contents))
 }
 
 /// The files of a source directory, relative, in a stable order; caches and virtualenvs

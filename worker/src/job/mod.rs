@@ -42,7 +42,7 @@ mod settings;
 mod side;
 mod watch;
 
-pub use code::{CODE_PREFIX, ship_code};
+pub use code::{CODE_PREFIX, code_digest, ship_code};
 pub use driver::{INIT_FAILURE_GRACE, Stop, StopRules, init_failures_fail_job};
 pub use error::{JobError, SettingsError};
 pub use finalize::conclude;
