@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use fleetrun_tests::{JobDir, code, expected_lines, wait_for};
+use fleetrun_tests::{
+    JobDir, RUN_LIMIT, code, exit_within, expected_lines, output_within, wait_for,
+};
 
 /// Returns each file's content; prints and logs so the log layout can be checked.
 const ECHO: &str = r#"
@@ -288,7 +290,7 @@ def run(mini_batch):
     std::fs::write(job.path("killed"), "").unwrap();
     // SAFETY: kill(2) on a pid we just read; a real SIGKILL to a real runner.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    let status = child.wait().unwrap();
+    let status = exit_within(&mut child, RUN_LIMIT);
     assert_eq!(status.code(), Some(0));
     assert_eq!(job.output_lines(), expected_lines(100, |_| false));
     assert!(
@@ -418,7 +420,7 @@ def run(mini_batch):
     cmd.env("AWS_ACCESS_KEY_ID", "key-id")
         .env("AWS_SECRET_ACCESS_KEY", "secret-key")
         .env("FLEETRUN_REDIS_URL", "redis://:secret@127.0.0.1:1/");
-    let out = cmd.output().unwrap();
+    let out = output_within(&mut cmd, RUN_LIMIT);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(job.output_lines(), ["key-id:-:-:blue"]);
 }
@@ -430,11 +432,9 @@ fn progress_is_plain_lines_when_not_on_a_terminal() {
     let script = "import time\ndef run(mini_batch):\n    time.sleep(0.3)\n    return [open(p).read() for p in mini_batch]\n";
     let job = JobDir::new(script, "mini_batch_size = 2\nprocess_count_per_node = 1");
     job.inputs(6);
-    let mut cmd = std::process::Command::new(fleetrun_tests::bin("fleetrun"));
-    cmd.arg("run")
-        .arg(job.path("job.toml"))
-        .env_remove("VIRTUAL_ENV");
-    let out = cmd.output().unwrap();
+    let mut cmd = fleetrun_tests::command("fleetrun");
+    cmd.arg("run").arg(job.path("job.toml"));
+    let out = output_within(&mut cmd, RUN_LIMIT);
     assert_eq!(code(&out), 0);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let line = stderr
