@@ -20,6 +20,9 @@ use fleetrun_tests::{
 };
 use futures::TryStreamExt;
 
+#[path = "fleet/chaos.rs"]
+mod chaos;
+
 fn management_url() -> String {
     std::env::var("FLEETRUN_TEST_AMQP_MANAGEMENT_URL")
         .unwrap_or_else(|_| "http://guest:guest@127.0.0.1:15673".to_owned())
