@@ -11,7 +11,10 @@ import subprocess
 import sys
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
-RELEASE = os.path.join(os.path.dirname(BENCH), "target", "release")
+# The binaries bench/measure.py measures (its --bin-dir), else the release build's.
+RELEASE = os.environ.get("BENCH_BIN_DIR") or os.path.join(
+    os.environ.get("CARGO_TARGET_DIR") or os.path.join(os.path.dirname(BENCH), "target"),
+    "release")
 
 
 def fleet_env() -> dict:

@@ -1,6 +1,7 @@
-"""Benchmark input: N files of 1 KB under bench/work/data/, 1,000 per subfolder.
+"""Benchmark input: N files of 1 KB under bench/work/data/, 1,000 per subfolder, or with
+--flat all in the one folder bench/work/data-flat/.
 
-    python3 bench/gen_data.py [--files 20000] [--data DIR]
+    python3 bench/gen_data.py [--files 20000] [--data DIR] [--flat]
 
 Deterministic (seeded): file f-NNNNNN.txt in d-MM/ holds 1,024 base64 characters.
 File names are unique over the whole tree, so output lines can be compared as a set.
@@ -20,6 +21,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_DATA = os.path.join(HERE, "work", "data")
+FLAT_DATA = os.path.join(HERE, "work", "data-flat")
 FILE_SIZE = 1024
 PER_FOLDER = 1000
 SEED = 20240611
@@ -35,9 +37,12 @@ def count_files(data_dir: str) -> int:
     return sum(len(files) for _, _, files in os.walk(data_dir))
 
 
-def ensure_data(n_files: int, data_dir: str = DEFAULT_DATA, quiet: bool = False) -> str:
-    """Make sure data_dir holds exactly the n_files benchmark files; return data_dir."""
-    want = f"{FORMAT} {n_files} {FILE_SIZE} {PER_FOLDER} {SEED}"
+def ensure_data(n_files: int, data_dir: str = DEFAULT_DATA, quiet: bool = False,
+                flat: bool = False) -> str:
+    """Make sure data_dir holds exactly the n_files benchmark files (all in data_dir itself
+    when flat); return data_dir."""
+    per_folder = max(n_files, 1) if flat else PER_FOLDER
+    want = f"{FORMAT} {n_files} {FILE_SIZE} {'flat' if flat else PER_FOLDER} {SEED}"
     stamp = stamp_path(data_dir)
     if os.path.isdir(data_dir) and os.path.isfile(stamp):
         with open(stamp, encoding="utf-8") as f:
@@ -55,8 +60,8 @@ def ensure_data(n_files: int, data_dir: str = DEFAULT_DATA, quiet: bool = False)
     rng = random.Random(SEED)
     raw = FILE_SIZE * 3 // 4  # base64 of 768 bytes is exactly 1,024 characters
     for i in range(n_files):
-        folder = os.path.join(data_dir, f"d-{i // PER_FOLDER:02d}")
-        if i % PER_FOLDER == 0:
+        folder = data_dir if flat else os.path.join(data_dir, f"d-{i // per_folder:02d}")
+        if i % per_folder == 0:
             os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, f"f-{i:06d}.txt"), "wb") as f:
             f.write(base64.b64encode(rng.randbytes(raw)))
@@ -71,9 +76,11 @@ def ensure_data(n_files: int, data_dir: str = DEFAULT_DATA, quiet: bool = False)
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=20000)
-    parser.add_argument("--data", default=DEFAULT_DATA)
+    parser.add_argument("--data")
+    parser.add_argument("--flat", action="store_true", help="every file in one folder")
     args = parser.parse_args(argv)
-    ensure_data(args.files, args.data)
+    data = args.data or (FLAT_DATA if args.flat else DEFAULT_DATA)
+    ensure_data(args.files, data, flat=args.flat)
     return 0
 
 

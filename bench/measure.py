@@ -1,13 +1,16 @@
-"""fleetrun vs multiprocessing.Pool(2): the benchmark driver (bench/run.sh runs it).
+"""fleetrun vs multiprocessing.Pool(2) and one plain Python loop: the benchmark driver
+(bench/run.sh runs it).
 
-    python3 bench/measure.py [--quick] [--files N] [--reps K] [--cases a,b] [--pool-only]
+    python3 bench/measure.py [--quick] [--files N] [--flat-files N] [--reps K]
+                             [--cases a,b] [--pool-only] [--bin-dir DIR]
 
 For every case (an entry script + a fleetrun job file running it), each repetition
-runs the Pool baseline and fleetrun on the same input, alternating which goes first,
-and times each as a child process (wall clock, and the peak RSS of its biggest
-process via os.wait4, which covers every descendant it reaped). It checks that both
-outputs have one line per input file and the same lines, then prints a table of
-medians. Exit status: 0 all good; 1 a run failed or the outputs differ; 3 the
+runs the Pool baseline, the one-loop baseline (cases that have it) and fleetrun on the
+same input, rotating which goes first, and times each as a whole child process, start-up
+and listing and writing the output included (wall clock, and the peak RSS of its biggest
+process via os.wait4, which covers every descendant it reaped). It checks that every
+output has one line per input file and the same lines, then prints a table of medians,
+fleetrun's speed as a ratio of each baseline measured in the same run. Exit status: 0 all good; 1 a run failed or the outputs differ; 3 the
 fleetrun binary is missing.
 
 To add a row (e.g. the same job through RabbitMQ + Redis), append a Case to CASES:
@@ -35,8 +38,12 @@ import gen_data
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 WORK = os.path.join(BENCH, "work")
-FLEETRUN = os.path.join(ROOT, "target", "release", "fleetrun")
-RUNNER = os.path.join(ROOT, "target", "release", "fleetrun-runner")
+# The release build's binaries: $CARGO_TARGET_DIR/release when that is set (--bin-dir
+# picks another folder).
+BIN_DIR = os.path.join(os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"),
+                       "release")
+FLEETRUN = os.path.join(BIN_DIR, "fleetrun")
+RUNNER = os.path.join(BIN_DIR, "fleetrun-runner")
 
 
 @dataclasses.dataclass
@@ -51,6 +58,11 @@ class Case:
     # a tabular case: its input is one CSV of TABULAR_ROWS_PER_FILE x files rows, and its
     # baseline pandas read_csv chunks in a Pool (pool_tabular.py)
     tabular: bool = False
+    # its input is --flat-files files in one folder (work/data-flat), not --files in
+    # folders of 1,000
+    flat: bool = False
+    # also measured against one plain Python loop (loop_baseline.py)
+    loop: bool = False
 
     def job_path(self) -> str:
         return os.path.join(BENCH, self.job)
@@ -100,7 +112,10 @@ def tabular_pandas() -> Optional[str]:
 
 
 CASES = [
-    Case("trivial", "trivial.py", "job-trivial.toml"),
+    Case("trivial", "trivial.py", "job-trivial.toml", loop=True),
+    # One folder of 300,000 files (--flat-files): listing a large folder, and the most
+    # mini-batches per second fleetrun is asked for.
+    Case("trivial-flat", "trivial.py", "job-trivial-flat.toml", flat=True, loop=True),
     Case("sleep1ms", "sleep1ms.py", "job-sleep1ms.toml"),
     # The same jobs through RabbitMQ + Redis: one fleetrun-worker with 2 processes.
     Case("trivial-distributed", "trivial.py", "job-trivial-distributed.toml",
@@ -172,10 +187,15 @@ def compare(case: Case, pool_out: str, fr_out: str, n_files: int) -> list[str]:
 def run_case(case: Case, reps: int, n_files: int, pool_only: bool) -> dict:
     out_dir, fr_out = case.fleetrun_output()
     pool_out = os.path.join(WORK, f"out-{case.name}-pool", "parallel_run_step.txt")
+    loop_out = os.path.join(WORK, f"out-{case.name}-loop", "parallel_run_step.txt")
     script = os.path.join(BENCH, case.script)
+    data = gen_data.FLAT_DATA if case.flat else gen_data.DEFAULT_DATA
     pool_argv = [sys.executable, os.path.join(BENCH, "pool_baseline.py"),
-                 "--script", script, "--data", gen_data.DEFAULT_DATA, "--out", pool_out,
+                 "--script", script, "--data", data, "--out", pool_out,
                  "--processes", "2", "--mini-batch-size", "10"]
+    loop_argv = [sys.executable, os.path.join(BENCH, "loop_baseline.py"),
+                 "--script", script, "--data", data, "--out", loop_out,
+                 "--mini-batch-size", "10"]
     mini_batches = -(-n_files // 10)
     if case.tabular:
         n_files *= TABULAR_ROWS_PER_FILE  # items are rows
@@ -186,17 +206,25 @@ def run_case(case: Case, reps: int, n_files: int, pool_only: bool) -> dict:
                      "--processes", "2", "--chunk-bytes", str(TABULAR_CHUNK_BYTES),
                      "--rows", str(n_files)]
     pool_runs: list[Run] = []
+    loop_runs: list[Run] = []
     fr_runs: list[Run] = []
     errors: list[str] = []
 
+    sides = ["pool", "loop", "fleetrun"] if case.loop else ["pool", "fleetrun"]
     for rep in range(reps):
-        order = ["pool", "fleetrun"] if rep % 2 == 0 else ["fleetrun", "pool"]
+        # Each side goes first in turn: a warm page cache or a busy neighbour favours none.
+        order = sides[rep % len(sides):] + sides[:rep % len(sides)]
         for side in order:
             if side == "pool":
                 if os.path.exists(pool_out):
                     os.remove(pool_out)
                 r = timed(pool_argv, os.path.join(WORK, "logs", f"{case.name}-pool-{rep}.log"))
                 pool_runs.append(r)
+            elif side == "loop":
+                if os.path.exists(loop_out):
+                    os.remove(loop_out)
+                r = timed(loop_argv, os.path.join(WORK, "logs", f"{case.name}-loop-{rep}.log"))
+                loop_runs.append(r)
             elif not pool_only:
                 shutil.rmtree(out_dir, ignore_errors=True)  # never resume a previous run
                 r = timed(case.fleetrun_argv(),
@@ -211,7 +239,11 @@ def run_case(case: Case, reps: int, n_files: int, pool_only: bool) -> dict:
                 errors.append(f"{side} rep {rep + 1} exited with {r.returncode}; "
                               f"last lines of {r.log}:\n{tail(r.log)}")
         if not pool_only and not errors:
-            for problem in compare(case, pool_out, fr_out, n_files):
+            problems = compare(case, pool_out, fr_out, n_files)
+            if case.loop:
+                problems += [f"loop: {p}" for p in compare(case, pool_out, loop_out, n_files)
+                             if "pool output" not in p]
+            for problem in problems:
                 errors.append(f"MISMATCH rep {rep + 1}: {problem}")
                 print(f"  !!! MISMATCH {case.name} rep {rep + 1}: {problem}", flush=True)
         elif pool_only and not errors:
@@ -227,7 +259,11 @@ def run_case(case: Case, reps: int, n_files: int, pool_only: bool) -> dict:
            "fleetrun_wall_s": [r.wall_s for r in fr_runs]}
     # Figures only from runs that succeeded (a failed run's speed means nothing).
     pool_runs = [r for r in pool_runs if r.returncode == 0]
+    loop_runs = [r for r in loop_runs if r.returncode == 0]
     fr_runs = [r for r in fr_runs if r.returncode == 0]
+    if loop_runs:
+        row["loop_wall_s"] = [r.wall_s for r in loop_runs]
+        row["loop_items_per_s"] = n_files / statistics.median(r.wall_s for r in loop_runs)
     if pool_runs:
         pool_wall = statistics.median(r.wall_s for r in pool_runs)
         row["pool_items_per_s"] = n_files / pool_wall
@@ -238,6 +274,8 @@ def run_case(case: Case, reps: int, n_files: int, pool_only: bool) -> dict:
         row["ratio"] = row["fleetrun_items_per_s"] / row["pool_items_per_s"]
         row["overhead_us_per_mini_batch"] = (fr_wall - pool_wall) / mini_batches * 1e6
         row["fleetrun_peak_rss_mb"] = max(r.maxrss_mb for r in fr_runs)
+        if loop_runs:
+            row["ratio_loop"] = row["fleetrun_items_per_s"] / row["loop_items_per_s"]
     return row
 
 
@@ -246,7 +284,8 @@ def fmt(value, spec: str) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = (f"{'case':<20} {'files':>7} {'pool it/s':>10} {'fleetrun it/s':>14} "
+    head = (f"{'case':<20} {'files':>7} {'loop it/s':>10} {'pool it/s':>10} "
+            f"{'fleetrun it/s':>14} {'fleetrun/loop':>13} "
             f"{'fleetrun/pool':>13} {'overhead µs/mb':>15} {'fleetrun RSS MB':>16} "
             f"{'pool RSS MB':>12}")
     print("\n" + head + "\n" + "-" * len(head))
@@ -254,14 +293,17 @@ def print_table(rows: list[dict]) -> None:
         if "skipped" in r:
             print(f"{r['case']:<20} skipped: {r['skipped']}")
             continue
-        print(f"{r['case']:<20} {r['files']:>7} {fmt(r.get('pool_items_per_s'), '10.0f')} "
+        print(f"{r['case']:<20} {r['files']:>7} {fmt(r.get('loop_items_per_s'), '10.0f'):>10} "
+              f"{fmt(r.get('pool_items_per_s'), '10.0f'):>10} "
               f"{fmt(r.get('fleetrun_items_per_s'), '14.0f'):>14} "
+              f"{fmt(r.get('ratio_loop'), '13.2f'):>13} "
               f"{fmt(r.get('ratio'), '13.2f'):>13} "
               f"{fmt(r.get('overhead_us_per_mini_batch'), '+15.0f'):>15} "
               f"{fmt(r.get('fleetrun_peak_rss_mb'), '16.1f'):>16} "
               f"{fmt(r.get('pool_peak_rss_mb'), '12.1f'):>12}"
               + ("   FAILED" if r["errors"] else ""))
-    print("(medians over the repetitions; RSS = peak of the biggest single process; "
+    print("(medians over the repetitions, each side timed as a whole process; loop = one "
+          "plain Python loop; RSS = peak of the biggest single process; "
           "overhead = (fleetrun wall - pool wall) / mini-batches)")
 
 
@@ -270,12 +312,23 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="2,000 files and 1 repetition (CI: does the bench still run?)")
     parser.add_argument("--files", type=int, help="input files (default 20,000; 2,000 with --quick)")
+    parser.add_argument("--flat-files", type=int,
+                        help="input files of the flat cases, in one folder (default 300,000; "
+                             "3,000 with --quick)")
+    parser.add_argument("--bin-dir", help="where fleetrun and fleetrun-runner are "
+                                          f"(default {BIN_DIR})")
     parser.add_argument("--reps", type=int, help="repetitions (default 3; 1 with --quick)")
     parser.add_argument("--cases", help="comma-separated case names (default: all)")
     parser.add_argument("--pool-only", action="store_true",
                         help="run only the Pool baseline (no fleetrun binary needed)")
     args = parser.parse_args(argv)
     n_files = args.files or (2000 if args.quick else 20000)
+    n_flat = args.flat_files or (3000 if args.quick else 300000)
+    global FLEETRUN, RUNNER
+    if args.bin_dir:
+        FLEETRUN = os.path.join(args.bin_dir, "fleetrun")
+        RUNNER = os.path.join(args.bin_dir, "fleetrun-runner")
+    os.environ["BENCH_BIN_DIR"] = os.path.dirname(FLEETRUN)  # for fleet_run.py
     reps = args.reps or (1 if args.quick else 3)
     cases = CASES
     if args.cases:
@@ -295,10 +348,13 @@ def main(argv: list[str]) -> int:
                   file=sys.stderr)
             return 3
 
-    print(f"bench: {n_files} files x 1 KB, mini-batch 10, 2 processes, {reps} repetition(s); "
+    print(f"bench: {n_files} files x 1 KB ({n_flat} in one folder for the flat cases), "
+          f"mini-batch 10, 2 processes, {reps} repetition(s); fleetrun from {FLEETRUN}; "
           f"{os.cpu_count()} CPUs, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"pool on Python {sys.version.split()[0]} ({sys.executable})")
     gen_data.ensure_data(n_files)
+    if any(c.flat for c in cases):
+        gen_data.ensure_data(n_flat, gen_data.FLAT_DATA, flat=True)
 
     rows = []
     for case in cases:
@@ -306,11 +362,12 @@ def main(argv: list[str]) -> int:
         if reason:
             rows.append({"case": case.name, "skipped": reason, "errors": []})
             continue
-        rows.append(run_case(case, reps, n_files, args.pool_only))
+        rows.append(run_case(case, reps, n_flat if case.flat else n_files, args.pool_only))
 
     print_table(rows)
     with open(os.path.join(WORK, "results.json"), "w", encoding="utf-8") as f:
         json.dump({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": n_files,
+                   "flat_files": n_flat,
                    "reps": reps, "cpus": os.cpu_count(), "rows": rows}, f, indent=1)
 
     failed = [r for r in rows if r["errors"]]

@@ -6,6 +6,10 @@
 #   S3        http://127.0.0.1:5055                   (moto_server)
 #
 #   scripts/services.sh start   # install what is missing, start, wait until each answers
+#
+# `start` reuses a server only if this script started it (Redis and moto_server by the pid
+# files under $FLEETRUN_SERVICES_DIR, RabbitMQ by its node name fleetrun@localhost), and
+# fails naming the port when anything else listens on one of them; `stop` stops only those.
 #   scripts/services.sh stop
 #   scripts/services.sh env     # print the variables the tests and the fleet read
 set -euo pipefail
@@ -39,10 +43,35 @@ wait_port() {
   return 1
 }
 
+# The pid of the process listening on 127.0.0.1:$1, or nothing.
+listener_pid() {
+  ss -Hltnp "sport = :$1" 2>/dev/null | grep -o 'pid=[0-9]*' | head -n 1 | cut -d= -f2
+}
+
+# Fails, naming the port, when something this script did not start listens on it: a test
+# run must not talk to, or stop, a server that is not the one it set up.
+refuse_foreign() {
+  local name=$1 port=$2
+  local pid what
+  pid=$(listener_pid "$port")
+  what=$( [ -n "$pid" ] && ps -o comm= -p "$pid" 2>/dev/null || true)
+  say "port $port (the $name's) is taken by ${what:-a process} (pid ${pid:-unknown}), which scripts/services.sh did not start; stop it or free the port, then run this again"
+  exit 1
+}
+
+# The pid of the RabbitMQ node this script starts (named fleetrun@localhost), or nothing.
+rabbitmq_pid() {
+  rabbitmqctl -n fleetrun@localhost eval 'os:getpid().' 2>/dev/null | tr -d '"'
+}
+
+# Whether $2 is the pid listening on port $1.
+listens_as() { [ -n "$2" ] && [ "$(listener_pid "$1")" = "$2" ]; }
+
 install_missing() {
   local packages=()
   command -v redis-server >/dev/null || packages+=(redis-server)
   command -v rabbitmq-server >/dev/null || packages+=(rabbitmq-server)
+  command -v ss >/dev/null || packages+=(iproute2)
   if [ ${#packages[@]} -gt 0 ]; then
     say "installing ${packages[*]}"
     apt-get update -qq
@@ -58,7 +87,15 @@ install_missing() {
 }
 
 start_rabbitmq() {
-  if port_open "$AMQP_PORT"; then return 0; fi
+  if port_open "$AMQP_PORT" || port_open "$MGMT_PORT"; then
+    # Ours: the node named fleetrun@localhost, its process the one on both ports.
+    local pid
+    pid=$(rabbitmq_pid)
+    listens_as "$AMQP_PORT" "$pid" || refuse_foreign RabbitMQ "$AMQP_PORT"
+    listens_as "$MGMT_PORT" "$pid" || refuse_foreign "RabbitMQ management API" "$MGMT_PORT"
+    say "RabbitMQ already running on 127.0.0.1:$AMQP_PORT (started here: node fleetrun@localhost, pid $pid)"
+    return 0
+  fi
   mkdir -p /etc/rabbitmq
   cat > /etc/rabbitmq/rabbitmq-env.conf <<CONF
 NODENAME=fleetrun@localhost
@@ -85,7 +122,14 @@ CONF
 }
 
 start_redis() {
-  if port_open "$REDIS_PORT"; then return 0; fi
+  if port_open "$REDIS_PORT"; then
+    # Ours: the pid Redis wrote to the pid file this script gave it.
+    local pid
+    pid=$(cat "$STATE/redis.pid" 2>/dev/null || true)
+    listens_as "$REDIS_PORT" "$pid" || refuse_foreign Redis "$REDIS_PORT"
+    say "Redis already running on 127.0.0.1:$REDIS_PORT (started here: pid $pid)"
+    return 0
+  fi
   mkdir -p "$STATE/redis"
   say "starting Redis on 127.0.0.1:$REDIS_PORT"
   redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$STATE/redis" \
@@ -95,7 +139,14 @@ start_redis() {
 }
 
 start_s3() {
-  if port_open "$S3_PORT"; then return 0; fi
+  if port_open "$S3_PORT"; then
+    # Ours: the pid this script wrote when it started moto_server.
+    local pid
+    pid=$(cat "$STATE/moto.pid" 2>/dev/null || true)
+    listens_as "$S3_PORT" "$pid" || refuse_foreign "S3 server" "$S3_PORT"
+    say "moto_server already running on 127.0.0.1:$S3_PORT (started here: pid $pid)"
+    return 0
+  fi
   mkdir -p "$STATE"
   say "starting moto_server (S3) on 127.0.0.1:$S3_PORT"
   nohup moto_server -H 127.0.0.1 -p "$S3_PORT" > "$STATE/moto.log" 2>&1 &
@@ -103,13 +154,19 @@ start_s3() {
   wait_port moto_server "$S3_PORT"
 }
 
+# Stops what this script started, and only that.
 stop_all() {
   rabbitmqctl -n fleetrun@localhost stop >/dev/null 2>&1 || true
-  redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
-  if [ -f "$STATE/moto.pid" ]; then
-    kill "$(cat "$STATE/moto.pid")" 2>/dev/null || true
-    rm -f "$STATE/moto.pid"
+  local pid
+  pid=$(cat "$STATE/redis.pid" 2>/dev/null || true)
+  if listens_as "$REDIS_PORT" "$pid"; then
+    redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
   fi
+  pid=$(cat "$STATE/moto.pid" 2>/dev/null || true)
+  if listens_as "$S3_PORT" "$pid"; then
+    kill "$pid" 2>/dev/null || true
+  fi
+  rm -f "$STATE/moto.pid"
 }
 
 case "${1:-}" in

@@ -2,7 +2,8 @@
 # Every test tier, the way CI runs it: formatting, lints, then unit, flow, end-to-end and
 # real-server tests (RabbitMQ, Redis and an S3 server installed when missing by
 # scripts/install-deps.sh and started on loopback by scripts/services.sh), run by
-# cargo-nextest (installed by the same script).
+# cargo-nextest (installed by the same script), a short chaos run among them, and a short
+# run of each fuzz target (scripts/fuzz.sh).
 #
 #   scripts/test.sh                 # everything
 #   FLEETRUN_KEEP_SERVICES=1 scripts/test.sh   # leave the servers running afterwards
@@ -16,6 +17,15 @@ scripts/services.sh start
 if [ -z "${FLEETRUN_KEEP_SERVICES:-}" ]; then
   trap 'scripts/services.sh stop' EXIT
 fi
+# A developer's own fleetrun settings (FLEETRUN_GPU_COUNT, FLEETRUN_POOL, AWS_PROFILE, ...)
+# reach no test: only the servers' addresses below do. The fixtures that start the
+# binaries clear them too, for a plain `cargo test`.
+for name in $(compgen -e); do
+  case $name in
+    FLEETRUN_KEEP_SERVICES | FLEETRUN_SERVICES_DIR) ;;
+    FLEETRUN_* | AWS_* | CHAOS_*) unset "$name" ;;
+  esac
+done
 eval "$(scripts/services.sh env)"
 
 say "cargo fmt --check"
@@ -31,6 +41,11 @@ cargo clippy --workspace --all-targets --features fleetrun-tests/services -- -D 
 say "cargo build"
 cargo build --workspace
 
-# nextest (installed by scripts/install-deps.sh) kills a test that outlives its limit.
+# nextest (installed by scripts/install-deps.sh) kills a test that outlives its limit. The
+# chaos run's short form (two trials, tests/tests/fleet/chaos.rs) is among the tests.
 say "tests"
 cargo nextest run --workspace --features fleetrun-tests/services --no-fail-fast
+
+# Each fuzz target for 25 s from its seed corpus (installs cargo-fuzz when missing).
+say "fuzzing"
+scripts/fuzz.sh

@@ -164,7 +164,9 @@ impl<'de> Deserialize<'de> for PartitionValues {
                 f.write_str("a map of partition key names to values")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                // The count is the message's say, not a promise: a corrupt header must not
+                // make the worker reserve gigabytes (and abort) before the entries run out.
+                let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(0).min(64));
                 while let Some(pair) = map.next_entry()? {
                     pairs.push(pair);
                 }
@@ -203,6 +205,19 @@ mod tests {
         assert_eq!(m.chunks[0].describe(), "a.csv bytes 10-60 rows 0-4");
         // A file input's message is what workers before tabular inputs read.
         assert_eq!(MiniBatch::new("j", 0, vec![]).v, 1);
+    }
+
+    /// Found by the fuzz target `wire` (fuzz/corpus/wire/crash-partition-count): a
+    /// `partition` map whose header claims 3.7 billion entries, in a message of 14 bytes,
+    /// made the decoder reserve 180 GB and the worker abort. It is a decode error: the
+    /// message is dead-lettered.
+    #[test]
+    fn a_partition_map_claiming_more_entries_than_it_holds_is_a_decode_error() {
+        let body = [140, 4, 223, 223, 1, 0, 0, 0, 0, 0, 0, 82, 115, 219];
+        assert!(matches!(
+            MiniBatch::decode(&body),
+            Err(WireError::Decode(_))
+        ));
     }
 
     #[test]

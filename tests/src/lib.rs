@@ -15,7 +15,12 @@ use std::time::{Duration, Instant};
 /// killed, rather than being found by the harness.
 pub const RUN_LIMIT: Duration = Duration::from_secs(180);
 
-/// A built workspace binary (`cargo build` puts them beside the test's `deps` folder).
+/// The built workspace binary `name` (`cargo build` puts them beside the test's `deps`
+/// folder), checked to be fresh: this crate is not the binaries' package, so cargo does not
+/// rebuild them for `cargo test` of it, and a test must not run what an earlier edit left.
+/// A binary older than one of the sources cargo's dep-info says it was built from, or built
+/// from another checkout sharing the target folder, fails the test, saying what to run.
+/// `fleetrun` and `fleetrun-worker` start `fleetrun-runner`, so it is checked with them.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let dir = exe
@@ -23,12 +28,128 @@ pub fn bin(name: &str) -> PathBuf {
         .and_then(Path::parent)
         .expect("target/<profile>");
     let path = dir.join(name);
-    assert!(
-        path.is_file(),
-        "{} is not built: run `cargo build --workspace` first",
-        path.display()
-    );
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace folder");
+    if let Err(why) = fresh(&path, workspace) {
+        panic!("{why}: run `cargo build --workspace` first (scripts/test.sh does)");
+    }
+    if name != "fleetrun-runner" {
+        bin("fleetrun-runner");
+    }
     path
+}
+
+/// Whether the binary at `path` was built, from the checkout at `workspace`, after every
+/// source file its dep-info (`<path>.d`, written by cargo beside it) lists.
+fn fresh(path: &Path, workspace: &Path) -> Result<(), String> {
+    let shown = path.display();
+    let built = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .map_err(|_| format!("{shown} is not built"))?;
+    let dep_info = path.with_extension("d");
+    let text = std::fs::read_to_string(&dep_info)
+        .map_err(|e| format!("{shown} has no dep-info {} ({e})", dep_info.display()))?;
+    // `<target>: <source> <source> ...`, a space inside a path escaped as `\ `.
+    let (_, sources) = text
+        .split_once(": ")
+        .ok_or_else(|| format!("{} is not dep-info", dep_info.display()))?;
+    for source in sources.replace("\\ ", "\0").split_whitespace() {
+        let source = PathBuf::from(source.replace('\0', " "));
+        if !source.starts_with(workspace) {
+            return Err(format!(
+                "{shown} was built from {}, not from this checkout ({})",
+                source.display(),
+                workspace.display()
+            ));
+        }
+        let changed = std::fs::metadata(&source).and_then(|m| m.modified());
+        match changed {
+            Ok(changed) if changed <= built => {}
+            Ok(_) => {
+                return Err(format!("{shown} is older than {}", source.display()));
+            }
+            Err(_) => {
+                return Err(format!(
+                    "{shown} was built from {}, now gone",
+                    source.display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A command running the built binary `name` (see [`bin`]) in the test's environment less
+/// what a developer's shell may hold for fleetrun: no `FLEETRUN_*` variable (a
+/// `FLEETRUN_GPU_COUNT` or `FLEETRUN_POOL` set by hand would change what a test sees), no
+/// `AWS_*` one (a profile or endpoint of the developer's), no `VIRTUAL_ENV`. A test sets
+/// what it means to.
+pub fn command(name: &str) -> Command {
+    let mut cmd = Command::new(bin(name));
+    clear_developer_env(&mut cmd);
+    cmd
+}
+
+/// Removes from `cmd`'s environment every `FLEETRUN_*` and `AWS_*` variable and
+/// `VIRTUAL_ENV`; see [`command`].
+pub fn clear_developer_env(cmd: &mut Command) {
+    for (name, _) in std::env::vars_os() {
+        let text = name.to_string_lossy();
+        if text.starts_with("FLEETRUN_") || text.starts_with("AWS_") || text == "VIRTUAL_ENV" {
+            cmd.env_remove(&name);
+        }
+    }
+}
+
+/// A child process killed (SIGKILL) and reaped when this is dropped: a test that fails,
+/// or returns early, leaves it neither running nor a zombie.
+pub struct KillOnDrop(pub Child);
+
+impl KillOnDrop {
+    /// How the child exited, waiting at most `limit` (see [`exit_within`]).
+    pub fn exit_within(&mut self, limit: Duration) -> ExitStatus {
+        exit_within(&mut self.0, limit)
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        kill(&mut self.0);
+    }
+}
+
+/// SIGKILLs `child` and reaps it. The wait is for the kernel to tear down a killed process,
+/// which does not depend on what the process does.
+pub fn kill(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The first line `child` prints on its piped stdout (an address it listens on), trimmed,
+/// waiting at most `limit`: past it the child is killed and the test fails.
+pub fn first_line_within(child: &mut Child, limit: Duration) -> String {
+    let stdout = child.stdout.take().expect("a piped stdout");
+    let (sent, received) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut printed = std::io::BufReader::new(stdout);
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(&mut printed, &mut line);
+        let _ = sent.send(line);
+        // The rest is read and dropped until the child closes its stdout: it may print again
+        // (a submitter, when its job ends) and must not find the pipe closed.
+        let _ = std::io::copy(&mut printed, &mut std::io::sink());
+    });
+    match received.recv_timeout(limit) {
+        Ok(line) => line.trim().to_owned(),
+        Err(_) => {
+            kill(child);
+            panic!(
+                "process {} printed no line in {limit:?}: killed",
+                child.id()
+            );
+        }
+    }
 }
 
 /// A job in a temporary folder: `job.toml`, `score.py`, inputs under `data/`, output `out/`.
@@ -65,12 +186,11 @@ impl JobDir {
     }
 
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(bin("fleetrun"));
+        let mut cmd = command("fleetrun");
         cmd.arg("run")
             .arg(self.path("job.toml"))
             .arg("--quiet")
             .args(args);
-        cmd.env_remove("VIRTUAL_ENV");
         cmd
     }
 
@@ -125,8 +245,7 @@ pub fn exit_within(child: &mut Child, limit: Duration) -> ExitStatus {
         exit = child.try_wait().expect("wait for a child process");
         exit.is_some()
     }) {
-        let _ = child.kill();
-        let _ = child.wait();
+        kill(child);
         panic!("process {} still ran after {limit:?}: killed", child.id());
     }
     exit.unwrap()
@@ -266,14 +385,13 @@ impl PrivateRabbitMq {
         .unwrap();
         std::fs::write(broker.path("enabled_plugins"), "[].\n").unwrap();
         // Debian's scripts run the server as the `rabbitmq` user.
-        let chown = Command::new("chown")
-            .args(["-R", "rabbitmq:rabbitmq"])
-            .arg(broker.dir.path())
-            .status();
-        assert!(
-            chown.is_ok_and(|s| s.success()),
-            "chown the broker's folder"
+        let chown = output_within(
+            Command::new("chown")
+                .args(["-R", "rabbitmq:rabbitmq"])
+                .arg(broker.dir.path()),
+            Duration::from_secs(30),
         );
+        assert!(chown.status.success(), "chown the broker's folder");
         broker.run();
         broker
     }
@@ -293,7 +411,8 @@ impl PrivateRabbitMq {
     }
 
     fn run(&self) {
-        let status = Command::new("rabbitmq-server")
+        let mut server = Command::new("rabbitmq-server");
+        server
             .arg("-detached")
             .env("RABBITMQ_NODENAME", &self.node)
             .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
@@ -306,8 +425,12 @@ impl PrivateRabbitMq {
             )
             .env("RABBITMQ_MNESIA_BASE", self.path("mnesia"))
             .env("RABBITMQ_LOG_BASE", self.path("log"))
-            .status()
-            .expect("rabbitmq-server runs");
+            // The detached node would hold a pipe open: it logs under the folder.
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut started = server.spawn().expect("rabbitmq-server runs");
+        let status = exit_within(&mut started, Duration::from_secs(120));
         assert!(status.success(), "rabbitmq-server -detached: {status}");
         // `-detached` returns before the node registers; `await_startup` needs it registered.
         wait_for(
@@ -317,17 +440,34 @@ impl PrivateRabbitMq {
         );
     }
 
+    /// Whether the node is up.
+    pub fn answers(&self) -> bool {
+        self.ctl(&["status"])
+    }
+
     /// Stops the node; its clients' connections are closed.
     pub fn stop(&self) {
         assert!(self.ctl(&["stop"]), "rabbitmqctl stop {}", self.node);
     }
 
+    /// Whether `rabbitmqctl ARGS` succeeded within three minutes (it is killed past them).
     fn ctl(&self, args: &[&str]) -> bool {
-        Command::new("rabbitmqctl")
+        let child = Command::new("rabbitmqctl")
             .args(["-n", &self.node, "--quiet"])
             .args(args)
-            .output()
-            .is_ok_and(|out| out.status.success())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let Ok(mut child) = child else { return false };
+        let mut exit = None;
+        if !poll(Duration::from_secs(180), || {
+            exit = child.try_wait().ok().flatten();
+            exit.is_some()
+        }) {
+            kill(&mut child);
+        }
+        exit.is_some_and(|status| status.success())
     }
 }
 
@@ -338,43 +478,67 @@ impl Drop for PrivateRabbitMq {
 }
 
 /// A Redis server of one test's own, for faults that would disturb every other test on the
-/// shared one (`CLIENT KILL`, `CLIENT PAUSE`). Lives in a temporary folder, listens on a free
-/// loopback port, keeps nothing on disk; killed on drop.
+/// shared one (`CLIENT KILL`, `CLIENT PAUSE`, SIGSTOP, SIGKILL). Lives in a temporary
+/// folder, listens on a free loopback port, keeps nothing on disk unless started
+/// [`persistent`](PrivateRedis::persistent); killed on drop.
 pub struct PrivateRedis {
     dir: tempfile::TempDir,
     server: Child,
     port: u16,
+    /// Append-only file on, as the fleet's Redis runs (`deploy/redis/redis.conf`).
+    persistent: bool,
 }
 
 impl PrivateRedis {
     pub fn start() -> PrivateRedis {
+        PrivateRedis::start_with(false)
+    }
+
+    /// A server that keeps its data in an append-only file, as the fleet's does: killed with
+    /// SIGKILL and [started again](PrivateRedis::start_again), it has every write it
+    /// acknowledged.
+    pub fn persistent() -> PrivateRedis {
+        PrivateRedis::start_with(true)
+    }
+
+    fn start_with(persistent: bool) -> PrivateRedis {
         let dir = tempfile::tempdir().expect("temp dir");
         let [port] = free_ports();
-        let server = Command::new("redis-server")
+        let server = PrivateRedis::spawn(dir.path(), port, persistent);
+        let mut redis = PrivateRedis {
+            dir,
+            server,
+            port,
+            persistent,
+        };
+        redis.await_answer();
+        redis
+    }
+
+    fn spawn(dir: &Path, port: u16, persistent: bool) -> Child {
+        let appendonly = if persistent { "yes" } else { "no" };
+        Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no"])
+            .args(["--save", "", "--appendonly", appendonly])
             .arg("--dir")
-            .arg(dir.path())
+            .arg(dir)
             .arg("--logfile")
-            .arg(dir.path().join("redis.log"))
+            .arg(dir.join("redis.log"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()
-            .expect("redis-server runs (scripts/install-deps.sh installs it)");
-        let mut redis = PrivateRedis { dir, server, port };
+            .expect("redis-server runs (scripts/install-deps.sh installs it)")
+    }
+
+    fn await_answer(&mut self) {
         let answers = poll(Duration::from_secs(30), || {
             // Another process can take the port between `free_ports` and the server's bind.
-            if let Some(exit) = redis.server.try_wait().unwrap() {
-                panic!("redis-server exited ({exit}):\n{}", redis.log());
+            if let Some(exit) = self.server.try_wait().unwrap() {
+                panic!("redis-server exited ({exit}):\n{}", self.log());
             }
-            redis.answers()
+            self.answers()
         });
-        assert!(
-            answers,
-            "the private Redis never answered:\n{}",
-            redis.log()
-        );
-        redis
+        assert!(answers, "the private Redis never answered:\n{}", self.log());
     }
 
     pub fn url(&self) -> String {
@@ -401,6 +565,23 @@ impl PrivateRedis {
         assert!(sent.success(), "kill {signal} redis-server");
     }
 
+    /// The server's pid, for signals a test sends it (SIGSTOP, SIGCONT).
+    pub fn pid(&self) -> u32 {
+        self.server.id()
+    }
+
+    /// SIGKILLs the server: its clients' connections break, nothing is flushed.
+    pub fn kill(&mut self) {
+        kill(&mut self.server);
+    }
+
+    /// Starts the killed server again on the same port and folder (and, when persistent,
+    /// the same data).
+    pub fn start_again(&mut self) {
+        self.server = PrivateRedis::spawn(self.dir.path(), self.port, self.persistent);
+        self.await_answer();
+    }
+
     /// Whether the server answers a `PING`.
     fn answers(&self) -> bool {
         let ping = || -> std::io::Result<bool> {
@@ -422,8 +603,8 @@ impl PrivateRedis {
 
 impl Drop for PrivateRedis {
     fn drop(&mut self) {
-        let _ = self.server.kill();
-        let _ = self.server.wait();
+        // A stopped server is killed all the same (SIGKILL needs no SIGCONT).
+        kill(&mut self.server);
     }
 }
 
@@ -433,4 +614,57 @@ fn free_ports<const N: usize>() -> [u16; N] {
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port"))
         .collect();
     std::array::from_fn(|i| listeners[i].local_addr().unwrap().port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A binary `bin` in `dir/target` built from `dir/src/main.rs`, its dep-info written.
+    fn built(dir: &Path) -> PathBuf {
+        std::fs::create_dir_all(dir.join("src")).unwrap();
+        std::fs::create_dir_all(dir.join("target")).unwrap();
+        let source = dir.join("src/main.rs");
+        std::fs::write(&source, "fn main() {}").unwrap();
+        let bin = dir.join("target/bin");
+        std::thread::sleep(Duration::from_millis(20));
+        std::fs::write(&bin, "").unwrap();
+        let info = format!("{}: {}\n", bin.display(), source.display());
+        std::fs::write(dir.join("target/bin.d"), info).unwrap();
+        bin
+    }
+
+    #[test]
+    fn a_binary_built_after_its_sources_is_fresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = built(dir.path());
+        assert_eq!(fresh(&bin, dir.path()), Ok(()));
+    }
+
+    #[test]
+    fn a_source_edited_after_the_build_makes_it_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = built(dir.path());
+        std::thread::sleep(Duration::from_millis(20));
+        std::fs::write(dir.path().join("src/main.rs"), "fn main() { edited() }").unwrap();
+        let why = fresh(&bin, dir.path()).unwrap_err();
+        assert!(
+            why.contains("is older than") && why.contains("main.rs"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_binary_of_another_checkout_or_without_dep_info_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = built(dir.path());
+        let elsewhere = tempfile::tempdir().unwrap();
+        let why = fresh(&bin, elsewhere.path()).unwrap_err();
+        assert!(why.contains("not from this checkout"), "{why}");
+        std::fs::remove_file(dir.path().join("target/bin.d")).unwrap();
+        let why = fresh(&bin, dir.path()).unwrap_err();
+        assert!(why.contains("no dep-info"), "{why}");
+        let why = fresh(&dir.path().join("target/none"), dir.path()).unwrap_err();
+        assert!(why.contains("is not built"), "{why}");
+    }
 }

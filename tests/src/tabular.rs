@@ -78,13 +78,14 @@ for g in range(meta.num_row_groups):
     run += end - start
 print(chunks + (1 if run else 0))
 "#;
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .arg(path)
-        .args([rows.to_string(), group.to_string(), size.to_string()])
-        .output()
-        .expect("python3 runs");
+    let out = crate::output_within(
+        Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .arg(path)
+            .args([rows.to_string(), group.to_string(), size.to_string()]),
+        std::time::Duration::from_secs(300),
+    );
     assert!(
         out.status.success(),
         "pyarrow writes the Parquet file (scripts/install-deps.sh installs it): {}",

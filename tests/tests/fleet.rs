@@ -15,10 +15,14 @@ use fleetrun_common::storage::Storage;
 use fleetrun_common::storage::s3::{S3Settings, S3Storage};
 use fleetrun_common::testing::random_suffix;
 use fleetrun_tests::{
-    POISONED, PrivateRabbitMq, PrivateRedis, assert_failed_alone, bin, code, expected_lines,
-    services, wait_for,
+    KillOnDrop, POISONED, PrivateRabbitMq, PrivateRedis, RUN_LIMIT, assert_failed_alone, code,
+    command, exit_within, expected_lines, first_line_within, kill, output_within, services,
+    wait_for,
 };
 use futures::TryStreamExt;
+
+#[path = "fleet/chaos.rs"]
+mod chaos;
 
 fn management_url() -> String {
     std::env::var("FLEETRUN_TEST_AMQP_MANAGEMENT_URL")
@@ -130,16 +134,19 @@ impl Fleet {
         )
     }
 
-    /// `fleetrun submit JOB --wait`, running while the test goes on.
-    fn spawn_submit(&self, job: &Path) -> Child {
-        let mut cmd = Command::new(bin("fleetrun"));
+    /// `fleetrun submit JOB --wait`, running while the test goes on; killed if the test
+    /// ends before it does.
+    fn spawn_submit(&self, job: &Path) -> KillOnDrop {
+        let mut cmd = command("fleetrun");
         self.env(&mut cmd);
-        cmd.arg("submit")
-            .arg(job)
-            .arg("--quiet")
-            .arg("--wait")
-            .spawn()
-            .unwrap()
+        KillOnDrop(
+            cmd.arg("submit")
+                .arg(job)
+                .arg("--quiet")
+                .arg("--wait")
+                .spawn()
+                .unwrap(),
+        )
     }
 
     fn env(&self, cmd: &mut Command) {
@@ -170,14 +177,9 @@ impl Fleet {
 
     /// A worker with variables and arguments besides the fleet's.
     fn worker_with(&mut self, node: &str, processes: usize, env: &[(&str, &str)], args: &[&str]) {
-        let mut cmd = Command::new(bin("fleetrun-worker"));
+        // `command` leaves out the test run's own settings (its service URLs among them).
+        let mut cmd = command("fleetrun-worker");
         self.env(&mut cmd);
-        // The test run's own settings (its service URLs) are no worker's.
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("FLEETRUN_TEST_") {
-                cmd.env_remove(name);
-            }
-        }
         cmd.envs(env.iter().copied()).args(args);
         let log = std::fs::File::create(self.path(&format!("{node}.log"))).unwrap();
         cmd.args(["--node-id", node, "--processes", &processes.to_string()])
@@ -191,16 +193,13 @@ impl Fleet {
         ));
     }
 
+    /// `fleetrun submit JOB ARGS` to its end, bounded by [`RUN_LIMIT`]: past it the
+    /// submitter is killed and the test fails.
     fn submit(&self, job: &Path, args: &[&str]) -> Output {
-        let mut cmd = Command::new(bin("fleetrun"));
+        let mut cmd = command("fleetrun");
         self.env(&mut cmd);
-        let out = cmd
-            .arg("submit")
-            .arg(job)
-            .arg("--quiet")
-            .args(args)
-            .output()
-            .unwrap();
+        cmd.arg("submit").arg(job).arg("--quiet").args(args);
+        let out = output_within(&mut cmd, RUN_LIMIT);
         eprintln!(
             "--- submit stdout\n{}--- stderr\n{}",
             String::from_utf8_lossy(&out.stdout),
@@ -241,8 +240,7 @@ fn fleetrun_worker_delivery_limit() -> u32 {
 impl Drop for Fleet {
     fn drop(&mut self) {
         for (node, child) in &mut self.workers {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill(child);
             if std::thread::panicking() {
                 let log = std::fs::read_to_string(self.dir.path().join(format!("{node}.log")));
                 eprintln!("--- worker {node}\n{}", log.unwrap_or_default());
@@ -267,16 +265,6 @@ impl Drop for Fleet {
             });
         }
     }
-}
-
-/// How `child` exited, failing the test if it runs longer than `limit`.
-fn exit_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let mut exit = None;
-    wait_for("a process to exit", limit, || {
-        exit = child.try_wait().unwrap();
-        exit.is_some()
-    });
-    exit.unwrap()
 }
 
 fn lines(bytes: &[u8]) -> Vec<String> {
@@ -467,9 +455,8 @@ fn kill_a_worker_mid_job(make_job: impl Fn(&Fleet) -> PathBuf) -> (Fleet, tempfi
         },
     );
     let (_, victim) = &mut fleet.workers[0];
-    victim.kill().unwrap(); // SIGKILL
-    victim.wait().unwrap();
-    let status = submit.wait().unwrap();
+    kill(victim);
+    let status = submit.exit_within(RUN_LIMIT);
     assert_eq!(status.code(), Some(0));
     (fleet, markers)
 }
@@ -519,16 +506,15 @@ fn threshold_stops_every_worker_and_leaves_nothing_queued() {
         "a mini-batch started {late:.1} s after the job failed"
     );
     assert!(started.len() < 100, "{} mini-batches ran", started.len());
-    let status = Command::new(bin("fleetrun"))
-        .args(["status"])
-        .envs([
+    let status = output_within(
+        command("fleetrun").args(["status"]).envs([
             ("FLEETRUN_REDIS_URL", services::redis_url()),
             ("FLEETRUN_AMQP_URL", services::amqp_url()),
             ("FLEETRUN_POOL", fleet.pool.clone()),
             ("FLEETRUN_CONFIG", "/nonexistent".into()),
-        ])
-        .output()
-        .unwrap();
+        ]),
+        Duration::from_secs(60),
+    );
     let listing = String::from_utf8_lossy(&status.stdout);
     assert!(listing.contains("Failed"), "{listing}");
 }
@@ -579,9 +565,9 @@ fn cancel_stops_a_job_and_drops_its_mini_batches() {
         .unwrap()
         .trim()
         .to_owned();
-    let mut cancel = Command::new(bin("fleetrun"));
+    let mut cancel = command("fleetrun");
     fleet.env(&mut cancel);
-    let cancelled = cancel.args(["cancel", &id]).output().unwrap();
+    let cancelled = output_within(cancel.args(["cancel", &id]), Duration::from_secs(60));
     assert_eq!(code(&cancelled), 0);
     assert!(String::from_utf8_lossy(&cancelled.stdout).contains("Canceled"));
     let queue = fleet.queue();
@@ -593,9 +579,9 @@ fn cancel_stops_a_job_and_drops_its_mini_batches() {
             d.ready == 0 && d.unacked == Some(0)
         },
     );
-    let mut status = Command::new(bin("fleetrun"));
+    let mut status = command("fleetrun");
     fleet.env(&mut status);
-    let shown = status.args(["status", &id]).output().unwrap();
+    let shown = output_within(status.args(["status", &id]), Duration::from_secs(60));
     let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
     assert!(shown.contains("Canceled"), "{shown}");
     // Far from all 100 one-second-fifth mini-batches ran.
@@ -637,14 +623,14 @@ fn sigterm_drains_a_worker_without_losing_work() {
         0
     );
     let at_sigterm = started();
-    let exit = draining.wait().unwrap();
+    let exit = exit_within(draining, Duration::from_secs(60));
     assert_eq!(exit.code(), Some(0), "a drained worker exits 0");
     // It finishes what it holds (at most its prefetch, 3), and takes nothing more.
     let after = started() - at_sigterm;
     assert!(after <= 3, "{after} mini-batches started after SIGTERM");
     assert!(started() < 20, "the draining worker ran the whole job");
     fleet.worker("w2", 1);
-    assert_eq!(submit.wait().unwrap().code(), Some(0));
+    assert_eq!(submit.exit_within(RUN_LIMIT).code(), Some(0));
     assert_eq!(
         lines(&fleet.output("out/parallel_run_step.txt")),
         expected_lines(60, |_| false)
@@ -674,11 +660,8 @@ fn a_draining_worker_finalizes_the_job_it_completes() {
     let (_, worker) = &mut fleet.workers[0];
     // SAFETY: kill(2) with SIGTERM on our own child.
     assert_eq!(unsafe { libc::kill(worker.id() as i32, libc::SIGTERM) }, 0);
-    assert_eq!(worker.wait().unwrap().code(), Some(0));
-    assert_eq!(
-        exit_within(&mut submit, Duration::from_secs(30)).code(),
-        Some(0)
-    );
+    assert_eq!(exit_within(worker, Duration::from_secs(60)).code(), Some(0));
+    assert_eq!(submit.exit_within(Duration::from_secs(30)).code(), Some(0));
     assert_eq!(
         lines(&fleet.output("out/parallel_run_step.txt")),
         expected_lines(40, |_| false)
@@ -739,7 +722,7 @@ fn init_failures_over_the_fleet_fail_the_job_after_two_minutes() {
     let mut stalled = fleet.spawn_submit(&stalled);
 
     assert_eq!(
-        exit_within(&mut stalled, Duration::from_secs(240)).code(),
+        stalled.exit_within(Duration::from_secs(240)).code(),
         Some(42)
     );
     let result = fleet.job_result("stalled");
@@ -751,7 +734,7 @@ fn init_failures_over_the_fleet_fail_the_job_after_two_minutes() {
     assert!(result.contains("ImportError: no model file"), "{result}");
 
     assert_eq!(
-        exit_within(&mut rule_2, Duration::from_secs(240)).code(),
+        rule_2.exit_within(Duration::from_secs(240)).code(),
         Some(42)
     );
     assert!(
@@ -815,7 +798,7 @@ fn redis_frozen_for_15_s_with_one_attempt_costs_no_item() {
     fleet.worker("w2", 1);
     let job =
         fleet.s3_job("mini_batch_size = 5\nrun_max_try = 1\nerror_threshold = 0\nnode_count = 2");
-    let mut submit = Submitted(fleet.spawn_submit(&job));
+    let mut submit = fleet.spawn_submit(&job);
     let started = || std::fs::read_to_string(&runs).map_or(0, |s| s.lines().count());
     wait_for("a few mini-batches to run", Duration::from_secs(60), || {
         started() >= 6
@@ -823,10 +806,7 @@ fn redis_frozen_for_15_s_with_one_attempt_costs_no_item() {
     redis.freeze();
     std::thread::sleep(Duration::from_secs(15));
     redis.thaw();
-    assert_eq!(
-        exit_within(&mut submit.0, Duration::from_secs(180)).code(),
-        Some(0)
-    );
+    assert_eq!(submit.exit_within(Duration::from_secs(180)).code(), Some(0));
     let output = lines(&fleet.output("out/parallel_run_step.txt"));
     assert_eq!(output, expected_lines(200, |_| false));
     assert_output_and_failed_items_cover(&fleet, &output, 200);
@@ -880,7 +860,7 @@ fn restart_the_broker_mid_job(settings: &str) -> (PrivateRabbitMq, Fleet, tempfi
     fleet.worker("w1", 1);
     fleet.worker("w2", 1);
     let job = fleet.s3_job(&format!("mini_batch_size = 5\n{settings}\nnode_count = 2"));
-    let mut submit = Submitted(fleet.spawn_submit(&job));
+    let mut submit = fleet.spawn_submit(&job);
     let started = || std::fs::read_to_string(&runs).map_or(0, |s| s.lines().count());
     wait_for("a few mini-batches to run", Duration::from_secs(60), || {
         started() >= 6
@@ -888,10 +868,7 @@ fn restart_the_broker_mid_job(settings: &str) -> (PrivateRabbitMq, Fleet, tempfi
     broker.stop();
     assert!(started() < 40, "the broker stopped mid-job");
     broker.start_again();
-    assert_eq!(
-        exit_within(&mut submit.0, Duration::from_secs(120)).code(),
-        Some(0)
-    );
+    assert_eq!(submit.exit_within(Duration::from_secs(120)).code(), Some(0));
     (broker, fleet, markers)
 }
 
@@ -944,10 +921,7 @@ fn dropped_broker_connections_lose_and_duplicate_nothing() {
         }
     });
     assert!(started() < 40, "the connections were closed mid-job");
-    assert_eq!(
-        exit_within(&mut submit, Duration::from_secs(60)).code(),
-        Some(0)
-    );
+    assert_eq!(submit.exit_within(Duration::from_secs(60)).code(), Some(0));
     assert_eq!(
         lines(&fleet.output("out/parallel_run_step.txt")),
         expected_lines(200, |_| false)
@@ -967,9 +941,7 @@ fn dropped_broker_connections_lose_and_duplicate_nothing() {
 
 /// A job submitted with `--wait` whose finalizer was SIGKILLed while it joined the parts.
 struct FinalizerKilled {
-    submit: Child,
-    /// Kept open until `submit` exits: it prints again when the job ends.
-    _printed: std::io::BufReader<std::process::ChildStdout>,
+    submit: KillOnDrop,
     redis: redis::Connection,
     /// The job's state hash in the ledger.
     key: String,
@@ -982,24 +954,22 @@ impl FinalizerKilled {
     /// worker to claim the finalization and kills the worker the claim names.
     fn new(fleet: &mut Fleet) -> FinalizerKilled {
         let job = fleet.s3_job("mini_batch_size = 1");
-        let mut cmd = Command::new(bin("fleetrun"));
+        let mut cmd = command("fleetrun");
         fleet.env(&mut cmd);
-        let mut submit = cmd
-            .args(["submit", "--quiet", "--wait"])
-            .arg(&job)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut printed = std::io::BufReader::new(submit.stdout.take().unwrap());
-        let mut id = String::new();
-        std::io::BufRead::read_line(&mut printed, &mut id).unwrap();
+        let mut submit = KillOnDrop(
+            cmd.args(["submit", "--quiet", "--wait"])
+                .arg(&job)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let id = first_line_within(&mut submit.0, Duration::from_secs(60));
         let redis = redis::Client::open(services::redis_url())
             .unwrap()
             .get_connection()
             .unwrap();
         let mut killed = FinalizerKilled {
             submit,
-            _printed: printed,
             redis,
             key: format!("fleetrun:job:{{{}}}:state", id.trim()),
             killed: usize::MAX,
@@ -1021,8 +991,7 @@ impl FinalizerKilled {
             .position(|(_, child)| child.id() == pid)
             .expect("the claim names a worker");
         let (_, child) = &mut fleet.workers[killed.killed];
-        child.kill().unwrap();
-        child.wait().unwrap();
+        kill(child);
         assert_eq!(
             killed.field("state").as_deref(),
             Some("Finalizing"),
@@ -1070,7 +1039,7 @@ impl FinalizerKilled {
     /// `fleet.workers[finalizer]` finalized it, with every line once.
     fn completed_by(&mut self, fleet: &Fleet, finalizer: usize) {
         assert_eq!(
-            exit_within(&mut self.submit, Duration::from_secs(60)).code(),
+            self.submit.exit_within(Duration::from_secs(60)).code(),
             Some(0)
         );
         let pid = fleet.workers[finalizer].1.id();
@@ -1085,14 +1054,6 @@ impl FinalizerKilled {
             lines(&fleet.output("out/parallel_run_step.txt")),
             expected_lines(300, |_| false)
         );
-    }
-}
-
-impl Drop for FinalizerKilled {
-    fn drop(&mut self) {
-        // A failed test leaves no submitter waiting.
-        let _ = self.submit.kill();
-        let _ = self.submit.wait();
     }
 }
 
@@ -1141,23 +1102,21 @@ fn unnamed_pools_meet_on_the_default_and_status_watch_follows_the_job() {
     assert_eq!(code(&submitted), 0);
     let id = String::from_utf8(submitted.stdout).unwrap();
     let id = id.lines().next().unwrap().trim().to_owned();
-    let mut cmd = Command::new(bin("fleetrun"));
+    let mut cmd = command("fleetrun");
     fleet.env(&mut cmd);
-    let mut watch = cmd
-        .args(["status", &id, "--watch"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut printed = watch.stdout.take().unwrap();
+    let mut watch = KillOnDrop(
+        cmd.args(["status", &id, "--watch"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut printed = watch.0.stdout.take().unwrap();
     let shown = std::thread::spawn(move || {
         let mut text = String::new();
         std::io::Read::read_to_string(&mut printed, &mut text).unwrap();
         text
     });
-    assert_eq!(
-        exit_within(&mut watch, Duration::from_secs(60)).code(),
-        Some(0)
-    );
+    assert_eq!(watch.exit_within(Duration::from_secs(60)).code(), Some(0));
     let shown = shown.join().unwrap();
     let states: Vec<&str> = shown
         .lines()
@@ -1184,7 +1143,7 @@ impl Fleet {
 
     /// A worker with default settings serving `pool`.
     fn default_worker_on(&mut self, name: &str, pool: &str) {
-        let mut cmd = Command::new(bin("fleetrun-worker"));
+        let mut cmd = command("fleetrun-worker");
         self.env(&mut cmd);
         cmd.env("FLEETRUN_POOL", pool);
         let tmp = self.path("tmp");
@@ -1204,12 +1163,10 @@ impl Fleet {
     /// `fleetrun run` of the same job on the local copy of the inputs: its output file.
     fn local_run(&self, settings: &str) -> Vec<u8> {
         let local = self.job(settings, "local-in", "local-out");
-        let run = Command::new(bin("fleetrun"))
-            .arg("run")
-            .arg(&local)
-            .arg("--quiet")
-            .output()
-            .unwrap();
+        let run = output_within(
+            command("fleetrun").arg("run").arg(&local).arg("--quiet"),
+            RUN_LIMIT,
+        );
         assert_eq!(code(&run), 0);
         std::fs::read(self.path("local-out/parallel_run_step.txt")).unwrap()
     }
@@ -1252,9 +1209,8 @@ fn three_default_workers_on_one_host_one_killed_match_a_local_run() {
             .is_ok_and(|parts| parts.len() >= 30)
     });
     let (_, victim) = &mut fleet.workers[1];
-    victim.kill().unwrap();
-    victim.wait().unwrap();
-    let status = exit_within(&mut submit, Duration::from_secs(300));
+    kill(victim);
+    let status = submit.exit_within(Duration::from_secs(240));
     assert_eq!(status.code(), Some(0));
     let fleet_bytes = fleet.output("out/parallel_run_step.txt");
     assert_eq!(lines(&fleet_bytes), expected_lines(2000, |_| false));
@@ -1335,14 +1291,15 @@ fn a_submit_killed_midway_is_finished_by_the_same_job_id() {
     fleet.worker("w1", 2);
     let job = fleet.s3_job("mini_batch_size = 1");
     let id = format!("resumable-{}", random_suffix());
-    let mut cmd = Command::new(bin("fleetrun"));
+    let mut cmd = command("fleetrun");
     fleet.env(&mut cmd);
-    let mut first = cmd
-        .arg("submit")
-        .arg(&job)
-        .args(["--quiet", "--wait", "--job-id", &id])
-        .spawn()
-        .unwrap();
+    let mut first = KillOnDrop(
+        cmd.arg("submit")
+            .arg(&job)
+            .args(["--quiet", "--wait", "--job-id", &id])
+            .spawn()
+            .unwrap(),
+    );
     // Somewhere in its publication (or its wait).
     let instant = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1350,8 +1307,7 @@ fn a_submit_killed_midway_is_finished_by_the_same_job_id() {
         .subsec_nanos()
         % 1300;
     std::thread::sleep(Duration::from_millis(200 + u64::from(instant)));
-    first.kill().unwrap();
-    first.wait().unwrap();
+    kill(&mut first.0);
 
     let again = fleet.submit(&job, &["--wait", "--job-id", &id]);
     assert_eq!(code(&again), 0);
@@ -1766,7 +1722,7 @@ def run(mini_batch):
     // Gone from the submitter's disk before any worker looks: only the shipped copy is left.
     std::fs::remove_file(fleet.path("labels.txt")).unwrap();
     fleet.worker("w1", 1);
-    assert!(exit_within(&mut submit, Duration::from_secs(120)).success());
+    assert!(submit.exit_within(Duration::from_secs(120)).success());
     let mut got = lines(&fleet.output("out/parallel_run_step.txt"));
     got.sort();
     let expected: Vec<String> = expected_lines(6, |_| false)
@@ -1842,27 +1798,13 @@ fn node_count_nodes_serve_a_job_at_once_and_another_takes_a_dead_ones_place() {
         .position(|(n, _)| n == serving)
         .unwrap();
     let (_, worker) = &mut fleet.workers[index];
-    worker.kill().unwrap(); // SIGKILL: its place runs out, it is not given up
-    worker.wait().unwrap();
-    assert_eq!(
-        exit_within(&mut submit, Duration::from_secs(120)).code(),
-        Some(0)
-    );
+    kill(worker); // SIGKILL: its place runs out, it is not given up
+    assert_eq!(submit.exit_within(Duration::from_secs(120)).code(), Some(0));
     assert!(runs(idle) > 0, "the other node took the job over");
     assert_eq!(
         lines(&fleet.output("out/parallel_run_step.txt")),
         expected_lines(60, |_| false)
     );
-}
-
-/// A `fleetrun submit --wait` that is killed if the test ends before it does.
-struct Submitted(Child);
-
-impl Drop for Submitted {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Runs small default jobs (50 files: five mini-batches of the default ten) on the pools'
@@ -1884,16 +1826,16 @@ fn small_default_jobs_all_finish(
             &format!("s3://{bucket}/in"),
             &format!("s3://{bucket}/out-{n}"),
         );
-        let mut cmd = Command::new(bin("fleetrun"));
+        let mut cmd = command("fleetrun");
         fleet.env(&mut cmd);
         cmd.env("FLEETRUN_POOL", &pools[n % pools.len()])
             .args(["submit", "--quiet", "--wait"])
             .arg(job);
-        Submitted(cmd.spawn().unwrap())
+        KillOnDrop(cmd.spawn().unwrap())
     };
     let expected = expected_lines(50, |_| false);
-    let check = |n: usize, mut submitted: Submitted| {
-        let status = exit_within(&mut submitted.0, Duration::from_secs(90));
+    let check = |n: usize, mut submitted: KillOnDrop| {
+        let status = submitted.exit_within(Duration::from_secs(90));
         assert_eq!(status.code(), Some(0), "job {n} did not complete");
         let out = fleet.output(&format!("out-{n}/parallel_run_step.txt"));
         assert_eq!(lines(&out), expected, "job {n}");
@@ -2036,7 +1978,7 @@ fn unreachable_services_are_said_once_without_their_password() {
         ),
     ];
     for (var, url, said) in cases {
-        let mut cmd = Command::new(bin("fleetrun"));
+        let mut cmd = command("fleetrun");
         fleet.env(&mut cmd);
         cmd.env(var, &url).args(["submit", "--quiet"]).arg(&job);
         let out = fleetrun_tests::output_within(&mut cmd, Duration::from_secs(120));
@@ -2058,17 +2000,17 @@ fn concurrent_submits_of_one_job_id_publish_once() {
     fleet.worker("w1", 2);
     let job = fleet.s3_job("mini_batch_size = 1");
     let id = format!("once-{}", random_suffix());
-    let submitters: Vec<Submitted> = (0..3)
+    let submitters: Vec<KillOnDrop> = (0..3)
         .map(|_| {
-            let mut cmd = Command::new(bin("fleetrun"));
+            let mut cmd = command("fleetrun");
             fleet.env(&mut cmd);
             cmd.args(["submit", "--quiet", "--wait", "--job-id", &id])
                 .arg(&job);
-            Submitted(cmd.spawn().unwrap())
+            KillOnDrop(cmd.spawn().unwrap())
         })
         .collect();
     for mut submitted in submitters {
-        let status = exit_within(&mut submitted.0, Duration::from_secs(120));
+        let status = submitted.exit_within(Duration::from_secs(120));
         assert_eq!(status.code(), Some(0));
     }
     assert_eq!(
@@ -2197,9 +2139,9 @@ fn programs_submit_wait_and_read_status_as_json_and_exit_codes() {
     let idle_pool = format!("idle{suffix}");
     fleet.other_pools.push(idle_pool.clone());
     let fleetrun = |args: &[&str]| -> (i32, String) {
-        let mut cmd = Command::new(bin("fleetrun"));
+        let mut cmd = command("fleetrun");
         fleet.env(&mut cmd);
-        let out = cmd.args(args).output().unwrap();
+        let out = output_within(cmd.args(args), Duration::from_secs(180));
         let stderr = String::from_utf8_lossy(&out.stderr);
         eprintln!("fleetrun {args:?}: {stderr}");
         (code(&out), String::from_utf8(out.stdout).unwrap())
@@ -2337,10 +2279,10 @@ fn a_service_submits_over_http_and_polls_to_completed() {
         Fleet::new("def run(mini_batch):\n    return [open(p).read() for p in mini_batch]\n");
     fleet.inputs(20);
     fleet.worker("w1", 2);
-    let mut cmd = Command::new(bin("fleetrun"));
+    let mut cmd = command("fleetrun");
     fleet.env(&mut cmd);
     let log = std::fs::File::create(fleet.path("serve.log")).unwrap();
-    let mut serve = Submitted(
+    let mut serve = KillOnDrop(
         cmd.args(["serve", "--listen", "127.0.0.1:0"])
             .env("FLEETRUN_API_TOKEN", "t0ken")
             .stdout(std::process::Stdio::piped())
@@ -2348,7 +2290,7 @@ fn a_service_submits_over_http_and_polls_to_completed() {
             .spawn()
             .unwrap(),
     );
-    let first = first_line(&mut serve.0);
+    let first = first_line_within(&mut serve.0, Duration::from_secs(60));
     let base = first.strip_prefix("Listening on ").unwrap().to_owned();
     let bucket = &fleet.bucket;
     let job = serde_json::json!({
@@ -2362,11 +2304,12 @@ fn a_service_submits_over_http_and_polls_to_completed() {
     let client = fleet.path("client.py");
     std::fs::write(&client, API_CLIENT).unwrap();
     let job_id = format!("api-{}", random_suffix());
-    let out = Command::new("python3")
-        .arg(&client)
-        .args([&base, "t0ken", &job.to_string(), &job_id])
-        .output()
-        .unwrap();
+    let out = output_within(
+        Command::new("python3")
+            .arg(&client)
+            .args([&base, "t0ken", &job.to_string(), &job_id]),
+        RUN_LIMIT,
+    );
     let serve_log = std::fs::read_to_string(fleet.path("serve.log")).unwrap();
     assert!(
         out.status.success(),
@@ -2381,10 +2324,7 @@ fn a_service_submits_over_http_and_polls_to_completed() {
     // SIGTERM stops the server at once, and cleanly.
     // SAFETY: kill(2) with SIGTERM on our own child.
     assert_eq!(unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) }, 0);
-    assert_eq!(
-        exit_within(&mut serve.0, Duration::from_secs(10)).code(),
-        Some(0)
-    );
+    assert_eq!(serve.exit_within(Duration::from_secs(10)).code(), Some(0));
 }
 
 /// A webhook receiver, in Python: checks each POST's signature with the secret, answers 503
@@ -2431,7 +2371,7 @@ fn a_webhook_receiver_gets_a_signed_post_of_each_end() {
     let receiver = fleet.path("receiver.py");
     std::fs::write(&receiver, WEBHOOK_RECEIVER).unwrap();
     let heard = fleet.path("heard.txt");
-    let mut server = Submitted(
+    let mut server = KillOnDrop(
         Command::new("python3")
             .arg(&receiver)
             .arg(secret)
@@ -2440,7 +2380,10 @@ fn a_webhook_receiver_gets_a_signed_post_of_each_end() {
             .spawn()
             .unwrap(),
     );
-    let url = format!("http://127.0.0.1:{}/hook", first_line(&mut server.0));
+    let url = format!(
+        "http://127.0.0.1:{}/hook",
+        first_line_within(&mut server.0, Duration::from_secs(60))
+    );
     let settings = format!("mini_batch_size = 5\nrun_max_try = 1\nnotify_url = \"{url}\"");
     let completes = fleet.s3_job(&format!("{settings}\nerror_threshold = -1"));
     let fails = fleet.s3_job(&format!("{settings}\nerror_threshold = 0"));
@@ -2498,14 +2441,6 @@ fn poison_files_are_isolated_on_a_fleet() {
     );
     let failed = fleet.output("out/logs/failed_items.csv");
     assert_failed_alone(&String::from_utf8_lossy(&failed), &POISONED);
-}
-
-/// The first line a child prints on its piped stdout (an address it listens on), trimmed.
-fn first_line(child: &mut Child) -> String {
-    let mut line = String::new();
-    let stdout = child.stdout.take().expect("a piped stdout");
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
-    line.trim().to_owned()
 }
 
 /// A script whose `run()` raises for the mini-batch holding `f0003`.
@@ -2648,7 +2583,7 @@ fn a_worker_logging_json_writes_only_json_lines() {
 #[test]
 fn a_worker_logging_json_that_cannot_start_says_why_in_json() {
     let fleet = Fleet::new(ECHO);
-    let mut cmd = Command::new(bin("fleetrun-worker"));
+    let mut cmd = command("fleetrun-worker");
     fleet.env(&mut cmd);
     // Nothing listens on port 1.
     cmd.env("FLEETRUN_REDIS_URL", "redis://127.0.0.1:1/")
@@ -2656,7 +2591,7 @@ fn a_worker_logging_json_that_cannot_start_says_why_in_json() {
         .args(["--node-id", "nowhere"])
         .arg("--cache-dir")
         .arg(fleet.path("cache-nowhere"));
-    let out = cmd.output().unwrap();
+    let out = output_within(&mut cmd, Duration::from_secs(120));
     assert_eq!(code(&out), 1);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<serde_json::Value> = stderr

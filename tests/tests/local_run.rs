@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use fleetrun_tests::{
-    JobDir, POISONED, RUN_LIMIT, assert_failed_alone, code, expected_lines, output_within, wait_for,
+    JobDir, KillOnDrop, POISONED, RUN_LIMIT, assert_failed_alone, code, exit_within,
+    expected_lines, output_within, wait_for,
 };
 
 /// Returns each file's content; prints and logs so the log layout can be checked.
@@ -360,7 +361,7 @@ def run(mini_batch):
     std::fs::write(job.path("killed"), "").unwrap();
     // SAFETY: kill(2) on a pid we just read; a real SIGKILL to a real runner.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    let status = child.wait().unwrap();
+    let status = exit_within(&mut child, RUN_LIMIT);
     assert_eq!(status.code(), Some(0));
     assert_eq!(job.output_lines(), expected_lines(100, |_| false));
     assert!(
@@ -490,7 +491,7 @@ def run(mini_batch):
     cmd.env("AWS_ACCESS_KEY_ID", "key-id")
         .env("AWS_SECRET_ACCESS_KEY", "secret-key")
         .env("FLEETRUN_REDIS_URL", "redis://:secret@127.0.0.1:1/");
-    let out = cmd.output().unwrap();
+    let out = output_within(&mut cmd, RUN_LIMIT);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(job.output_lines(), ["key-id:-:-:blue"]);
 }
@@ -502,11 +503,9 @@ fn progress_is_plain_lines_when_not_on_a_terminal() {
     let script = "import time\ndef run(mini_batch):\n    time.sleep(0.3)\n    return [open(p).read() for p in mini_batch]\n";
     let job = JobDir::new(script, "mini_batch_size = 2\nprocess_count_per_node = 1");
     job.inputs(6);
-    let mut cmd = std::process::Command::new(fleetrun_tests::bin("fleetrun"));
-    cmd.arg("run")
-        .arg(job.path("job.toml"))
-        .env_remove("VIRTUAL_ENV");
-    let out = cmd.output().unwrap();
+    let mut cmd = fleetrun_tests::command("fleetrun");
+    cmd.arg("run").arg(job.path("job.toml"));
+    let out = output_within(&mut cmd, RUN_LIMIT);
     assert_eq!(code(&out), 0);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let line = stderr
@@ -560,14 +559,14 @@ fn resumable_job(calls: &std::path::Path) -> JobDir {
 fn a_run_killed_at_40_percent_resumes_where_it_stood() {
     let calls = tempfile::NamedTempFile::new().unwrap();
     let job = resumable_job(calls.path());
-    let mut first = job.command(&[]).env("RUN_TAG", "first").spawn().unwrap();
+    let mut first = KillOnDrop(job.command(&[]).env("RUN_TAG", "first").spawn().unwrap());
     wait_for(
         "40% of the mini-batches to run",
         Duration::from_secs(120),
         || calls_of(calls.path(), "first") >= 40,
     );
-    first.kill().unwrap(); // SIGKILL
-    first.wait().unwrap();
+    first.0.kill().unwrap(); // SIGKILL
+    first.0.wait().unwrap();
     let before = calls_of(calls.path(), "first");
     assert!(before < 90, "killed well before the end: {before} calls");
 
@@ -595,14 +594,14 @@ fn a_run_killed_at_40_percent_resumes_where_it_stood() {
 fn a_resume_is_refused_when_the_input_changed_unless_forced() {
     let calls = tempfile::NamedTempFile::new().unwrap();
     let job = resumable_job(calls.path());
-    let mut first = job.command(&[]).env("RUN_TAG", "first").spawn().unwrap();
+    let mut first = KillOnDrop(job.command(&[]).env("RUN_TAG", "first").spawn().unwrap());
     wait_for(
         "a few mini-batches to run",
         Duration::from_secs(120),
         || calls_of(calls.path(), "first") >= 10,
     );
-    unsafe { libc::kill(first.id() as i32, libc::SIGINT) };
-    assert_eq!(first.wait().unwrap().code(), Some(130));
+    unsafe { libc::kill(first.0.id() as i32, libc::SIGINT) };
+    assert_eq!(first.exit_within(RUN_LIMIT).code(), Some(130));
 
     std::fs::write(job.path("data/g99-new.txt"), "new").unwrap();
     let refused = output_within(

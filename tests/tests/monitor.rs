@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fleetrun_tests::{JobDir, code};
+use fleetrun_tests::{JobDir, code, output_within};
+use std::time::Duration;
 
 /// Takes a moment per mini-batch and returns the runner's pid, so the job lasts a couple
 /// of seconds and says which processes ran it.
@@ -170,11 +171,12 @@ fn profile_writes_each_runners_stats_for_pstats() {
     assert_eq!(profiles, expected);
     for profile in &profiles {
         let code = "import pstats, sys\nprint(sorted({name for (_, _, name) in pstats.Stats(sys.argv[1]).stats}))";
-        let out = Command::new("python3")
-            .args(["-c", code])
-            .arg(dir.join(profile))
-            .output()
-            .unwrap();
+        let out = output_within(
+            Command::new("python3")
+                .args(["-c", code])
+                .arg(dir.join(profile)),
+            Duration::from_secs(60),
+        );
         assert!(
             out.status.success(),
             "{}",

@@ -6,7 +6,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use fleetrun_tests::{
-    JobDir, RUN_LIMIT, bin, code, expected_lines, output_within, wait_for, wait_with_output_within,
+    JobDir, RUN_LIMIT, code, command, exit_within, expected_lines, output_within, wait_for,
+    wait_with_output_within,
 };
 
 /// The pids of the processes a script started, as it wrote them to `children.txt`; killed on
@@ -129,7 +130,7 @@ fn processes_flags_are_bounded() {
         assert!(!job.path("out").exists(), "nothing ran");
 
         let out = output_within(
-            Command::new(bin("fleetrun-worker")).env("FLEETRUN_PROCESSES", value),
+            command("fleetrun-worker").env("FLEETRUN_PROCESSES", value),
             RUN_LIMIT,
         );
         assert_eq!(
@@ -144,7 +145,7 @@ fn processes_flags_are_bounded() {
         );
 
         let out = output_within(
-            Command::new(bin("fleetrun-worker")).env("FLEETRUN_MAX_PROCESSES", value),
+            command("fleetrun-worker").env("FLEETRUN_MAX_PROCESSES", value),
             RUN_LIMIT,
         );
         assert_eq!(code(&out), 2, "FLEETRUN_MAX_PROCESSES={value}");
@@ -188,7 +189,7 @@ fn worker_sweeps_stale_scratch_at_start_and_logs_without_colour() {
     let gone_pid = {
         let mut child = Command::new("true").spawn().unwrap();
         let pid = child.id();
-        child.wait().unwrap();
+        exit_within(&mut child, Duration::from_secs(10));
         pid
     };
     let stale = temp
@@ -209,12 +210,7 @@ fn worker_sweeps_stale_scratch_at_start_and_logs_without_colour() {
 
 /// `fleetrun-worker` with no fleet settings at all, its temp dir and home in `dir`.
 fn worker_without_settings(dir: &Path) -> Command {
-    let mut cmd = Command::new(bin("fleetrun-worker"));
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("FLEETRUN_") {
-            cmd.env_remove(name);
-        }
-    }
+    let mut cmd = command("fleetrun-worker");
     cmd.env("TMPDIR", dir)
         .env("HOME", dir)
         .env_remove("NO_COLOR")

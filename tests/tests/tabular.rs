@@ -4,7 +4,7 @@
 //! without pandas refused before any mini-batch.
 
 use fleetrun_tests::tabular::{self, ID_AND_LENGTH, REGIONS};
-use fleetrun_tests::{JobDir, code};
+use fleetrun_tests::{JobDir, code, exit_within};
 
 /// A job whose input is `[input] tabular = "<input>"` (relative to the job folder), with
 /// `extra` lines under `[input]`.
@@ -203,12 +203,12 @@ fn a_python_without_pandas_fails_the_job_before_any_mini_batch() {
         "",
     );
     tabular::write_csv(&job.path("data/rows.csv"), 0..10);
-    let made = std::process::Command::new("python3")
+    let mut making = std::process::Command::new("python3")
         .args(["-m", "venv", "--without-pip"])
         .arg(job.path("venv"))
-        .status()
+        .spawn()
         .unwrap();
-    assert!(made.success());
+    assert!(exit_within(&mut making, std::time::Duration::from_secs(120)).success());
     let out = job.run(&[]);
     assert_eq!(code(&out), 42);
     let result = job.log("job_result.txt");
