@@ -80,13 +80,29 @@ impl PartKind {
         }
     }
 
-    /// The stored part a ledger reference names, if it is of this kind.
+    /// The stored part of this kind a ledger reference names, if any.
     fn take(self, reference: String) -> Option<String> {
-        match (self, reference.strip_prefix(FAILED_ITEMS_MARK)) {
-            (PartKind::Rows, None) => Some(reference),
-            (PartKind::FailedItems, Some(part)) => Some(part.to_owned()),
-            _ => None,
-        }
+        reference
+            .split(BOTH)
+            .find_map(|one| match (self, one.strip_prefix(FAILED_ITEMS_MARK)) {
+                (PartKind::Rows, None) => Some(one.to_owned()),
+                (PartKind::FailedItems, Some(part)) => Some(part.to_owned()),
+                _ => None,
+            })
+    }
+}
+
+/// What separates the two references of a mini-batch that has rows and failed items (a
+/// short return): never part of a reference.
+const BOTH: char = '\n';
+
+/// The reference of a mini-batch that returned short: its rows' part (none for
+/// `summary_only`) and the part listing its failed items.
+pub fn with_failed_items(rows: Option<&str>, failed: &str) -> String {
+    let failed = PartKind::FailedItems.reference(failed);
+    match rows {
+        Some(rows) => format!("{rows}{BOTH}{failed}"),
+        None => failed,
     }
 }
 
@@ -496,6 +512,40 @@ mod tests {
         let joined = std::fs::read_to_string(dir.path().join("out.txt")).unwrap();
         assert_eq!(joined, "id text\n1 a\n2 b\n3 c\n");
         assert_eq!(with_header(Some("h"), &rows(&["x"]), false), "x\n");
+    }
+
+    /// A mini-batch that returned short has rows for the output and failed items for
+    /// `failed_items.csv`; each join takes its own, and a `summary_only` one has no rows.
+    #[tokio::test]
+    async fn a_short_return_gives_rows_and_failed_items() {
+        let dir = tempfile::tempdir().unwrap();
+        let parts = SegmentParts::new(dir.path().join("_parts/j"), &writer_name("n1"));
+        let ledger = MemoryLedger::new();
+        ledger.create("j", Limits::NONE).await.unwrap();
+        let short = Outcome {
+            succeeded: 1,
+            failed: 1,
+            batch_failed: true,
+        };
+        let rows = parts.put(0, Bytes::from("a\n")).await.unwrap();
+        let failed = parts.put(0, Bytes::from("x,0,1,short\n")).await.unwrap();
+        let both = with_failed_items(Some(&rows), &failed);
+        ledger.record("j", 0, short, Some(&both)).await.unwrap();
+        let failed = parts.put(1, Bytes::from("y,1,1,short\n")).await.unwrap();
+        let only = with_failed_items(None, &failed);
+        ledger.record("j", 1, short, Some(&only)).await.unwrap();
+        let r2 = parts.put(2, Bytes::from("c\n")).await.unwrap();
+        ledger.record("j", 2, OK, Some(&r2)).await.unwrap();
+        let out = LocalStorage::new(dir.path());
+        join_parts(&parts, &ledger, "j", 3, &out, "out.txt", false)
+            .await
+            .unwrap();
+        join_failed_items(&parts, &ledger, "j", 3, &out, "failed.csv", "h")
+            .await
+            .unwrap();
+        let read = |name| std::fs::read_to_string(dir.path().join(name)).unwrap();
+        assert_eq!(read("out.txt"), "a\nc\n");
+        assert_eq!(read("failed.csv"), "h\nx,0,1,short\ny,1,1,short\n");
     }
 
     #[tokio::test]

@@ -44,6 +44,7 @@ mod attempt;
 pub mod environment;
 mod holding;
 pub mod outdir;
+mod returns;
 mod runner;
 pub mod seats;
 mod slot;
