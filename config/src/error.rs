@@ -28,6 +28,15 @@ pub enum ConfigError {
         origin: String,
         source: serde_json::Error,
     },
+    /// An Azure ML YAML that cannot be read as a job:
+    /// `pipeline.yml: jobs.train.input_data: required`.
+    #[error("{origin}: {at}: {message}")]
+    Aml {
+        origin: String,
+        /// The YAML key, dotted.
+        at: String,
+        message: String,
+    },
     /// A `--set` argument that is not `key=value`.
     #[error("--set {arg}: expected key=value")]
     Override { arg: String },
@@ -64,6 +73,7 @@ impl ConfigError {
             ConfigError::Read { .. }
             | ConfigError::Syntax { .. }
             | ConfigError::Json { .. }
+            | ConfigError::Aml { .. }
             | ConfigError::Override { .. } => None,
         }
     }

@@ -110,6 +110,11 @@ pub struct JobFile {
     /// year).
     #[serde(default = "default::first_task_creation_timeout")]
     pub first_task_creation_timeout: i64,
+    /// Seconds a mini-batch may take from its delivery until `run()` is called with it:
+    /// staging its inputs (downloads, range reads) and handing them to the runner (1 to a
+    /// year). ParallelRunStep's `--task_overhead_timeout`.
+    #[serde(default = "default::task_overhead_timeout")]
+    pub task_overhead_timeout: i64,
     /// Seconds without a completion before the job is declared stalled (1 to a year).
     /// Defaults to `run_invocation_timeout × run_max_try`, never less than
     /// [`default::MIN_PROGRESS_UPDATE_TIMEOUT`].
@@ -369,6 +374,10 @@ pub mod default {
         600
     }
     pub(super) const fn first_task_creation_timeout() -> i64 {
+        600
+    }
+    /// Azure ML's parallel job default.
+    pub const fn task_overhead_timeout() -> i64 {
         600
     }
 }

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub mod aml;
 mod error;
 pub mod file;
 mod load;
@@ -27,7 +28,8 @@ mod validate;
 
 pub use error::{ConfigError, FieldError};
 pub use file::JobFile;
-pub use load::{load, load_json, load_str};
+pub use load::arguments::SETTINGS as ARGUMENT_SETTINGS;
+pub use load::{load, load_aml, load_json, load_str};
 pub use partition_format::PartitionFormat;
 
 /// A validated job: every field has its value (defaults filled in) and every path is
@@ -105,6 +107,10 @@ pub struct JobSpec {
     pub append_row_separator: u8,
     /// Seconds from the job's start to its first mini-batch before the job fails.
     pub first_task_creation_timeout: u64,
+    /// Seconds a mini-batch may take from its delivery until `run()` is called with it
+    /// (staging its inputs). A job recorded before this field reads as the default.
+    #[serde(default = "default_task_overhead_timeout")]
+    pub task_overhead_timeout: u64,
     /// Seconds without a completion before the job is declared stalled. Defaults to
     /// `run_invocation_timeout × run_max_try`, never less than 300.
     pub progress_update_timeout: u64,
@@ -119,6 +125,42 @@ pub struct JobSpec {
     /// whichever process ends it; retried, and never in the job's way.
     #[serde(default)]
     pub notify_url: Option<String>,
+    /// ParallelRunStep's settings found in `arguments` (`--allowed_failed_percent 30`), in
+    /// their order: taken as the job's keys, or overruled by the job file. Said once when
+    /// the job starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub settings_from_arguments: Vec<ArgumentSetting>,
+}
+
+/// A ParallelRunStep setting written in `arguments` (`--allowed_failed_percent 30`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArgumentSetting {
+    /// The job file's key of the same name.
+    pub key: String,
+    /// The value as written.
+    pub value: String,
+    /// Taken as the job's setting; false when the job file (or a `--set`) gives the key
+    /// too, and wins.
+    pub taken: bool,
+}
+
+impl std::fmt::Display for ArgumentSetting {
+    /// `allowed_failed_percent = 30, from --allowed_failed_percent in arguments`, or why not.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (key, value) = (&self.key, &self.value);
+        if self.taken {
+            write!(f, "{key} = {value}, from --{key} in arguments")
+        } else {
+            write!(
+                f,
+                "--{key} {value} in arguments is overruled by the job's own {key}"
+            )
+        }
+    }
+}
+
+fn default_task_overhead_timeout() -> u64 {
+    file::default::task_overhead_timeout() as u64
 }
 
 /// Side inputs as a record holds them: by name, or as the list records written before they

@@ -4,6 +4,7 @@
 //! Every mistake becomes a one-line [`ConfigError`] that names where it was made (the job
 //! file, or the `--set` that set the field), the field, the rule and the value.
 
+pub mod arguments;
 mod decode;
 mod keys;
 mod overrides;
@@ -53,6 +54,12 @@ impl Fault {
 /// `--set`: `mini_batch_size=5`, `input.files=data/x`) and validates the result.
 /// Relative paths in the file are relative to the file's folder.
 pub fn load(path: &Path, overrides: &[String]) -> Result<JobSpec, ConfigError> {
+    let (text, base_dir) = read(path)?;
+    load_str(&text, &path.display().to_string(), base_dir, overrides)
+}
+
+/// The text of the file at `path`, and the folder its relative paths start from.
+fn read(path: &Path) -> Result<(String, &Path), ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
@@ -61,7 +68,29 @@ pub fn load(path: &Path, overrides: &[String]) -> Result<JobSpec, ConfigError> {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
     };
-    load_str(&text, &path.display().to_string(), base_dir, overrides)
+    Ok((text, base_dir))
+}
+
+/// `doc` with `overrides` applied, validated; a mistake is blamed on the last `--set` that
+/// wrote the field, else on `source`.
+fn check_with(
+    mut doc: Table,
+    source: &str,
+    base_dir: &Path,
+    overrides: &[String],
+) -> Result<JobSpec, ConfigError> {
+    let overrides = overrides
+        .iter()
+        .map(|arg| Override::apply(&mut doc, arg))
+        .collect::<Result<Vec<_>, _>>()?;
+    check(doc, base_dir).map_err(|fault| {
+        let origin = overrides
+            .iter()
+            .rev()
+            .find(|applied| applied.covers(fault.field()))
+            .map_or_else(|| source.to_owned(), Override::origin);
+        fault.at(origin)
+    })
 }
 
 /// [`load`] for a job file already read: relative paths are resolved against `base_dir`,
@@ -72,20 +101,24 @@ pub fn load_str(
     base_dir: &Path,
     overrides: &[String],
 ) -> Result<JobSpec, ConfigError> {
-    let mut doc = parse(text, source)?;
-    let overrides = overrides
-        .iter()
-        .map(|arg| Override::apply(&mut doc, arg))
-        .collect::<Result<Vec<_>, _>>()?;
-    check(doc, base_dir).map_err(|fault| {
-        // Blame the last `--set` that wrote the field, else the file.
-        let origin = overrides
-            .iter()
-            .rev()
-            .find(|applied| applied.covers(fault.field()))
-            .map_or_else(|| source.to_owned(), Override::origin);
-        fault.at(origin)
-    })
+    let doc = parse(text, source)?;
+    check_with(doc, source, base_dir, overrides)
+}
+
+/// Reads an Azure ML v2 YAML at `path` (a parallel job, a parallel component, or a
+/// pipeline naming `job`) as a job, with `overrides` as [`load`] takes them plus
+/// `inputs.NAME=…` and `outputs.NAME=…` for what the YAML cannot reach. Returns the job and
+/// what the conversion made of the YAML (for its warning).
+pub fn load_aml(
+    path: &Path,
+    job: Option<&str>,
+    overrides: &[String],
+) -> Result<(JobSpec, crate::aml::Converted), ConfigError> {
+    let (text, base_dir) = read(path)?;
+    let source = path.display().to_string();
+    let (converted, rest) = crate::aml::convert(&text, &source, base_dir, job, overrides)?;
+    let spec = check_with(converted.table(), &source, base_dir, &rest)?;
+    Ok((spec, converted))
 }
 
 /// [`load_str`] for a job sent as a JSON object with the job file's fields (`{"name":
@@ -102,10 +135,28 @@ pub fn load_json(text: &str, source: &str, base_dir: &Path) -> Result<JobSpec, C
     check(doc, base_dir).map_err(|fault| fault.at(source.to_owned()))
 }
 
-/// The job in `doc`, validated.
-fn check(doc: Table, base_dir: &Path) -> Result<JobSpec, Fault> {
-    let file: JobFile = decode::job_file(doc)?;
-    file.validate(base_dir).map_err(Fault::Invalid)
+/// The job in `doc`, with the settings its `arguments` give, validated. A setting taken from
+/// `arguments` that breaks its rule says so.
+fn check(mut doc: Table, base_dir: &Path) -> Result<JobSpec, Fault> {
+    let settings = arguments::take(&mut doc);
+    let from_arguments = |fault: Fault| match fault {
+        Fault::Invalid(mut error) => {
+            if let Some(setting) = settings.iter().find(|s| s.taken && s.key == error.field) {
+                error.problem = format!(
+                    "{}, from `--{} {}` in arguments",
+                    error.problem, setting.key, setting.value
+                );
+            }
+            Fault::Invalid(error)
+        }
+        unknown => unknown,
+    };
+    let file: JobFile = decode::job_file(doc).map_err(from_arguments)?;
+    let mut spec = file
+        .validate(base_dir)
+        .map_err(|e| from_arguments(Fault::Invalid(e)))?;
+    spec.settings_from_arguments = settings;
+    Ok(spec)
 }
 
 /// Removes every object entry that is `null`: TOML has no null, and an API client's

@@ -113,6 +113,8 @@ impl JobFile {
             self.first_task_creation_timeout,
             1,
         )?;
+        let task_overhead_timeout =
+            seconds("task_overhead_timeout", self.task_overhead_timeout, 1)?;
         let progress_update_timeout = match self.progress_update_timeout {
             Some(timeout) => seconds("progress_update_timeout", timeout, 1)?,
             None => default::progress_update_timeout(run_invocation_timeout, run_max_try),
@@ -155,9 +157,11 @@ impl JobFile {
             append_row_separator,
             first_task_creation_timeout,
             progress_update_timeout,
+            task_overhead_timeout,
             environment,
             profile: self.profile,
             notify_url: self.notify_url.as_deref().map(notify_url).transpose()?,
+            settings_from_arguments: Vec::new(),
         })
     }
 }

@@ -201,6 +201,8 @@ path = "./results/../out"
         environment: Some(dir.path(".venv")),
         profile: true,
         notify_url: Some("https://hooks.example.com/fleetrun?team=vision".into()),
+        task_overhead_timeout: 600,
+        settings_from_arguments: vec![],
     };
     assert_eq!(spec, expected);
 }
@@ -242,6 +244,8 @@ fn a_minimal_job_file_gets_the_defaults() {
         environment: None,
         profile: false,
         notify_url: None,
+        task_overhead_timeout: 600,
+        settings_from_arguments: vec![],
     };
     assert_eq!(spec, expected);
 }
@@ -1057,5 +1061,49 @@ fn notify_url_must_be_an_http_url_with_a_host() {
     assert_eq!(
         spec.notify_url.as_deref(),
         Some("http://127.0.0.1:9000/hook")
+    );
+}
+
+/// ParallelRunStep's settings in `arguments` are the job's settings, the job file and a
+/// `--set` win over them, and a bad one is refused naming the key and the argument.
+#[test]
+fn parallel_run_step_settings_in_arguments_are_the_jobs() {
+    let dir = JobDir::new();
+    let arguments = r#"["--model", "m", "--allowed_failed_percent", "30", "--task_overhead_timeout", "1200", "--progress_update_timeout=900", "--allowed_failed_count", "4"]"#;
+    let text = job(&[("arguments", arguments), ("allowed_failed_count", "2")]);
+    let spec = dir
+        .load_with(&text, &["progress_update_timeout=700"])
+        .unwrap();
+    assert_eq!(spec.allowed_failed_percent, 30.0);
+    assert_eq!(spec.task_overhead_timeout, 1200);
+    assert_eq!(spec.progress_update_timeout, 700, "--set wins");
+    assert_eq!(spec.allowed_failed_count, Some(2), "the job file wins");
+    assert_eq!(spec.arguments.len(), 9, "the script still gets them all");
+    let said: Vec<String> = spec
+        .settings_from_arguments
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        said,
+        [
+            "allowed_failed_percent = 30, from --allowed_failed_percent in arguments",
+            "task_overhead_timeout = 1200, from --task_overhead_timeout in arguments",
+            "--progress_update_timeout 900 in arguments is overruled by the job's own progress_update_timeout",
+            "--allowed_failed_count 4 in arguments is overruled by the job's own allowed_failed_count",
+        ]
+    );
+
+    let bad = job(&[("arguments", r#"["--allowed_failed_percent", "300"]"#)]);
+    assert_eq!(
+        dir.error(&bad),
+        "job.toml: allowed_failed_percent: must be between 0 and 100 (got 300), from `--allowed_failed_percent 300` in arguments"
+    );
+    let bad = job(&[("arguments", r#"["--run_max_try", "many"]"#)]);
+    assert!(
+        dir.error(&bad)
+            .ends_with("from `--run_max_try many` in arguments"),
+        "{}",
+        dir.error(&bad)
     );
 }

@@ -46,8 +46,12 @@ struct Cli {
 enum Command {
     /// Run a job on this machine, with no services, and wait for it.
     Run {
-        /// The job file (TOML).
+        /// The job file (TOML), or an Azure ML v2 YAML (a parallel job, a parallel
+        /// component, or a pipeline: `--job` names its parallel job when it has several).
         job: PathBuf,
+        /// The parallel job of an Azure ML pipeline YAML to run.
+        #[arg(long = "job", value_name = "NAME")]
+        aml_job: Option<String>,
         /// Override a job parameter for this run, e.g. `--set mini_batch_size=5`.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
@@ -71,8 +75,11 @@ enum Command {
     },
     /// Submit a job to a fleet (RabbitMQ + Redis + S3); prints its id.
     Submit {
-        /// The job file (TOML): the same file `fleetrun run` takes.
+        /// The job file (TOML) or Azure ML v2 YAML: the same file `fleetrun run` takes.
         job: PathBuf,
+        /// The parallel job of an Azure ML pipeline YAML to submit.
+        #[arg(long = "job", value_name = "NAME")]
+        aml_job: Option<String>,
         /// Override a job parameter, e.g. `--set mini_batch_size=5`.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
@@ -97,6 +104,19 @@ enum Command {
         json: bool,
         #[command(flatten)]
         fleet: FleetArgs,
+    },
+    /// Print an Azure ML v2 YAML's parallel job as a fleetrun job file (TOML), each line
+    /// with a comment naming its YAML key.
+    Convert {
+        /// The YAML: a parallel job, a parallel component, or a pipeline.
+        yaml: PathBuf,
+        /// The parallel job of a pipeline that has several.
+        #[arg(long = "job", value_name = "NAME")]
+        aml_job: Option<String>,
+        /// Give an input or output the YAML cannot reach here: `inputs.NAME=PATH`,
+        /// `outputs.NAME=PATH`.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
     },
     /// Show a job's progress (or every job of the pool, without JOB). Exits 0 completed,
     /// 42 failed, 43 canceled, 75 not ended yet.
@@ -166,6 +186,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run {
             job,
+            aml_job,
             overrides,
             processes,
             quiet,
@@ -174,6 +195,7 @@ fn main() -> ExitCode {
             force,
         } => run(
             job,
+            aml_job,
             overrides,
             RunOptions {
                 processes,
@@ -185,6 +207,7 @@ fn main() -> ExitCode {
         ),
         Command::Submit {
             job,
+            aml_job,
             overrides,
             wait,
             job_id,
@@ -194,13 +217,10 @@ fn main() -> ExitCode {
             fleet,
         } => {
             let empty = empty_input(allow_empty_input);
-            let spec = match fleetrun_config::load(&job, &overrides) {
-                Ok(spec) => spec,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::from(exit::REFUSED);
-                }
+            let Some(spec) = load_job(&job, aml_job.as_deref(), &overrides) else {
+                return ExitCode::from(exit::REFUSED);
             };
+            note_settings_from_arguments(&job, &spec);
             let shown = Shown {
                 json,
                 progress: !quiet && !json,
@@ -209,6 +229,11 @@ fn main() -> ExitCode {
                 submit(spec, fleet, job_id, empty, wait, shown, interrupt).await
             })
         }
+        Command::Convert {
+            yaml,
+            aml_job,
+            overrides,
+        } => convert(&yaml, aml_job.as_deref(), &overrides),
         Command::Status {
             job,
             watch,
@@ -276,6 +301,80 @@ fn print_json(value: &impl serde::Serialize) {
     );
 }
 
+/// Whether `path` is an Azure ML YAML rather than a TOML job file.
+fn is_yaml(path: &std::path::Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("yml") || e.eq_ignore_ascii_case("yaml"))
+}
+
+/// The job of a TOML job file or an Azure ML YAML (saying once, on stderr, which YAML keys
+/// it does not use), or `None` once the mistake is printed.
+fn load_job(
+    path: &std::path::Path,
+    aml_job: Option<&str>,
+    overrides: &[String],
+) -> Option<fleetrun_config::JobSpec> {
+    let loaded = if is_yaml(path) {
+        fleetrun_config::load_aml(path, aml_job, overrides).map(|(spec, converted)| {
+            if let Some(warning) = converted.warning() {
+                eprintln!("warning: {}: {warning}.", path.display());
+            }
+            spec
+        })
+    } else if let Some(name) = aml_job {
+        eprintln!(
+            "error: --job {name}: {} is a job file; --job names a job of an Azure ML pipeline YAML",
+            path.display()
+        );
+        return None;
+    } else {
+        fleetrun_config::load(path, overrides)
+    };
+    loaded.map_err(|e| eprintln!("error: {e}")).ok()
+}
+
+/// `fleetrun convert`: the YAML's job as TOML on stdout.
+fn convert(yaml: &std::path::Path, aml_job: Option<&str>, overrides: &[String]) -> ExitCode {
+    let text = match std::fs::read_to_string(yaml) {
+        Ok(text) => text,
+        Err(e) => {
+            eprintln!("error: {}: {e}", yaml.display());
+            return ExitCode::from(exit::REFUSED);
+        }
+    };
+    let base_dir = yaml
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let source = yaml.display().to_string();
+    match fleetrun_config::aml::convert(&text, &source, base_dir, aml_job, overrides) {
+        Ok((_, rest)) if !rest.is_empty() => {
+            eprintln!(
+                "error: --set {}: convert takes inputs.NAME=PATH and outputs.NAME=PATH; set other keys in the TOML it prints",
+                rest[0]
+            );
+            ExitCode::from(exit::REFUSED)
+        }
+        Ok((converted, _)) => {
+            say!("{}", converted.to_toml(&source).trim_end());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(exit::REFUSED)
+        }
+    }
+}
+
+/// Says once, on stderr, which ParallelRunStep settings the job takes from its `arguments`,
+/// and warns of those its own keys overrule.
+fn note_settings_from_arguments(job: &std::path::Path, spec: &fleetrun_config::JobSpec) {
+    for setting in &spec.settings_from_arguments {
+        let kind = if setting.taken { "note" } else { "warning" };
+        eprintln!("{kind}: {}: {setting}.", job.display());
+    }
+}
+
 fn empty_input(allow: bool) -> EmptyInput {
     if allow {
         EmptyInput::Accept
@@ -284,14 +383,16 @@ fn empty_input(allow: bool) -> EmptyInput {
     }
 }
 
-fn run(job: PathBuf, overrides: Vec<String>, options: RunOptions) -> ExitCode {
-    let spec = match fleetrun_config::load(&job, &overrides) {
-        Ok(spec) => spec,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(exit::REFUSED);
-        }
+fn run(
+    job: PathBuf,
+    aml_job: Option<String>,
+    overrides: Vec<String>,
+    options: RunOptions,
+) -> ExitCode {
+    let Some(spec) = load_job(&job, aml_job.as_deref(), &overrides) else {
+        return ExitCode::from(exit::REFUSED);
     };
+    note_settings_from_arguments(&job, &spec);
     if spec.node_count > 1 {
         eprintln!(
             "note: {}: node_count = {n}: `fleetrun run` runs the job on this machine alone, as \

@@ -191,10 +191,11 @@ impl EntryScript {
         let context = match &self.context {
             None => None,
             Some(make) => match make.bind(py).call1((
-                // Pairs, which `dict()` keeps in the order of `partition_keys`.
+                // Pairs in the order of `partition_keys`; the mini-batch types the values.
                 context.partition_key_value.clone().map(|values| values.0),
                 &context.dataset,
                 index,
+                &mini_batch,
             )) {
                 Ok(context) => Some(context),
                 Err(e) => return (Err(script_error(py, &e)), Timing::default()),

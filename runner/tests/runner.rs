@@ -1197,6 +1197,76 @@ fn a_run_with_two_parameters_gets_the_mini_batch_context() {
     assert_eq!(runner.rows(&["a"])[0], "[]");
 }
 
+/// A file partition's values are path parts typed as `pandas.read_csv` reads them; a
+/// tabular one's are the mini-batch's own column values, numpy scalars made Python's.
+#[test]
+fn partition_values_are_typed_as_pandas_reads_them() {
+    use fleetrun_common::wire::ChunkFormat;
+    use fleetrun_runner::protocol::{RunContext, StagedTable, TabularInit};
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        def run(mini_batch, mini_batch_context):
+            values = mini_batch_context.partition_key_value
+            return ["/".join(str(v) for v in values.values()),
+                    " ".join(type(v).__name__ for v in values.values())]
+        "#,
+    );
+    let context = |pairs: &[(&str, &str)]| RunContext {
+        partition_key_value: Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+        dataset: "in".into(),
+    };
+    let mut params = job.params(&script);
+    params.tabular = Some(TabularInit {
+        separator: b',',
+        parquet: false,
+    });
+    let (mut runner, _) = job.ready(&params);
+    let run = |runner: &mut Runner, context: RunContext, tables: Vec<StagedTable>| match runner
+        .request(&Request::Run {
+            mini_batch: 0,
+            items: vec![PathBuf::from("a")],
+            context,
+            tables,
+        }) {
+        Reply::Done { rows, .. } => rows,
+        reply => panic!("expected Done, got {reply:?}"),
+    };
+    let files = context(&[
+        ("Store", "1000"),
+        ("Brand", "dominicks"),
+        ("Price", "2.5"),
+        ("Open", "True"),
+        ("Zip", "007"),
+        ("Country", "NA"),
+    ]);
+    assert_eq!(
+        run(&mut runner, files, Vec::new()),
+        ["1000/dominicks/2.5/True/7/NA", "int str float bool int str"]
+    );
+    fs::write(
+        job.path("oj.csv"),
+        "Brand,Store,Price\ndominicks,1000,2.5\ndominicks,1000,3.0\n",
+    )
+    .unwrap();
+    let table = StagedTable {
+        path: job.path("oj.csv").to_str().unwrap().to_owned(),
+        format: ChunkFormat::Csv,
+        row_groups: vec![],
+    };
+    let tabular = context(&[("Store", "1000"), ("Brand", "dominicks")]);
+    assert_eq!(
+        run(&mut runner, tabular, vec![table]),
+        ["1000/dominicks", "int str"]
+    );
+}
+
 #[test]
 fn the_root_logger_and_warnings_go_to_the_stdout_file_at_the_jobs_level() {
     let job = Job::new();

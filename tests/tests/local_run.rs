@@ -242,15 +242,41 @@ fn without_isolation_a_poison_file_fails_its_whole_mini_batch() {
     assert_eq!(job.log("failed_items.csv").lines().count(), 1 + 10);
 }
 
+/// CONTRACT §1: with an `error_threshold` to check, a short return's gap is failed items,
+/// and the mini-batch's items are all in `failed_items.csv`.
 #[test]
 fn fewer_returned_elements_are_failed_items() {
     let script = "def run(mini_batch):\n    return [open(p).read() for p in mini_batch][1:]\n";
-    let job = JobDir::new(script, "mini_batch_size = 5\nerror_threshold = -1");
+    let job = JobDir::new(script, "mini_batch_size = 5\nerror_threshold = 10");
     job.inputs(20);
     let out = job.run(&[]);
     assert_eq!(code(&out), 0);
     assert_eq!(job.output_lines().len(), 16);
     assert!(String::from_utf8_lossy(&out.stdout).contains("16 items succeeded, 4 failed"));
+    let failed = job.log("failed_items.csv");
+    assert_eq!(failed.lines().count(), 1 + 20, "{failed}");
+    assert!(
+        failed.contains("run() returned 4 elements for 5 items; 1 of them failed"),
+        "{failed}"
+    );
+}
+
+/// CONTRACT §1: `error_threshold = -1` does not check returns: a `run()` returning `[]` (a
+/// many-models script that saved its models) completes with nothing failed, whatever
+/// `allowed_failed_count`.
+#[test]
+fn empty_returns_under_error_threshold_minus_one_complete_with_nothing_failed() {
+    let script = "def run(mini_batch):\n    return []\n";
+    let job = JobDir::new(
+        script,
+        "mini_batch_size = 2\nerror_threshold = -1\nallowed_failed_count = 5",
+    );
+    job.inputs(20);
+    let out = job.run(&[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(code(&out), 0, "{stdout}");
+    assert!(stdout.contains("20 items succeeded, 0 failed"), "{stdout}");
+    assert!(!job.path("out/logs/failed_items.csv").exists());
 }
 
 #[test]

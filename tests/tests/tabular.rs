@@ -148,13 +148,17 @@ fn a_returned_dataframe_keeps_its_header_and_separator_and_fewer_rows_fail() {
     let script = "def run(frame):\n    return frame[frame[\"id\"] != 7][[\"id\", \"text\"]]\n";
     let job = tabular_job(
         script,
-        "append_row_dataframe_header = true\nappend_row_separator = \";\"\nmini_batch_size = 64",
+        "append_row_dataframe_header = true\nappend_row_separator = \";\"\nmini_batch_size = 64\nerror_threshold = 5",
         "data/rows.csv",
         "",
     );
     tabular::write_csv(&job.path("data/rows.csv"), 0..10);
     let out = job.run(&[]);
-    assert_eq!(code(&out), 0, "no error_threshold: the job completes");
+    assert_eq!(
+        code(&out),
+        0,
+        "error_threshold not exceeded: the job completes"
+    );
     let text = std::fs::read_to_string(job.path("out/parallel_run_step.txt")).unwrap();
     let mut expected = String::from("id;text\n");
     for i in (0..10).filter(|&i| i != 7) {

@@ -506,6 +506,40 @@ mod tests {
         assert_eq!(with_header(Some("h"), &rows(&["x"]), false), "x\n");
     }
 
+    /// A mini-batch that returned short has rows for the output and failed items for
+    /// `failed_items.csv`; each join takes its own, and a `summary_only` one has no rows.
+    #[tokio::test]
+    async fn a_short_return_gives_rows_and_failed_items() {
+        let dir = tempfile::tempdir().unwrap();
+        let parts = SegmentParts::new(dir.path().join("_parts/j"), &writer_name("n1"));
+        let ledger = MemoryLedger::new();
+        ledger.create("j", Limits::NONE).await.unwrap();
+        let short = Outcome {
+            succeeded: 1,
+            failed: 1,
+            batch_failed: true,
+        };
+        let rows = parts.put(0, Bytes::from("a\n")).await.unwrap();
+        let failed = parts.put(0, Bytes::from("x,0,1,short\n")).await.unwrap();
+        let both = reference(Some(&rows), Some(&failed));
+        ledger.record("j", 0, short, both.as_deref()).await.unwrap();
+        let failed = parts.put(1, Bytes::from("y,1,1,short\n")).await.unwrap();
+        let only = reference(None, Some(&failed));
+        ledger.record("j", 1, short, only.as_deref()).await.unwrap();
+        let r2 = parts.put(2, Bytes::from("c\n")).await.unwrap();
+        ledger.record("j", 2, OK, Some(&r2)).await.unwrap();
+        let out = LocalStorage::new(dir.path());
+        join_parts(&parts, &ledger, "j", 3, &out, "out.txt", false)
+            .await
+            .unwrap();
+        join_failed_items(&parts, &ledger, "j", 3, &out, "failed.csv", "h")
+            .await
+            .unwrap();
+        let read = |name| std::fs::read_to_string(dir.path().join(name)).unwrap();
+        assert_eq!(read("out.txt"), "a\nc\n");
+        assert_eq!(read("failed.csv"), "h\nx,0,1,short\ny,1,1,short\n");
+    }
+
     #[tokio::test]
     async fn segment_parts_join_the_counted_parts_in_order() {
         let dir = tempfile::tempdir().unwrap();

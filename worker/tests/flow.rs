@@ -317,6 +317,51 @@ fn counts(status: &Status) -> (u64, u64, u64, u64) {
     )
 }
 
+/// A `run()` that returns fewer elements than items: with `error_threshold` at 0 or more
+/// the gap is failed items and the mini-batch fails (once: it is not retried), its rows are
+/// kept and every one of its items is in `failed_items.csv`; with `-1` returns are not
+/// checked and the job did what it was asked: nothing failed.
+#[tokio::test(start_paused = true)]
+async fn short_returns_fail_their_mini_batch_only_when_error_threshold_checks_them() {
+    let short = |call: &fleetrun_worker::testing::Call| match call.mini_batch {
+        0 => Run::Return(vec!["only-one".into()]),
+        1 => Run::Return(Vec::new()),
+        _ => Run::Rows,
+    };
+    let fake = FakeLauncher::new().run(short);
+    let checked = "mini_batch_size = 2\nerror_threshold = 10";
+    let mut flow = Flow::start(&fake, checked, 6, Options::default()).await;
+    let (status, _) = flow.end().await;
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(counts(&status), (3, 2, 3, 3));
+    assert_eq!(fake.tries(0).len(), 1, "a short return is not retried");
+    assert_eq!(flow.output(), "only-one\nf04.txt\nf05.txt\n");
+    assert_eq!(
+        flow.log(logs::FAILED_ITEMS_CSV),
+        format!(
+            "{}\n{}\n{}\n{}\n{}\n",
+            logs::FAILED_ITEMS_HEADER,
+            "f00.txt,0,1,run() returned 1 elements for 2 items; 1 of them failed (which ones is not known)",
+            "f01.txt,0,1,run() returned 1 elements for 2 items; 1 of them failed (which ones is not known)",
+            "f02.txt,1,1,run() returned 0 elements for 2 items; 2 of them failed (which ones is not known)",
+            "f03.txt,1,1,run() returned 0 elements for 2 items; 2 of them failed (which ones is not known)",
+        )
+    );
+
+    let fake = FakeLauncher::new().run(short);
+    let unchecked = "mini_batch_size = 2\nerror_threshold = -1\nallowed_failed_count = 0";
+    let mut flow = Flow::start(&fake, unchecked, 6, Options::default()).await;
+    let (status, _) = flow.end().await;
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(counts(&status), (3, 0, 6, 0));
+    assert!(!flow.log_path(logs::FAILED_ITEMS_CSV).exists());
+    assert_contains(&flow.log(logs::JOB_RESULT), "Items: 6 succeeded, 0 failed");
+    assert_contains(
+        &flow.log(logs::REPORT_CSV),
+        "returned 0 elements for 2 items; not checked (error_threshold = -1)",
+    );
+}
+
 /// Without isolation (ParallelRunStep's behaviour), a mini-batch raising at every attempt
 /// fails whole after exactly `run_max_try` attempts: its items are listed in
 /// `failed_items.csv`, the others' rows are the output, and the job completes (no threshold

@@ -15,6 +15,7 @@ import importlib.util
 import inspect
 import logging
 import os
+import re
 import sys
 import threading
 import types
@@ -145,8 +146,53 @@ class MiniBatchContext:
         )
 
 
-def _context(partition_key_value, dataset, minibatch_index):
-    return MiniBatchContext(dict(partition_key_value or {}), dataset, minibatch_index)
+def _context(partition_key_value, dataset, minibatch_index, mini_batch=None):
+    """``partition_key_value``: (key, text) pairs in the order of ``partition_keys``. Each
+    value is typed as pandas reads it: a tabular mini-batch's own column value (``1000``
+    stays an int), a file partition's path part as ``read_csv`` reads a column holding only
+    that text."""
+    values = {}
+    for key, text in partition_key_value or ():
+        values[key] = _frame_value(mini_batch, key, text)
+    return MiniBatchContext(values, dataset, minibatch_index)
+
+
+_NOT_IN_FRAME = object()
+
+
+def _frame_value(mini_batch, key, text):
+    columns = getattr(mini_batch, "columns", None)
+    if columns is None or key not in columns or len(mini_batch) == 0:
+        return _read_like_pandas(text)
+    value = mini_batch[key].iloc[0]
+    item = getattr(value, "item", None)
+    # numpy scalars become Python's own (int, float, bool, str), as a script compares them.
+    return item() if callable(item) else value
+
+
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_TRUE = ("True", "TRUE", "true")
+_FALSE = ("False", "FALSE", "false")
+
+
+def _read_like_pandas(text):
+    """``text`` as ``pandas.read_csv`` types a column holding only it: an int (int64 or
+    uint64), a float (``inf`` too), a bool, else the text itself. pandas' missing-value
+    markers (``NA``, ``null``, ``nan``) stay text: a path part is never missing."""
+    stripped = text.strip()
+    if _INT.fullmatch(stripped):
+        number = int(stripped)
+        if -(2**63) <= number < 2**64:
+            return number
+        return text
+    if _FLOAT.fullmatch(stripped) or stripped.lstrip("+-").lower() in ("inf", "infinity"):
+        return float(stripped)
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    return text
 
 
 def _takes_context(run):

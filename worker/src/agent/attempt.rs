@@ -14,6 +14,7 @@ use fleetrun_config::OutputAction;
 use tracing::{error, info, warn};
 
 use super::holding::{self, Holding};
+use super::returns;
 use super::slot::{Slot, Verdict};
 use super::stage::{StageError, Staged};
 use super::{AgentEvent, JobContext, Shared};
@@ -61,7 +62,7 @@ impl Slot {
                 Err(StageError::Scratch(e)) => {
                     return Verdict::Settle(fail_job(&self.shared, ctx, &e).await);
                 }
-                Err(e @ StageError::Input(_)) => {
+                Err(e @ (StageError::Input(_) | StageError::Overran(_))) => {
                     warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Staging inputs failed.");
                     let process = self.runner.as_ref().map_or("_main", |a| a.name.as_str());
                     ctx.logs.log(
@@ -128,29 +129,23 @@ impl Slot {
                 // A tabular mini-batch's items are the rows its DataFrame held.
                 let items = given.unwrap_or(items);
                 let returned = rows.len() as u64;
-                let succeeded = returned.min(items);
-                let outcome = Outcome {
-                    succeeded,
-                    failed: items - succeeded,
-                    batch_failed: returned < items,
-                };
-                let note = match returned.cmp(&items) {
-                    std::cmp::Ordering::Less => {
-                        format!("returned {returned} elements for {items} items")
-                    }
-                    std::cmp::Ordering::Greater => {
-                        warn!(job = %ctx.job.id(), mini_batch = batch.index, returned, items, "run() returned more elements than it got; keeping them.");
-                        format!("returned MORE elements than items: {returned} for {items}")
-                    }
-                    std::cmp::Ordering::Equal => String::new(),
-                };
+                let judged = returns::judge(returned, items, ctx.job.spec().error_threshold);
+                let (outcome, note) = (judged.outcome, judged.note);
+                if judged.more {
+                    warn!(job = %ctx.job.id(), mini_batch = batch.index, returned, items, "run() returned more elements than it got; keeping them.");
+                }
                 ctx.logs.log(
                     logs::JobLogs::node_process(&node, &process),
                     &format!(
-                        "mini-batch {} completed: ip {}, pid {}, items {items}, succeeded {succeeded}, failed {}, started {start_wall}, duration {elapsed:.3}s, cpu {:.3}s, run() {:.3}s",
-                        batch.index, crate::ip::node_ip(), self.runner.as_ref().map_or(0, |a| a.process.pid()), items - succeeded, timing.cpu_seconds, timing.run_seconds
+                        "mini-batch {} completed: ip {}, pid {}, items {items}, succeeded {}, failed {}, started {start_wall}, duration {elapsed:.3}s, cpu {:.3}s, run() {:.3}s",
+                        batch.index, crate::ip::node_ip(), self.runner.as_ref().map_or(0, |a| a.process.pid()), outcome.succeeded, outcome.failed, timing.cpu_seconds, timing.run_seconds
                     ),
                 );
+                // A short return's items are listed in failed_items.csv, all of them.
+                let failed_lines = (outcome.failed > 0).then(|| {
+                    let cause = returns::short_cause(returned, items);
+                    failed_item_lines(batch, attempt, &cause)
+                });
                 let result = if outcome.batch_failed {
                     "partial"
                 } else {
@@ -178,16 +173,25 @@ impl Slot {
                 let holding = holding.clone();
                 Verdict::Finish(Box::pin(async move {
                     let part = match part {
-                        Some(body) => match ctx.job.parts().put(index, body).await {
-                            Ok(part) => Some(part),
-                            Err(PartError::Folder(e)) => return fail_job(&shared, &ctx, &e).await,
-                            Err(e @ PartError::Other(_)) => {
-                                warn!(job = %ctx.job.id(), mini_batch = index, error = %e, "Writing the output part failed; requeueing.");
-                                holding::ended(&ctx, index, Some(&row), &holding, false).await;
-                                return Disposition::Requeue;
+                        Some(body) => {
+                            match store_part(&shared, &ctx, index, body, &row, &holding).await {
+                                Ok(part) => Some(part),
+                                Err(disposition) => return disposition,
                             }
-                        },
+                        }
                         None => None,
+                    };
+                    let part = match failed_lines {
+                        Some(lines) => {
+                            let body = join_rows(&lines);
+                            match store_part(&shared, &ctx, index, body, &row, &holding).await {
+                                Ok(failed) => {
+                                    crate::parts::reference(part.as_deref(), Some(&failed))
+                                }
+                                Err(disposition) => return disposition,
+                            }
+                        }
+                        None => part,
                     };
                     // What the script wrote to output_dir reaches an S3 output before the
                     // mini-batch counts as done.
@@ -368,6 +372,27 @@ pub(super) fn report_items(batch: &MiniBatch, outcome: Outcome) -> u64 {
     counted.max(outcome.succeeded + outcome.failed)
 }
 
+/// Stores a part of mini-batch `index`; on failure, what becomes of the delivery: the job
+/// fails for a folder that cannot take it, else the mini-batch goes back to the queue.
+async fn store_part(
+    shared: &Shared,
+    ctx: &Arc<JobContext>,
+    index: u64,
+    body: Bytes,
+    row: &str,
+    holding: &Holding,
+) -> Result<String, Disposition> {
+    match ctx.job.parts().put(index, body).await {
+        Ok(part) => Ok(part),
+        Err(PartError::Folder(e)) => Err(fail_job(shared, ctx, &e).await),
+        Err(e @ PartError::Other(_)) => {
+            warn!(job = %ctx.job.id(), mini_batch = index, error = %e, "Writing a part failed; requeueing.");
+            holding::ended(ctx, index, Some(row), holding, false).await;
+            Err(Disposition::Requeue)
+        }
+    }
+}
+
 /// Records an outcome in the ledger and reports a state change it caused.
 pub(super) async fn record_outcome(
     shared: &Shared,
@@ -473,8 +498,6 @@ pub async fn record_failed_batch(
     cause: &str,
     row: Option<&str>,
 ) -> Result<Recorded, String> {
-    // A tabular mini-batch's items are its rows; its list names each file and byte range.
-    let described: Vec<String> = batch.chunks.iter().map(|c| c.describe()).collect();
     let failed = if batch.chunks.is_empty() {
         batch.items.len() as u64
     } else {
@@ -482,12 +505,7 @@ pub async fn record_failed_batch(
             .await
             .unwrap_or(batch.chunks.len() as u64)
     };
-    let lines: Vec<String> = batch
-        .items
-        .iter()
-        .chain(&described)
-        .map(|item| failed_item_line(item, batch.index, attempts, cause))
-        .collect();
+    let lines = failed_item_lines(batch, attempts, cause);
     let part = ctx
         .job
         .parts()
@@ -545,6 +563,18 @@ pub(super) fn runner_lost(
             )
         }
     }
+}
+
+/// The lines of `failed_items.csv` for the items of `batch`: its files, or a tabular
+/// mini-batch's file and byte range (its items are rows), each with the `cause`'s first line.
+fn failed_item_lines(batch: &MiniBatch, attempts: u32, cause: &str) -> Vec<String> {
+    let described: Vec<String> = batch.chunks.iter().map(|c| c.describe()).collect();
+    batch
+        .items
+        .iter()
+        .chain(&described)
+        .map(|item| failed_item_line(item, batch.index, attempts, cause))
+        .collect()
 }
 
 /// A part: the rows, one per line.

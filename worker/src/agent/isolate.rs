@@ -156,7 +156,7 @@ impl Slot {
             Err(StageError::Scratch(e)) => {
                 return Err(Verdict::Settle(fail_job(&self.shared, ctx, &e).await));
             }
-            Err(e @ StageError::Input(_)) => {
+            Err(e @ (StageError::Input(_) | StageError::Overran(_))) => {
                 let cause = format!("staging inputs failed: {e}");
                 metrics.mini_batch("staging_failed");
                 let row = report_row(
@@ -196,16 +196,15 @@ impl Slot {
                 header,
                 ..
             } => {
-                let succeeded = (rows.len() as u64).min(items);
-                let result = if succeeded < items {
+                // Returns are judged as a whole mini-batch's are (`returns`).
+                let judged =
+                    super::returns::judge(rows.len() as u64, items, ctx.job.spec().error_threshold);
+                let outcome = judged.outcome;
+                let succeeded = outcome.succeeded;
+                let result = if outcome.batch_failed {
                     "partial"
                 } else {
                     "succeeded"
-                };
-                let outcome = Outcome {
-                    succeeded,
-                    failed: items - succeeded,
-                    batch_failed: succeeded < items,
                 };
                 let ran = Piece::Returned {
                     rows,

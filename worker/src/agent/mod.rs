@@ -47,6 +47,7 @@ pub mod environment;
 pub(crate) mod holding;
 mod isolate;
 pub mod outdir;
+mod returns;
 mod runner;
 pub mod seats;
 mod slot;

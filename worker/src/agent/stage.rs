@@ -54,20 +54,46 @@ pub(super) enum StageError {
     /// The node's staging folder cannot take the copies: a system error, not the item's.
     #[error(transparent)]
     Scratch(#[from] FolderError),
+    /// Staging took longer than the job's `task_overhead_timeout` (seconds): the attempt
+    /// fails, as a `run()` that overran would.
+    #[error("staging the inputs took longer than task_overhead_timeout ({0} s)")]
+    Overran(u64),
 }
 
 impl Slot {
     /// Local paths for the mini-batch's items: the files themselves when the input is a local
     /// folder, else copies in a staging folder of their own.
+    /// Staging that takes longer than the job's `task_overhead_timeout` is given up, its
+    /// copies removed.
     pub(super) async fn stage(
         &mut self,
         ctx: &JobContext,
         batch: &MiniBatch,
     ) -> Result<Staged, StageError> {
-        let staging = &self.shared.agent.config.staging_dir;
+        let limit = ctx.job.spec().task_overhead_timeout;
+        let staging = self.shared.agent.config.staging_dir.clone();
         let name = format!("{}-slot{}-{}", ctx.job.id(), self.index, self.stagings + 1);
+        let within = std::time::Duration::from_secs(limit);
+        match tokio::time::timeout(within, self.stage_now(ctx, batch, &name)).await {
+            Ok(staged) => staged,
+            Err(_) => {
+                for folder in [staging.join(&name), super::tabular::folder(&staging, &name)] {
+                    let _ = tokio::fs::remove_dir_all(folder).await;
+                }
+                Err(StageError::Overran(limit))
+            }
+        }
+    }
+
+    async fn stage_now(
+        &mut self,
+        ctx: &JobContext,
+        batch: &MiniBatch,
+        name: &str,
+    ) -> Result<Staged, StageError> {
+        let staging = &self.shared.agent.config.staging_dir;
         if !batch.chunks.is_empty() {
-            let folder = super::tabular::folder(staging, &name);
+            let folder = super::tabular::folder(staging, name);
             self.stagings += 1;
             let tables =
                 match super::tabular::stage_chunks(&*ctx.input, &batch.chunks, &folder, staging)
@@ -85,7 +111,7 @@ impl Slot {
                 folder: Some(folder),
             });
         }
-        let staged = stage(&*ctx.input, &batch.items, staging, &name).await?;
+        let staged = stage(&*ctx.input, &batch.items, staging, name).await?;
         if staged.folder.is_some() {
             self.stagings += 1;
         }

@@ -145,6 +145,9 @@ pub(super) fn note_changes(
             ctx.job.spec().output,
             status.created
         ));
+        for setting in &ctx.job.spec().settings_from_arguments {
+            master(&format!("Setting: {setting}."));
+        }
         (JobState::Running, None)
     });
     if total.is_none()

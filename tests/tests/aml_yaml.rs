@@ -1,0 +1,134 @@
+//! An Azure ML v2 pipeline YAML run as it is (`fleetrun run pipeline.yml`): a many-models
+//! parallel job over an MLTable folder, partitioned by two keys, whose script saves one
+//! model file per partition into a named output and returns `[]`, with
+//! `error_threshold: -1` and a `mini_batch_error_threshold` below the partition count, and
+//! a ParallelRunStep setting in its arguments.
+
+use std::fs;
+use std::process::Command;
+
+use fleetrun_tests::{RUN_LIMIT, bin, code, output_within};
+
+const PIPELINE: &str = r#"
+type: pipeline
+jobs:
+  make_table:
+    type: command
+    command: python make.py
+  train_each:
+    type: parallel
+    compute: azureml:somewhere
+    inputs:
+      sales:
+        type: mltable
+        path: ${{parent.jobs.make_table.outputs.table}}
+      target: "Units"
+    outputs:
+      models:
+        type: uri_folder
+    partition_keys:
+      - Shop
+      - Kind
+    error_threshold: -1
+    mini_batch_error_threshold: 2
+    input_data: ${{inputs.sales}}
+    max_concurrency_per_instance: 2
+    retry_settings:
+      max_retries: 1
+      timeout: 60
+    task:
+      type: run_function
+      code: ./src
+      entry_script: train.py
+      environment:
+        image: some/image
+      program_arguments: >-
+        --target ${{inputs.target}}
+        --models ${{outputs.models}}
+        --resource_monitor_interval 0
+"#;
+
+/// Saves each partition's total of the target under `<models>/<Shop>/<Kind>/total.txt`,
+/// the path built from the context's values, and returns nothing.
+const TRAIN: &str = r#"
+import argparse
+import os
+
+def init():
+    global args
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--target")
+    parser.add_argument("--models")
+    args, _ = parser.parse_known_args()
+
+def run(frame, mini_batch_context):
+    values = mini_batch_context.partition_key_value
+    folder = os.path.join(args.models, *[str(v) for v in values.values()])
+    os.makedirs(folder, exist_ok=True)
+    kinds = " ".join(type(v).__name__ for v in values.values())
+    with open(os.path.join(folder, "total.txt"), "w") as f:
+        f.write(f"{int(frame[args.target].sum())} {kinds}\n")
+    return []
+"#;
+
+#[test]
+fn a_many_models_pipeline_yaml_runs_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |rel: &str| dir.path().join(rel);
+    fs::create_dir_all(path("src")).unwrap();
+    fs::write(path("src/train.py"), TRAIN).unwrap();
+    fs::write(path("pipeline.yml"), PIPELINE).unwrap();
+    fs::create_dir_all(path("table")).unwrap();
+    fs::write(
+        path("table/MLTable"),
+        "paths:\n  - file: ./sales.csv\ntransformations:\n  - read_delimited:\n      delimiter: ','\n      header: all_files_same_headers\n",
+    )
+    .unwrap();
+    // 4 shops × 2 kinds = 8 partitions, more than mini_batch_error_threshold.
+    let mut csv = String::from("Week,Shop,Kind,Units\n");
+    let mut totals = std::collections::BTreeMap::new();
+    for week in 0..10 {
+        for shop in [1000, 1001, 1002, 1003] {
+            for kind in ["tropicana", "dominicks"] {
+                let units = week * 3 + shop % 7;
+                csv.push_str(&format!("{week},{shop},{kind},{units}\n"));
+                *totals.entry((shop, kind)).or_insert(0) += units;
+            }
+        }
+    }
+    fs::write(path("table/sales.csv"), csv).unwrap();
+
+    let mut cmd = Command::new(bin("fleetrun"));
+    cmd.arg("run")
+        .arg(path("pipeline.yml"))
+        .args(["--quiet", "--set", "inputs.sales=table"])
+        .env_remove("VIRTUAL_ENV");
+    let out = output_within(&mut cmd, RUN_LIMIT);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(code(&out), 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("80 items succeeded, 0 failed"), "{stdout}");
+    assert!(
+        stderr
+            .contains("jobs.train_each.compute, jobs.train_each.task.environment have no meaning"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "resource_monitor_interval = 0, from --resource_monitor_interval in arguments"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        !path("out/logs/perf").exists(),
+        "the argument's setting was taken"
+    );
+    for ((shop, kind), total) in totals {
+        let model = path(&format!("out/models/{shop}/{kind}/total.txt"));
+        let text =
+            fs::read_to_string(&model).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+        assert_eq!(text, format!("{total} int str\n"), "{}", model.display());
+    }
+}
