@@ -2095,7 +2095,11 @@ fn a_listener_bound_to_the_events_exchange_hears_each_change_once() {
             let event: serde_json::Value = serde_json::from_slice(&message.data).unwrap();
             let key = message.routing_key.to_string();
             let job = event["name"].as_str().unwrap().to_owned();
-            heard.entry(job).or_default().push((key, event));
+            // The exchange carries every job's events on the shared broker: this test's
+            // two are the ones it counts.
+            if [name(&completes), name(&fails)].contains(&job) {
+                heard.entry(job).or_default().push((key, event));
+            }
         }
         ended(&heard) == 2
     });
