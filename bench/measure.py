@@ -135,18 +135,40 @@ class Run:
     log: str
 
 
+# Runs the timed commands. A child's peak RSS (ru_maxrss) counts its parent's at the fork,
+# exec or not, so the children are forked by this small process, started before the
+# driver holds anything (a listing of 300,000 files, say): its own ~10 MB is the floor.
+_LAUNCHER = r"""
+import json, os, subprocess, sys, time
+for line in sys.stdin:
+    argv, log_path, cwd = json.loads(line)
+    with open(log_path, "wb") as log:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=cwd)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+    print(json.dumps([wall, usage.ru_maxrss, os.waitstatus_to_exitcode(status)]), flush=True)
+"""
+_launcher: Optional[subprocess.Popen] = None
+
+
+def start_launcher() -> None:
+    global _launcher
+    _launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+
+
 def timed(argv: list[str], log_path: str) -> Run:
     """Run argv as a child, output to log_path; wall time and peak RSS (MB) of the
     biggest process in its tree (ru_maxrss from wait4 includes reaped descendants)."""
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    with open(log_path, "wb") as log:
-        start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=ROOT)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return Run(wall, usage.ru_maxrss / 1024.0, proc.returncode, log_path)
+    if _launcher is None:
+        start_launcher()
+    _launcher.stdin.write(json.dumps([argv, log_path, ROOT]) + "\n")
+    _launcher.stdin.flush()
+    wall, maxrss_kb, returncode = json.loads(_launcher.stdout.readline())
+    return Run(wall, maxrss_kb / 1024.0, returncode, log_path)
 
 
 def tail(path: str, n: int = 15) -> str:
@@ -163,7 +185,15 @@ def read_lines(path: str) -> list[str]:
 
 
 def compare(case: Case, pool_out: str, fr_out: str, n_files: int) -> list[str]:
-    """Problems with the two outputs (empty when they agree)."""
+    """Problems with the two outputs (empty when they agree), found in a child process:
+    a child's peak RSS (ru_maxrss) starts from its parent's at the fork, so this process
+    must not grow by holding 300,000 lines, or every side measured after would seem to."""
+    import multiprocessing
+    with multiprocessing.get_context("fork").Pool(1) as checker:
+        return checker.apply(_compare, (pool_out, fr_out, n_files))
+
+
+def _compare(pool_out: str, fr_out: str, n_files: int) -> list[str]:
     problems = []
     pool_lines = read_lines(pool_out)
     if len(pool_lines) != n_files:
@@ -247,7 +277,8 @@ def run_case(case: Case, reps: int, n_files: int, pool_only: bool) -> dict:
                 errors.append(f"MISMATCH rep {rep + 1}: {problem}")
                 print(f"  !!! MISMATCH {case.name} rep {rep + 1}: {problem}", flush=True)
         elif pool_only and not errors:
-            n = len(read_lines(pool_out))
+            with open(pool_out, "rb") as f:
+                n = sum(1 for _ in f)
             if n != n_files:
                 errors.append(f"MISMATCH rep {rep + 1}: pool output has {n} lines, expected {n_files}")
         if errors:
@@ -329,6 +360,7 @@ def main(argv: list[str]) -> int:
         FLEETRUN = os.path.join(args.bin_dir, "fleetrun")
         RUNNER = os.path.join(args.bin_dir, "fleetrun-runner")
     os.environ["BENCH_BIN_DIR"] = os.path.dirname(FLEETRUN)  # for fleet_run.py
+    start_launcher()
     reps = args.reps or (1 if args.quick else 3)
     cases = CASES
     if args.cases:

@@ -252,7 +252,16 @@ fn trial(servers: &mut Servers, seed: u64) -> String {
         eprintln!("[chaos] seed {seed:#x} t={t:.2}s: {what}");
         said.push(format!("{t:.1}s {what}"));
     }
-    let status = submitter.exit_within(JOB_LIMIT);
+    let mut status = None;
+    wait_for(
+        &format!("the job to end within {JOB_LIMIT:?} of its last fault; faults {said:?}"),
+        JOB_LIMIT,
+        || {
+            status = submitter.0.try_wait().expect("wait for the submitter");
+            status.is_some()
+        },
+    );
+    let status = status.unwrap();
     assert_eq!(status.code(), Some(0), "the job did not complete: {said:?}");
     let output = lines(&fleet.output("out/parallel_run_step.txt"));
     let unique: BTreeSet<&String> = output.iter().collect();
@@ -369,7 +378,7 @@ fn apply(
     }
 }
 
-/// The pids of processes named `name` whose parent is one of `parents`.
+/// The pids of running processes named `name` whose parent is one of `parents`.
 fn children_named(parents: &[u32], name: &str) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -386,8 +395,11 @@ fn children_named(parents: &[u32], name: &str) -> Vec<u32> {
                 return false;
             };
             let comm = head.split_once(" (").map_or("", |(_, c)| c);
-            let ppid = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok());
-            comm == name && ppid.is_some_and(|p| parents.contains(&p))
+            let mut fields = rest.split_whitespace();
+            // A killed runner stays a zombie until its worker reaps it: not running.
+            let running = fields.next().is_some_and(|state| state != "Z");
+            let ppid = fields.next().and_then(|p| p.parse().ok());
+            running && comm == name && ppid.is_some_and(|p| parents.contains(&p))
         })
         .collect()
 }
