@@ -199,7 +199,7 @@ pub async fn run_local(
         entries,
     } = resumed;
     guard.runs_job(&job_id)?;
-    let ledger = Arc::new(MemoryLedger::journaled(journal));
+    let ledger = Arc::new(MemoryLedger::journaled(journal.clone()));
     let scratch = node::scratch_dir(&temp, &format!("run-{job_id}"));
     let fleet = Fleet {
         // Enough ready mini-batches that no runner waits, few enough that memory stays flat.
@@ -315,9 +315,7 @@ pub async fn run_local(
         let parts = output_dir.join(fleetrun_worker::output::PARTS_DIR);
         let _ = std::fs::remove_dir_all(parts.join(&job_id));
         let _ = std::fs::remove_dir(&parts);
-        drop(fleet);
-        drop(ledger);
-        if let Err(e) = Journal::remove(&guard.journal_path()) {
+        if let Err(e) = journal.discard() {
             tracing::warn!(error = %e, "Cannot remove the run's journal.");
         }
     } else {

@@ -109,7 +109,11 @@ struct Inner {
     job: String,
     path: PathBuf,
     file: Mutex<File>,
+    /// The same file, for syncing it without holding up the writers.
+    syncing: File,
     dirty: AtomicBool,
+    /// Removed: nothing more is synced.
+    discarded: AtomicBool,
 }
 
 impl Journal {
@@ -120,8 +124,11 @@ impl Journal {
         let mut line = serde_json::to_vec(header).expect("a header always encodes");
         line.push(b'\n');
         file.write_all(&line).map_err(io_at(path))?;
-        file.sync_data().map_err(io_at(path))?;
-        Ok(Journal::start(&header.job, path, file))
+        let journal = Journal::start(&header.job, path, file)?;
+        // On the disk with the first recordings, not before them: a run that ends first
+        // never waits for it.
+        journal.inner.dirty.store(true, Ordering::Release);
+        Ok(journal)
     }
 
     /// Reads the journal at `path`; `None` when there is none (or its header was cut short).
@@ -180,7 +187,14 @@ impl Journal {
             .append(true)
             .open(path)
             .map_err(io_at(path))?;
-        Ok(Journal::start(&read.header.job, path, file))
+        Journal::start(&read.header.job, path, file)
+    }
+
+    /// Removes this journal: what was not yet synced never will be.
+    pub fn discard(&self) -> Result<(), JournalError> {
+        self.inner.dirty.store(false, Ordering::Release);
+        self.inner.discarded.store(true, Ordering::Release);
+        Journal::remove(&self.inner.path)
     }
 
     /// Removes the journal at `path`, if any.
@@ -191,12 +205,15 @@ impl Journal {
         }
     }
 
-    fn start(job: &str, path: &Path, file: File) -> Journal {
+    fn start(job: &str, path: &Path, file: File) -> Result<Journal, JournalError> {
+        let syncing = file.try_clone().map_err(io_at(path))?;
         let inner = Arc::new(Inner {
             job: job.to_owned(),
             path: path.to_owned(),
             file: Mutex::new(file),
+            syncing,
             dirty: AtomicBool::new(false),
+            discarded: AtomicBool::new(false),
         });
         let weak: Weak<Inner> = Arc::downgrade(&inner);
         // Syncs in batches until the journal is dropped (which syncs the rest).
@@ -212,7 +229,7 @@ impl Journal {
                 }
             })
             .expect("a thread starts");
-        Journal { inner }
+        Ok(Journal { inner })
     }
 
     /// The job the journal is of.
@@ -241,9 +258,9 @@ impl Journal {
 
 impl Inner {
     fn sync(&self) {
-        if self.dirty.swap(false, Ordering::AcqRel) {
-            let file = self.file.lock().unwrap_or_else(|p| p.into_inner());
-            if let Err(e) = file.sync_data() {
+        if self.dirty.swap(false, Ordering::AcqRel) && !self.discarded.load(Ordering::Acquire) {
+            // On its own handle: writers go on while the disk catches up.
+            if let Err(e) = self.syncing.sync_data() {
                 tracing::warn!(path = %self.path.display(), error = %e, "Cannot sync the run's journal.");
             }
         }

@@ -170,22 +170,12 @@ impl Ledger for MemoryLedger {
         row: Option<&str>,
     ) -> Result<Recorded, LedgerError> {
         let journal = self.journal.as_ref();
-        self.with_job(job, |j| {
+        let recorded = self.with_job(job, |j| {
             j.holders.remove(&index);
             j.report.extend(row.map(str::to_owned));
             let first = j.done.insert(index);
             let mut transitioned = false;
             if first {
-                if let Some(journal) = journal.filter(|journal| journal.job() == job) {
-                    journal.write(&Entry {
-                        index,
-                        succeeded: outcome.succeeded,
-                        failed: outcome.failed,
-                        batch_failed: outcome.batch_failed,
-                        part: part.map(str::to_owned),
-                        row: row.map(str::to_owned),
-                    });
-                }
                 if let Some(part) = part {
                     j.parts.insert(index, part.to_owned());
                 }
@@ -202,7 +192,21 @@ impl Ledger for MemoryLedger {
                 transitioned,
                 status: j.status.clone(),
             }
-        })
+        })?;
+        // Written once the ledger is let go: a write never holds up another recording.
+        if recorded.first
+            && let Some(journal) = journal.filter(|journal| journal.job() == job)
+        {
+            journal.write(&Entry {
+                index,
+                succeeded: outcome.succeeded,
+                failed: outcome.failed,
+                batch_failed: outcome.batch_failed,
+                part: part.map(str::to_owned),
+                row: row.map(str::to_owned),
+            });
+        }
+        Ok(recorded)
     }
 
     async fn attempt_started(
