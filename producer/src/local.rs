@@ -224,12 +224,18 @@ pub async fn run_local(
         ledger.replay(&job_id, &entries).map_err(FleetError::from)?;
         tracing::info!(job = %job_id, done = done.len(), "Resuming: mini-batches the last run recorded are kept.");
     }
-    let publishing = Fleet {
-        queue: Arc::new(crate::resume::Unfinished {
-            queue: fleet.queue.clone(),
-            done,
-        }),
-        ..fleet.clone()
+    // Only a resumed run has mini-batches to leave out: a new one publishes straight to the
+    // queue, with no message decoded again on the way.
+    let publishing = if done.is_empty() {
+        fleet.clone()
+    } else {
+        Fleet {
+            queue: Arc::new(crate::resume::Unfinished {
+                queue: fleet.queue.clone(),
+                done,
+            }),
+            ..fleet.clone()
+        }
     };
     let config = WorkerConfig {
         node_id: LOCAL_NODE.to_owned(),
