@@ -151,7 +151,7 @@ async fn jobs_keep_to_their_own_hash_tagged_keys() {
     keys.sort();
     let expected: Vec<String> = ["a", "b"]
         .iter()
-        .flat_map(|j| ["done", "state"].map(|k| format!("{prefix}:job:{{{j}}}:{k}")))
+        .flat_map(|j| ["done", "failed", "state"].map(|k| format!("{prefix}:job:{{{j}}}:{k}")))
         .collect();
     assert_eq!(keys, expected);
 }

@@ -9,7 +9,8 @@ use async_trait::async_trait;
 
 use super::journal::{Entry, Journal};
 use super::{
-    InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Started, Status, unix_now,
+    InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Reopened, Started, Status,
+    unix_now,
 };
 
 #[derive(Default)]
@@ -28,6 +29,9 @@ struct Job {
     holders: HashMap<u64, String>,
     /// The attempts each mini-batch spent on the script's faults.
     spent: HashMap<u64, u32>,
+    /// The outcome of each mini-batch recorded with failures, to be taken back if the job
+    /// is reopened.
+    failed: HashMap<u64, Outcome>,
     /// The job's report rows, in the order they were kept.
     report: Vec<String>,
     /// Who finalizes the job, and until when.
@@ -134,6 +138,7 @@ impl Ledger for MemoryLedger {
                 parts: HashMap::new(),
                 holders: HashMap::new(),
                 spent: HashMap::new(),
+                failed: HashMap::new(),
                 report: Vec::new(),
                 finalizer: None,
                 publisher: None,
@@ -185,6 +190,9 @@ impl Ledger for MemoryLedger {
                 s.items_succeeded += outcome.succeeded;
                 s.items_failed += outcome.failed;
                 s.batches_failed += u64::from(outcome.batch_failed);
+                if outcome.failed > 0 || outcome.batch_failed {
+                    j.failed.insert(index, outcome);
+                }
                 transitioned = j.settle_state();
             }
             Recorded {
@@ -341,6 +349,46 @@ impl Ledger for MemoryLedger {
 
     async fn status(&self, job: &str) -> Result<Option<Status>, LedgerError> {
         Ok(self.jobs().get(job).map(|j| j.status.clone()))
+    }
+
+    async fn reopen(&self, job: &str) -> Result<Reopened, LedgerError> {
+        self.with_job(job, |j| {
+            let state = j.status.state;
+            if !matches!(state, JobState::Failed | JobState::Canceled) {
+                return Err(LedgerError::NotResumable {
+                    job: job.to_owned(),
+                    state,
+                });
+            }
+            let s = &mut j.status;
+            for (index, outcome) in j.failed.drain() {
+                if j.done.remove(&index) {
+                    j.parts.remove(&index);
+                    s.done -= 1;
+                    s.items_succeeded -= outcome.succeeded;
+                    s.items_failed -= outcome.failed;
+                    s.batches_failed -= u64::from(outcome.batch_failed);
+                }
+            }
+            j.holders.clear();
+            j.spent.clear();
+            j.finalizer = None;
+            j.publisher = None;
+            j.forget_at = None;
+            s.state = JobState::Running;
+            s.reason = None;
+            s.run += 1;
+            s.updated_at = Some(unix_now());
+            let transitioned = j.settle_state();
+            Ok(Reopened {
+                done: j.done.iter().copied().collect(),
+                recorded: Recorded {
+                    first: true,
+                    transitioned,
+                    status: j.status.clone(),
+                },
+            })
+        })?
     }
 
     async fn retire(&self, job: &str, keep: Duration) -> Result<bool, LedgerError> {

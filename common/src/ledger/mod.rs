@@ -24,6 +24,8 @@ pub enum LedgerError {
     UnknownJob(String),
     #[error("job {0} is already in the ledger")]
     JobExists(String),
+    #[error("job {job} is {state}: only a job that failed or was canceled can be resumed")]
+    NotResumable { job: String, state: JobState },
     #[error("ledger backend: {0}")]
     Backend(String),
 }
@@ -179,6 +181,11 @@ pub struct Status {
     /// change of state; seconds since the Unix epoch, by the ledger's clock.
     #[serde(default)]
     pub updated_at: Option<f64>,
+    /// How many times the job was resumed ([`Ledger::reopen`]): 0 for its first run. The
+    /// mini-batches published by each run carry its number, so a worker tells a resumed
+    /// job's work from what an earlier run left in the queue.
+    #[serde(default)]
+    pub run: u32,
 }
 
 impl Status {
@@ -194,6 +201,7 @@ impl Status {
             batches_failed: 0,
             reason: None,
             updated_at: None,
+            run: 0,
         }
     }
 }
@@ -215,6 +223,16 @@ pub struct InFlight {
     pub holder: String,
     /// Attempts it spent on the script's faults before this one.
     pub spent: u32,
+}
+
+/// What [`Ledger::reopen`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reopened {
+    /// The mini-batches that stay done (recorded whole), in no order: the others run again.
+    pub done: Vec<u64>,
+    /// The job after: Running in its new run, or Finalizing (`transitioned`) when every
+    /// mini-batch of its sealed total stays done.
+    pub recorded: Recorded,
 }
 
 /// Now, in seconds since the Unix epoch: the embedded ledger's clock.
@@ -349,6 +367,15 @@ pub trait Ledger: Send + Sync {
         owner: &str,
         lease: std::time::Duration,
     ) -> Result<bool, LedgerError>;
+    /// Reopens a job that failed or was canceled, to continue it: each mini-batch recorded
+    /// whole stays done with its counts, part and report rows; each that failed, whole or in
+    /// part, is forgotten with its counts and part, to run again; every attempt's holder
+    /// and spent count, the reason and the leases go; the job is Running again in its next
+    /// run ([`Status::run`]) and kept until it ends again (a retired job's expiry is
+    /// lifted). A job of all its sealed total done moves on to Finalizing (`transitioned`).
+    /// [`LedgerError::NotResumable`] for a job in another state; a retried call answers as
+    /// the first did.
+    async fn reopen(&self, job: &str) -> Result<Reopened, LedgerError>;
     /// Keeps an ended job (Completed, Failed, Canceled) `keep` longer, then forgets it: from
     /// then on the ledger does not know the job. True if the job has ended; a Running or
     /// Finalizing job is left as it is.

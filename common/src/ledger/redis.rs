@@ -17,8 +17,12 @@
 //!   call that recorded it first.
 //! - `<prefix>:job:{<job>}:parts`, a HASH from each recorded mini-batch index to where its
 //!   output part is, as the first recording gave it (a few dozen bytes per mini-batch).
+//! - `<prefix>:job:{<job>}:failed`, a HASH from each mini-batch first recorded with failures
+//!   to its counts (`succeeded failed batch_failed`), which [`Ledger::reopen`] takes back.
+//! - `holders`, `spent` and `report`: who runs each mini-batch in flight, the attempts each
+//!   spent on the script's faults, the job's report rows.
 //!
-//! [`Ledger::retire`] sets all three to expire together once the job has ended, so Redis
+//! [`Ledger::retire`] sets them all to expire together once the job has ended, so Redis
 //! forgets a job whole: never its `done` entries before its state.
 //!
 //! # Why every step is a script
@@ -64,7 +68,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, RedisResult, RetryMethod, Script};
 use tracing::{debug, warn};
 
-use super::{InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Started, Status};
+use super::{
+    InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Reopened, Started, Status,
+};
 
 /// How long a command may wait for its reply. The crate's default (500 ms) fails calls the
 /// server still executes, and a busy server can take longer.
@@ -84,7 +90,7 @@ const RETRY: ExponentialBuilder = ExponentialBuilder::new()
 fn prelude() -> String {
     format!(
         r#"
-local RUNNING, FINALIZING, FAILED = '{}', '{}', '{}'
+local RUNNING, FINALIZING, FAILED, CANCELED = '{}', '{}', '{}', '{}'
 
 -- Gives ARGV-style `owner` the lease `field` of the job at `key` for `ms` unless another holds
 -- it unexpired: 1 if `owner` holds it after, else 0.
@@ -112,6 +118,7 @@ end
         JobState::Running.as_str(),
         JobState::Finalizing.as_str(),
         JobState::Failed.as_str(),
+        JobState::Canceled.as_str(),
     )
 }
 
@@ -144,7 +151,7 @@ local function settle(key, call)
 end
 "#;
 
-/// KEYS: state, done, parts, holders, report, spent. ARGV: call id, error_threshold,
+/// KEYS: state, done, parts, holders, report, spent, failed. ARGV: call id, error_threshold,
 /// allowed_failed_count (-1 = none),
 /// allowed_failed_percent. Returns 1 if the job was entered (by this call), 0 if it exists.
 const CREATE_LUA: &str = r#"
@@ -152,7 +159,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   if redis.call('HGET', KEYS[1], 'created_by') == ARGV[1] then return 1 end
   return 0
 end
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
 local now = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'state', RUNNING, 'done', 0, 'items_succeeded', 0,
   'items_failed', 0, 'batches_failed', 0, 'error_threshold', ARGV[2],
@@ -177,9 +184,9 @@ end
 return {first, moved, redis.call('HGETALL', KEYS[1])}
 "#;
 
-/// KEYS: state, done, parts, holders, report. ARGV: call id, index, items succeeded, items
-/// failed, batch failed (0/1), part ('' for none), report row ('' for none). Returns nil for
-/// an unknown job, else `{first, moved, HGETALL state}`.
+/// KEYS: state, done, parts, holders, report, failed. ARGV: call id, index, items succeeded,
+/// items failed, batch failed (0/1), part ('' for none), report row ('' for none). Returns
+/// nil for an unknown job, else `{first, moved, HGETALL state}`.
 const RECORD_LUA: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 redis.call('HDEL', KEYS[4], ARGV[2])
@@ -197,11 +204,15 @@ if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[1]) == 1 then
   redis.call('HINCRBY', KEYS[1], 'batches_failed', ARGV[5])
   redis.call('HSET', KEYS[1], 'updated_at', now())
   if ARGV[6] ~= '' then redis.call('HSET', KEYS[3], ARGV[2], ARGV[6]) end
+  if ARGV[4] ~= '0' or ARGV[5] ~= '0' then
+    redis.call('HSET', KEYS[6], ARGV[2], ARGV[3] .. ' ' .. ARGV[4] .. ' ' .. ARGV[5])
+  end
   -- A late recording of a retired job: what it just created goes with the job.
   local ttl = redis.call('PTTL', KEYS[1])
   if ttl > 0 then
     redis.call('PEXPIRE', KEYS[2], ttl)
     redis.call('PEXPIRE', KEYS[3], ttl)
+    redis.call('PEXPIRE', KEYS[6], ttl)
   end
   keep_row()
   moved = settle(KEYS[1], ARGV[1])
@@ -252,15 +263,52 @@ end
 return {moved_by(KEYS[1], ARGV[1]), redis.call('HGETALL', KEYS[1])}
 "#;
 
-/// KEYS: state, done, parts, holders, report, spent. ARGV: keep (ms). Returns nil for an unknown
-/// job, else 1 if it
-/// has ended (its keys now expire), 0 if it still runs or finalizes.
+/// KEYS: state, done, parts, holders, report, spent, failed. ARGV: keep (ms). Returns nil for
+/// an unknown job, else 1 if it has ended (its keys now expire), 0 if it still runs or
+/// finalizes.
 const RETIRE_LUA: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == RUNNING or state == FINALIZING then return 0 end
 for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ARGV[1]) end
 return 1
+"#;
+
+/// KEYS: state, done, parts, holders, report, spent, failed. ARGV: call id. Returns nil for
+/// an unknown job, else `{reopened, moved, HGETALL state, HKEYS done}` (0 and no indices when
+/// the job is in a state that cannot be reopened; a retry of the call that reopened it
+/// answers as that call did).
+const REOPEN_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= FAILED and state ~= CANCELED then
+  if redis.call('HGET', KEYS[1], 'reopened_by') == ARGV[1] then
+    return {1, moved_by(KEYS[1], ARGV[1]), redis.call('HGETALL', KEYS[1]),
+      redis.call('HKEYS', KEYS[2])}
+  end
+  return {0, 0, redis.call('HGETALL', KEYS[1]), {}}
+end
+local failed = redis.call('HGETALL', KEYS[7])
+for i = 1, #failed, 2 do
+  local index = failed[i]
+  if redis.call('HDEL', KEYS[2], index) == 1 then
+    redis.call('HDEL', KEYS[3], index)
+    local s, f, b = string.match(failed[i + 1], '^(%d+) (%d+) (%d+)$')
+    redis.call('HINCRBY', KEYS[1], 'done', -1)
+    redis.call('HINCRBY', KEYS[1], 'items_succeeded', 0 - tonumber(s))
+    redis.call('HINCRBY', KEYS[1], 'items_failed', 0 - tonumber(f))
+    redis.call('HINCRBY', KEYS[1], 'batches_failed', 0 - tonumber(b))
+  end
+end
+redis.call('DEL', KEYS[4], KEYS[6], KEYS[7])
+redis.call('HDEL', KEYS[1], 'reason', 'exceeded_items_failed', 'exceeded_batches_failed',
+  'exceeded_total', 'finalizer', 'finalizer_until', 'publisher', 'publisher_until')
+redis.call('HINCRBY', KEYS[1], 'run', 1)
+redis.call('HSET', KEYS[1], 'state', RUNNING, 'reopened_by', ARGV[1], 'moved_by', ARGV[1],
+  'updated_at', now())
+for _, key in ipairs(KEYS) do redis.call('PERSIST', key) end
+local moved = settle(KEYS[1], ARGV[1])
+return {1, moved, redis.call('HGETALL', KEYS[1]), redis.call('HKEYS', KEYS[2])}
 "#;
 
 /// KEYS: state. ARGV: owner, lease (ms). Returns nil for an unknown job, else 1 if `owner`
@@ -309,6 +357,7 @@ static TRANSITION: LazyLock<Script> = LazyLock::new(|| script(TRANSITION_LUA));
 static CLAIM: LazyLock<Script> = LazyLock::new(|| script(CLAIM_LUA));
 static PUBLISH_CLAIM: LazyLock<Script> = LazyLock::new(|| script(PUBLISH_CLAIM_LUA));
 static RETIRE: LazyLock<Script> = LazyLock::new(|| script(RETIRE_LUA));
+static REOPEN: LazyLock<Script> = LazyLock::new(|| script(REOPEN_LUA));
 static CREATED: LazyLock<Script> = LazyLock::new(|| script(CREATED_LUA));
 static STARTED: LazyLock<Script> = LazyLock::new(|| script(STARTED_LUA));
 
@@ -335,6 +384,23 @@ struct JobKeys {
     report: String,
     /// The attempts each mini-batch spent on the script's faults.
     spent: String,
+    /// The counts of each mini-batch recorded with failures.
+    failed: String,
+}
+
+impl JobKeys {
+    /// Every key of the job, in the order the scripts that touch them all take them.
+    fn all(&self) -> [&str; 7] {
+        [
+            &self.state,
+            &self.done,
+            &self.parts,
+            &self.holders,
+            &self.report,
+            &self.spent,
+            &self.failed,
+        ]
+    }
 }
 
 impl RedisLedger {
@@ -396,6 +462,7 @@ impl RedisLedger {
             holders: format!("{base}:holders"),
             spent: format!("{base}:spent"),
             report: format!("{base}:report"),
+            failed: format!("{base}:failed"),
         }
     }
 
@@ -444,12 +511,7 @@ impl Ledger for RedisLedger {
             let (keys, call, allowed_count, percent) = (&keys, &call, &allowed_count, &percent);
             async move {
                 CREATE
-                    .key(&keys.state)
-                    .key(&keys.done)
-                    .key(&keys.parts)
-                    .key(&keys.holders)
-                    .key(&keys.report)
-                    .key(&keys.spent)
+                    .key(&keys.all()[..])
                     .arg(call)
                     .arg(limits.error_threshold)
                     .arg(allowed_count)
@@ -509,6 +571,7 @@ impl Ledger for RedisLedger {
                     .key(&keys.parts)
                     .key(&keys.holders)
                     .key(&keys.report)
+                    .key(&keys.failed)
                     .arg(call)
                     .arg(index)
                     .arg(succeeded)
@@ -744,6 +807,42 @@ impl Ledger for RedisLedger {
         self.claim(&PUBLISH_CLAIM, job, owner, lease).await
     }
 
+    async fn reopen(&self, job: &str) -> Result<Reopened, LedgerError> {
+        let keys = self.keys(job);
+        let call = self.call_id();
+        type Reply = (i64, i64, HashMap<String, String>, Vec<u64>);
+        let reply: Option<Reply> = retrying("reopen", job, || {
+            let mut conn = self.conn.clone();
+            let (keys, call) = (&keys, &call);
+            async move {
+                REOPEN
+                    .key(&keys.all()[..])
+                    .arg(call)
+                    .invoke_async(&mut conn)
+                    .await
+            }
+        })
+        .await?;
+        let (reopened, moved, fields, done) =
+            reply.ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+        let status = parse_status(job, &fields)?;
+        if reopened == 0 {
+            return Err(LedgerError::NotResumable {
+                job: job.to_owned(),
+                state: status.state,
+            });
+        }
+        debug!(job = %job, run = status.run, state = %status.state, "Job reopened.");
+        Ok(Reopened {
+            done,
+            recorded: Recorded {
+                first: true,
+                transitioned: moved == 1,
+                status,
+            },
+        })
+    }
+
     async fn retire(&self, job: &str, keep: Duration) -> Result<bool, LedgerError> {
         let keys = self.keys(job);
         let keep_ms = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX).max(1);
@@ -753,12 +852,7 @@ impl Ledger for RedisLedger {
             let keys = &keys;
             async move {
                 RETIRE
-                    .key(&keys.state)
-                    .key(&keys.done)
-                    .key(&keys.parts)
-                    .key(&keys.holders)
-                    .key(&keys.report)
-                    .key(&keys.spent)
+                    .key(&keys.all()[..])
                     .arg(keep_ms)
                     .invoke_async(&mut conn)
                     .await
@@ -901,6 +995,7 @@ fn parse_status(job: &str, fields: &HashMap<String, String>) -> Result<Status, L
         batches_failed: f.count("batches_failed")?,
         reason,
         updated_at: f.parse("updated_at")?,
+        run: f.parse("run")?.unwrap_or(0),
     })
 }
 

@@ -21,7 +21,8 @@ macro_rules! ledger_conformance {
             an_ended_job_is_forgotten_in_its_time_once_retired,
             creation_and_start_are_noted, a_holder_not_let_go_is_told_to_the_next,
             report_rows_are_kept_in_order, the_last_move_is_timed,
-            only_charged_attempts_are_spent);
+            only_charged_attempts_are_spent, a_stopped_job_reopens_keeping_what_was_done,
+            a_reopened_job_of_all_done_finalizes);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -684,4 +685,143 @@ where
         .await
         .unwrap();
     assert!(at(canceled) > recorded);
+}
+
+/// A job that failed on a limit reopens in its next run: what was recorded whole stays
+/// done, with its part and counts; a failed mini-batch (whole or in part) is forgotten, to
+/// run again, and so are every holder and spent attempt, the reason, and a retirement.
+pub async fn a_stopped_job_reopens_keeping_what_was_done<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    assert!(matches!(
+        l.reopen(&j).await,
+        Err(LedgerError::UnknownJob(_))
+    ));
+    let limits = Limits {
+        error_threshold: 2,
+        ..Limits::NONE
+    };
+    l.create(&j, limits).await.unwrap();
+    assert!(matches!(
+        l.reopen(&j).await,
+        Err(LedgerError::NotResumable {
+            state: JobState::Running,
+            ..
+        })
+    ));
+    l.seal(&j, 5).await.unwrap();
+    l.record(&j, 0, OK, Some("p0")).await.unwrap();
+    let isolated = Outcome {
+        succeeded: 9,
+        failed: 1,
+        batch_failed: false,
+    };
+    l.record(&j, 1, isolated, Some("p1")).await.unwrap();
+    l.attempt_started(&j, 2, "w1/a").await.unwrap();
+    l.attempt_ended(&j, 3, Some("raised"), true).await.unwrap();
+    l.attempt_started(&j, 3, "w1/b").await.unwrap();
+    let failed = l.record(&j, 4, failed(10), Some("p4")).await.unwrap();
+    assert_eq!(failed.status.state, JobState::Failed);
+    assert!(failed.status.reason.is_some());
+    let keep = std::time::Duration::from_millis(300);
+    assert!(l.retire(&j, keep).await.unwrap());
+
+    let reopened = l.reopen(&j).await.unwrap();
+    assert_eq!(reopened.done, [0]);
+    assert!(!reopened.recorded.transitioned);
+    let s = reopened.recorded.status;
+    assert_eq!(
+        (s.state, s.run, s.done, s.total, s.reason),
+        (JobState::Running, 1, 1, Some(5), None)
+    );
+    assert_eq!(
+        (s.items_succeeded, s.items_failed, s.batches_failed),
+        (10, 0, 0)
+    );
+    assert_eq!(l.status(&j).await.unwrap().unwrap().run, 1);
+    assert_eq!(
+        l.parts(&j, 0..5).await.unwrap(),
+        [Some("p0".to_owned()), None, None, None, None]
+    );
+    assert_eq!(l.in_flight(&j).await.unwrap(), []);
+    let started = l.attempt_started(&j, 3, "w2/a").await.unwrap();
+    assert_eq!((started.lost, started.spent), (None, 0));
+    // Once only: the job runs again.
+    assert!(matches!(
+        l.reopen(&j).await,
+        Err(LedgerError::NotResumable {
+            state: JobState::Running,
+            ..
+        })
+    ));
+    // The retirement is lifted: the job outlives the time it was kept for.
+    tokio::time::sleep(keep * 2).await;
+    assert!(l.status(&j).await.unwrap().is_some());
+    // The first recording of a forgotten mini-batch counts again; the kept one does not.
+    assert!(!l.record(&j, 0, OK, Some("again")).await.unwrap().first);
+    for index in 1..4 {
+        assert!(l.record(&j, index, OK, None).await.unwrap().first);
+    }
+    let last = l.record(&j, 4, OK, Some("p4-again")).await.unwrap();
+    assert!(last.transitioned);
+    assert_eq!(last.status.state, JobState::Finalizing);
+    assert_eq!(
+        (
+            last.status.done,
+            last.status.items_succeeded,
+            last.status.items_failed
+        ),
+        (5, 50, 0)
+    );
+    assert_eq!(
+        l.parts(&j, 0..5).await.unwrap()[..],
+        [
+            Some("p0".to_owned()),
+            None,
+            None,
+            None,
+            Some("p4-again".to_owned())
+        ]
+    );
+}
+
+/// A canceled job whose every mini-batch of its sealed total was done reopens straight to
+/// Finalizing, and its reopener owns the finalization.
+pub async fn a_reopened_job_of_all_done_finalizes<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(&j, Limits::NONE).await.unwrap();
+    l.record(&j, 0, OK, None).await.unwrap();
+    l.transition(
+        &j,
+        &[JobState::Running],
+        JobState::Canceled,
+        Some("by hand"),
+    )
+    .await
+    .unwrap();
+    l.seal(&j, 1).await.unwrap();
+    assert_eq!(
+        l.status(&j).await.unwrap().unwrap().state,
+        JobState::Canceled
+    );
+    let reopened = l.reopen(&j).await.unwrap();
+    assert!(reopened.recorded.transitioned);
+    assert_eq!(reopened.recorded.status.state, JobState::Finalizing);
+    assert_eq!(reopened.done, [0]);
+    assert!(matches!(
+        l.reopen(&j).await,
+        Err(LedgerError::NotResumable {
+            state: JobState::Finalizing,
+            ..
+        })
+    ));
 }
