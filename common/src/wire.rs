@@ -32,6 +32,15 @@ pub struct MiniBatch {
     /// file (several only with `partition_keys`). Empty for a file input.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub chunks: Vec<Chunk>,
+    /// The job's run that published it (the ledger's `Status::run`): 0 for the first, one
+    /// more each time the job is resumed. A worker drops a mini-batch an earlier run left in
+    /// the queue: the resumed run publishes again what is still to do.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub run: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The records of one tabular file that belong to a mini-batch.
@@ -111,6 +120,7 @@ impl MiniBatch {
             items,
             partition: None,
             chunks: Vec::new(),
+            run: 0,
         }
     }
 
@@ -185,6 +195,16 @@ mod tests {
     fn round_trips() {
         let m = MiniBatch::new("j", 3, vec!["a/b.png".into()]);
         assert_eq!(MiniBatch::decode(&m.encode()).unwrap(), m);
+        let resumed = MiniBatch {
+            run: 2,
+            ..m.clone()
+        };
+        assert_eq!(MiniBatch::decode(&resumed.encode()).unwrap(), resumed);
+        // A first run's message says nothing of runs: older workers read it unchanged.
+        assert_eq!(
+            m.encode().len() + b"\xa3run\x02".len(),
+            resumed.encode().len()
+        );
     }
 
     #[test]

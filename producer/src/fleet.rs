@@ -11,7 +11,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use fleetrun_common::ledger::{JobState, LedgerError, Limits, Status};
-use fleetrun_common::storage::StorageError;
+use fleetrun_common::queue::{Consumer, Depth, Queue, QueueError};
+use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_config::{JobSpec, MiniBatchSize};
 use fleetrun_worker::agent::JobContext;
 use fleetrun_worker::job::{self, Fleet, Job, JobError, JobRecord, StopRules};
@@ -52,6 +53,14 @@ pub enum FleetError {
         location: String,
         what: &'static str,
     },
+    /// `fleetrun resume` of a job whose input is cut otherwise now than when it ran.
+    #[error(
+        "job {job}: the input listing changed since the job ran (a file added, removed or renamed), so its kept mini-batches would not be the ones cut now; restore the input, or pass --force to resume anyway"
+    )]
+    InputChanged { job: String },
+    /// A job of another pool than the fleet's (`--pool`).
+    #[error("job {job} is in pool {pool}; pass --pool {pool}")]
+    OtherPool { job: String, pool: String },
     #[error(transparent)]
     Ledger(#[from] LedgerError),
     #[error(transparent)]
@@ -66,7 +75,10 @@ impl FleetError {
         match self {
             FleetError::Conflict { .. }
             | FleetError::Refused(_)
-            | FleetError::EmptyInput { .. } => true,
+            | FleetError::EmptyInput { .. }
+            | FleetError::InputChanged { .. }
+            | FleetError::OtherPool { .. }
+            | FleetError::Ledger(LedgerError::NotResumable { .. }) => true,
             FleetError::Storage(e) | FleetError::Job(JobError::Storage(e)) => {
                 matches!(e, StorageError::NoBucket { .. })
             }
@@ -256,7 +268,6 @@ pub async fn publish(
     produced: &Arc<Produced>,
 ) -> Result<(), FleetError> {
     let job = &registered.job;
-    let spec = &registered.record.spec;
     let owner = format!("{}-{:016x}", std::process::id(), rand::random::<u64>());
     loop {
         let status = fleet
@@ -277,24 +288,47 @@ pub async fn publish(
         }
         tokio::time::sleep(CREATED_EVERY).await;
     }
+    publish_to(
+        fleet,
+        registered,
+        produced,
+        fleet.queue.clone(),
+        Some(owner),
+    )
+    .await
+}
+
+/// Partitions the job's input onto `queue` and seals the total, as the publisher `owner`
+/// (renewing its claim; `None`: the job's one publisher already, as when it resumes); notes
+/// the listing's digest in the registry for a later resume.
+async fn publish_to(
+    fleet: &Fleet,
+    registered: &Registered,
+    produced: &Arc<Produced>,
+    queue: Arc<dyn Queue>,
+    owner: Option<String>,
+) -> Result<(), FleetError> {
+    let job = &registered.job;
+    let spec = &registered.record.spec;
     let input = job::open_input(spec, &fleet.s3).await?;
     // Stop publishing as soon as the job stops (threshold, cancel); meanwhile tell the
     // ledger how far publication has come.
     let stop = CancellationToken::new();
     let watcher = {
-        let (ledger, job, stop, produced, owner) = (
+        let (ledger, job, stop, produced) = (
             fleet.ledger.clone(),
             job.clone(),
             stop.clone(),
             produced.clone(),
-            owner.clone(),
         );
         tokio::spawn(async move {
             let mut beat = tokio::time::interval(CREATED_EVERY);
             loop {
                 beat.tick().await;
                 // The claim first: a slow note below must not let the lease run out.
-                if let Ok(false) = ledger.claim_publication(&job, &owner, PUBLISH_LEASE).await {
+                if let Some(owner) = &owner
+                    && let Ok(false) = ledger.claim_publication(&job, owner, PUBLISH_LEASE).await
+                {
                     // Another submitter took over (this one stood still past its lease), or
                     // the job ended: it publishes, this one stops.
                     stop.cancel();
@@ -313,52 +347,7 @@ pub async fn publish(
             }
         })
     };
-    let published = match (&spec.input, spec.mini_batch_size) {
-        (fleetrun_config::Input::Tabular(tabular), MiniBatchSize::Bytes(size)) => {
-            let (_, one) = job::tabular_root(&tabular.location);
-            let format = tabular.format.expect("settled when the job was registered");
-            publish_tabular(
-                &*input,
-                one.as_deref(),
-                job,
-                tabular,
-                format,
-                size,
-                spec.partition_keys.as_deref(),
-                &*fleet.queue,
-                produced,
-                &stop,
-            )
-            .await
-        }
-        (_, MiniBatchSize::Files(size)) => match (&spec.partition_format, &spec.partition_keys) {
-            (Some(format), Some(keys)) => {
-                publish_partitioned_files(
-                    &*input,
-                    format,
-                    keys,
-                    job,
-                    &*fleet.queue,
-                    produced,
-                    &stop,
-                )
-                .await
-            }
-            _ => {
-                publish_files(
-                    &*input,
-                    "",
-                    job,
-                    size as usize,
-                    &*fleet.queue,
-                    produced,
-                    &stop,
-                )
-                .await
-            }
-        },
-        (_, MiniBatchSize::Bytes(_)) => unreachable!("validated: a file input counts files"),
-    };
+    let published = cut(spec, &*input, job, &*queue, produced, &stop).await;
     watcher.abort();
     let total = match published {
         Ok(total) => total,
@@ -369,8 +358,15 @@ pub async fn publish(
         }
     };
     if !stop.is_cancelled() {
+        fleet
+            .registry
+            .note_listing(job, &produced.listing())
+            .await?;
         let handle = registered.job(fleet).await?;
         let sealed = handle.seal(total).await?;
+        if sealed.status.total != Some(total) {
+            tracing::warn!(job = %job, sealed = ?sealed.status.total, now = total, "The input was cut into another number of mini-batches than the job was sealed with.");
+        }
         if sealed.transitioned && sealed.status.state == JobState::Finalizing {
             // Every mini-batch was done before the seal (or there were none): finalize here.
             let ctx = context(fleet, handle).await?;
@@ -378,6 +374,134 @@ pub async fn publish(
         }
     }
     Ok(())
+}
+
+/// Cuts the job's input into mini-batches onto `queue`, in order, until the input ends or
+/// `stop`; returns how many.
+async fn cut(
+    spec: &JobSpec,
+    input: &dyn Storage,
+    job: &str,
+    queue: &dyn Queue,
+    produced: &Produced,
+    stop: &CancellationToken,
+) -> Result<u64, PartitionError> {
+    match (&spec.input, spec.mini_batch_size) {
+        (fleetrun_config::Input::Tabular(tabular), MiniBatchSize::Bytes(size)) => {
+            let (_, one) = job::tabular_root(&tabular.location);
+            let format = tabular.format.expect("settled when the job was registered");
+            publish_tabular(
+                input,
+                one.as_deref(),
+                job,
+                tabular,
+                format,
+                size,
+                spec.partition_keys.as_deref(),
+                queue,
+                produced,
+                stop,
+            )
+            .await
+        }
+        (_, MiniBatchSize::Files(size)) => match (&spec.partition_format, &spec.partition_keys) {
+            (Some(format), Some(keys)) => {
+                publish_partitioned_files(input, format, keys, job, queue, produced, stop).await
+            }
+            _ => publish_files(input, "", job, size as usize, queue, produced, stop).await,
+        },
+        (_, MiniBatchSize::Bytes(_)) => unreachable!("validated: a file input counts files"),
+    }
+}
+
+/// Continues a job that failed or was canceled (`fleetrun resume`): under the same id, with
+/// the mini-batches it recorded whole kept, it runs again every other one (failed ones
+/// included). Refused when its input would be cut otherwise than when it ran (a file added,
+/// removed or renamed), unless `force`. Returns once the rest is published.
+pub async fn resume(fleet: &Fleet, job: &str, force: bool) -> Result<Submitted, FleetError> {
+    let record = record(fleet, job)
+        .await?
+        .ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+    if record.pool != fleet.pool {
+        return Err(FleetError::OtherPool {
+            job: job.to_owned(),
+            pool: record.pool,
+        });
+    }
+    let status = fleet
+        .ledger
+        .status(job)
+        .await?
+        .ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+    if !matches!(status.state, JobState::Failed | JobState::Canceled) {
+        return Err(LedgerError::NotResumable {
+            job: job.to_owned(),
+            state: status.state,
+        }
+        .into());
+    }
+    if !force && let Some(noted) = fleet.registry.listing(job).await? {
+        let input = job::open_input(&record.spec, &fleet.s3).await?;
+        let now = Produced::default();
+        let never = CancellationToken::new();
+        cut(&record.spec, &*input, job, &Discard, &now, &never).await?;
+        if now.listing() != noted {
+            return Err(FleetError::InputChanged {
+                job: job.to_owned(),
+            });
+        }
+    }
+    let registered = Registered {
+        job: job.to_owned(),
+        record,
+        attached: false,
+    };
+    let handle = registered.job(fleet).await?;
+    let reopened = handle.reopen().await?;
+    // Its pool's workers look after it again (and forget it no sooner than it ends).
+    fleet.registry.reopen(job, &registered.record.pool).await?;
+    let status = reopened.recorded.status;
+    let produced = Arc::new(Produced::default());
+    if reopened.recorded.transitioned {
+        // Everything was done: only the finalization was left.
+        let ctx = context(fleet, handle).await?;
+        job::conclude(&*fleet.ledger, &ctx, status).await;
+    } else {
+        let queue = Arc::new(crate::resume::Unfinished {
+            queue: fleet.queue.clone(),
+            done: reopened.done.into_iter().collect(),
+            run: status.run,
+        });
+        publish_to(fleet, &registered, &produced, queue, None).await?;
+    }
+    Ok(Submitted {
+        job: registered.job,
+        produced,
+        attached: false,
+    })
+}
+
+/// A queue that takes every message and keeps none: for cutting an input to see its
+/// listing.
+struct Discard;
+
+#[async_trait::async_trait]
+impl Queue for Discard {
+    async fn publish(&self, _body: Vec<u8>) -> Result<(), QueueError> {
+        Ok(())
+    }
+
+    async fn consume(&self, _prefetch: u16) -> Result<Box<dyn Consumer>, QueueError> {
+        Err(QueueError::Closed)
+    }
+
+    async fn consume_dead(&self, _prefetch: u16) -> Result<Box<dyn Consumer>, QueueError> {
+        Err(QueueError::Closed)
+    }
+
+    async fn depth(&self) -> Result<Depth, QueueError> {
+        Ok(Depth::default())
+    }
 }
 
 /// Settles a tabular input's format before the job is registered: every runner then knows

@@ -233,6 +233,7 @@ pub async fn run_local(
             queue: Arc::new(crate::resume::Unfinished {
                 queue: fleet.queue.clone(),
                 done,
+                run: 0,
             }),
             ..fleet.clone()
         }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use fleetrun_common::ledger::JobState;
+use fleetrun_common::ledger::{JobState, LedgerError};
 use fleetrun_common::report::one_line;
 use fleetrun_producer::exit;
 use fleetrun_producer::fleet::{self as fleet_cmd, EmptyInput, FleetError};
@@ -165,6 +165,27 @@ enum Command {
         #[command(flatten)]
         fleet: FleetArgs,
     },
+    /// Continue a job that failed or was canceled, under its id: keep every mini-batch it
+    /// recorded whole and run only the rest (failed ones included). Refused when its input
+    /// changed since it ran, unless --force. Exits as `submit`.
+    Resume {
+        job: String,
+        /// Resume even though the input's listing changed since the job ran.
+        #[arg(long)]
+        force: bool,
+        /// Wait for the job to end; exit 0 when it completed, 42 when it failed.
+        #[arg(long)]
+        wait: bool,
+        /// No progress display while waiting.
+        #[arg(long, short)]
+        quiet: bool,
+        /// Print JSON for programs: `{"job_id": ..., "resumed": true}`; with `--wait`, the
+        /// job's summary once it ended (as `status --json`).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        fleet: FleetArgs,
+    },
     /// Cancel a job: workers drop its remaining mini-batches.
     Cancel {
         job: String,
@@ -221,10 +242,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(exit::REFUSED);
             };
             note_settings_from_arguments(&job, &spec);
-            let shown = Shown {
-                json,
-                progress: !quiet && !json,
-            };
+            let shown = Shown::new(json, quiet);
             on_fleet(fleet, |fleet, interrupt| async move {
                 submit(spec, fleet, job_id, empty, wait, shown, interrupt).await
             })
@@ -255,10 +273,7 @@ fn main() -> ExitCode {
             quiet,
             fleet,
         } => {
-            let shown = Shown {
-                json,
-                progress: !quiet && !json,
-            };
+            let shown = Shown::new(json, quiet);
             on_fleet(fleet, |fleet, interrupt| async move {
                 wait(fleet, job, timeout, shown, interrupt).await
             })
@@ -273,6 +288,19 @@ fn main() -> ExitCode {
             fleetrun_producer::serve::run(fleet, listener, token, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }),
+        Command::Resume {
+            job,
+            force,
+            wait,
+            quiet,
+            json,
+            fleet,
+        } => {
+            let shown = Shown::new(json, quiet);
+            on_fleet(fleet, |fleet, interrupt| async move {
+                resume(fleet, job, force, wait, shown, interrupt).await
+            })
+        }
         Command::Cancel { job, json, fleet } => on_fleet(fleet, |fleet, _| async move {
             let status = fleet_cmd::cancel(&fleet, &job, "canceled by the user").await?;
             if json {
@@ -291,6 +319,16 @@ fn main() -> ExitCode {
 struct Shown {
     json: bool,
     progress: bool,
+}
+
+impl Shown {
+    /// JSON when asked; else a progress display unless `quiet`.
+    fn new(json: bool, quiet: bool) -> Shown {
+        Shown {
+            json,
+            progress: !quiet && !json,
+        }
+    }
 }
 
 /// One JSON document on stdout, on one line.
@@ -508,44 +546,90 @@ async fn submit(
     shown: Shown,
     interrupt: Interrupt,
 ) -> anyhow::Result<ExitCode> {
-    let output = fleetrun_worker::job::output_location(&spec);
-    let submitted = match fleet_cmd::submit(spec, &fleet, job_id.as_deref(), empty, |id| {
+    let submitted = fleet_cmd::submit(spec, &fleet, job_id.as_deref(), empty, |id| {
         if !shown.json {
             say!("{id}");
         }
     })
-    .await
-    {
+    .await;
+    let submitted = match submitted {
         Ok(submitted) => submitted,
-        Err(e) if e.is_refusal() => {
-            eprintln!("error: {e}");
+        Err(e) => return refused_or_failed(e),
+    };
+    if !wait {
+        let job = &submitted.job;
+        if shown.json {
+            print_json(&serde_json::json!({"job_id": job, "attached": submitted.attached}));
+        } else {
+            let again = if submitted.attached {
+                " (already submitted; attached)"
+            } else {
+                ""
+            };
+            eprintln!("Submitted {job}{again}; follow it with `fleetrun status {job} --watch`.");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    follow(fleet, submitted, shown, interrupt).await
+}
+
+/// `fleetrun resume JOB`: reopens a job that failed or was canceled and publishes what it
+/// has left to do; with `wait`, follows it to its end as `submit --wait` does.
+async fn resume(
+    fleet: Fleet,
+    job: String,
+    force: bool,
+    wait: bool,
+    shown: Shown,
+    interrupt: Interrupt,
+) -> anyhow::Result<ExitCode> {
+    let resumed = match fleet_cmd::resume(&fleet, &job, force).await {
+        Ok(resumed) => resumed,
+        Err(FleetError::Ledger(LedgerError::UnknownJob(_))) => {
+            eprintln!("error: the fleet does not know job {job} (or has forgotten it)");
             return Ok(ExitCode::from(exit::REFUSED));
         }
-        Err(e @ FleetError::Partition(_)) => {
-            // The job is Failed for it.
-            eprintln!("error: {e}");
-            return Ok(ExitCode::from(exit::FAILED));
-        }
-        Err(e) => return Err(e.into()),
+        Err(e) => return refused_or_failed(e),
     };
-    let job = submitted.job;
-    if !wait && shown.json {
-        let submitted = serde_json::json!({"job_id": job, "attached": submitted.attached});
-        print_json(&submitted);
-        return Ok(ExitCode::SUCCESS);
-    }
     if !wait {
-        let again = if submitted.attached {
-            " (already submitted; attached)"
+        if shown.json {
+            print_json(&serde_json::json!({"job_id": job, "resumed": true}));
         } else {
-            ""
-        };
-        eprintln!("Submitted {job}{again}; follow it with `fleetrun status {job} --watch`.");
+            eprintln!("Resumed {job}; follow it with `fleetrun status {job} --watch`.");
+        }
         return Ok(ExitCode::SUCCESS);
     }
+    follow(fleet, resumed, shown, interrupt).await
+}
+
+/// The exit of a submission that did not go through: refused (exit 2), or the job failed
+/// while its input was cut (exit 42).
+fn refused_or_failed(e: FleetError) -> anyhow::Result<ExitCode> {
+    if e.is_refusal() {
+        eprintln!("error: {e}");
+        return Ok(ExitCode::from(exit::REFUSED));
+    }
+    if let FleetError::Partition(_) = e {
+        // The job is Failed for it.
+        eprintln!("error: {e}");
+        return Ok(ExitCode::from(exit::FAILED));
+    }
+    Err(e.into())
+}
+
+/// Follows a submitted (or resumed) job to its end, says how it ended and exits with its
+/// state's code.
+async fn follow(
+    fleet: Fleet,
+    submitted: fleet_cmd::Submitted,
+    shown: Shown,
+    interrupt: Interrupt,
+) -> anyhow::Result<ExitCode> {
+    let job = submitted.job;
     let record = fleet_cmd::record(&fleet, &job)
         .await?
         .ok_or_else(|| anyhow::anyhow!("job {job} is not registered"))?;
+    let output = fleetrun_worker::job::output_location(&record.spec);
     let status = fleet_cmd::wait(
         &fleet,
         &job,

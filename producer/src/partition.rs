@@ -2,6 +2,7 @@
 //! soon as its files are listed, so memory holds one mini-batch whatever the input's size.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fleetrun_common::queue::{Queue, QueueError};
@@ -9,6 +10,7 @@ use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_common::wire::MiniBatch;
 use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
+use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, thiserror::Error)]
@@ -33,17 +35,58 @@ const PUBLISH_WINDOW: usize = 64;
 /// reserving 10¹⁰ slots would abort the producer before the first file is listed.
 const ITEMS_RESERVED: usize = 1024;
 
-/// Counts of what the queue has confirmed, readable while the producer runs.
+/// Counts of what the queue has confirmed, readable while the producer runs, and what was
+/// published.
 #[derive(Debug, Default)]
 pub struct Produced {
     pub mini_batches: AtomicU64,
     pub items: AtomicU64,
+    /// Every mini-batch made, in order, as a SHA-256 of what it holds (its index, items,
+    /// partition values and chunks): the input's listing as the job cut it, to tell whether
+    /// a job resumed later would be cut the same.
+    listing: Mutex<Sha256>,
 }
 
 impl Produced {
     pub(crate) fn confirmed(&self, items: u64) {
         self.mini_batches.fetch_add(1, Ordering::Relaxed);
         self.items.fetch_add(items, Ordering::Relaxed);
+    }
+
+    /// Adds a mini-batch made (in index order) to the listing's digest.
+    pub(crate) fn made(&self, batch: &MiniBatch) {
+        let mut listing = self.listing.lock().unwrap_or_else(|p| p.into_inner());
+        listing.update(batch.index.to_le_bytes());
+        for item in &batch.items {
+            listing.update(item.as_bytes());
+            listing.update([0]);
+        }
+        for (name, value) in batch.partition.iter().flat_map(|p| &p.0) {
+            listing.update(name.as_bytes());
+            listing.update([1]);
+            listing.update(value.as_bytes());
+            listing.update([0]);
+        }
+        for chunk in &batch.chunks {
+            listing.update(chunk.key.as_bytes());
+            listing.update([0]);
+            listing.update(chunk.size.to_le_bytes());
+            for [start, end] in &chunk.ranges {
+                listing.update(start.to_le_bytes());
+                listing.update(end.to_le_bytes());
+            }
+        }
+    }
+
+    /// The digest of the mini-batches made so far (see [`Produced::made`]), in hex.
+    pub fn listing(&self) -> String {
+        let listing = self.listing.lock().unwrap_or_else(|p| p.into_inner());
+        listing
+            .clone()
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
     }
 }
 
@@ -88,6 +131,7 @@ pub async fn publish_files(
                 index,
                 std::mem::replace(&mut items, Vec::with_capacity(reserve)),
             );
+            produced.made(&batch);
             let body = batch.encode();
             in_flight.push_back(async move { queue.publish(body).await.map(|()| count) });
             index += 1;
@@ -154,6 +198,7 @@ pub async fn publish_partitioned_files(
         let count = items.len() as u64;
         let mut batch = MiniBatch::new(job, index, items);
         batch.partition = Some(keys.iter().cloned().zip(values).collect());
+        produced.made(&batch);
         queue.publish(batch.encode()).await?;
         produced.confirmed(count);
         index += 1;

@@ -62,11 +62,13 @@ fn hex(digest: impl AsRef<[u8]>) -> String {
     digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A queue that publishes only the mini-batches not already `done`: those of a resumed run
-/// that its journal kept are counted as published, and never run again.
+/// A queue that publishes only the mini-batches not already `done`: those a resumed job kept
+/// are counted as published, and never run again. The others go out marked with the job's
+/// `run` (the ledger's `Status::run`; 0 leaves them as they are).
 pub struct Unfinished {
     pub queue: std::sync::Arc<dyn Queue>,
     pub done: HashSet<u64>,
+    pub run: u32,
 }
 
 #[async_trait]
@@ -74,6 +76,13 @@ impl Queue for Unfinished {
     async fn publish(&self, body: Vec<u8>) -> Result<(), QueueError> {
         match MiniBatch::decode(&body) {
             Ok(batch) if self.done.contains(&batch.index) => Ok(()),
+            Ok(batch) if self.run > 0 => {
+                let batch = MiniBatch {
+                    run: self.run,
+                    ..batch
+                };
+                self.queue.publish(batch.encode()).await
+            }
             _ => self.queue.publish(body).await,
         }
     }

@@ -153,6 +153,7 @@ impl<'a> Publisher<'a> {
         let rows = chunks.iter().filter_map(|c| c.rows).sum::<u64>();
         let mut batch = MiniBatch::tabular(self.job, self.index, chunks);
         batch.partition = partition;
+        self.produced.made(&batch);
         let body = batch.encode();
         let queue = self.queue;
         self.in_flight

@@ -23,6 +23,8 @@ use futures::TryStreamExt;
 
 #[path = "fleet/chaos.rs"]
 mod chaos;
+#[path = "fleet/resume.rs"]
+mod resume;
 
 fn management_url() -> String {
     std::env::var("FLEETRUN_TEST_AMQP_MANAGEMENT_URL")

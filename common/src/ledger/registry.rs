@@ -31,6 +31,17 @@ pub trait JobRegistry: Send + Sync {
     /// (its record, its init failures, its place among all jobs). Only the first call for
     /// the job, from its own pool, does anything.
     async fn retire(&self, job: &str, pool: &str, keep: Duration) -> Result<(), LedgerError>;
+    /// Puts a retired job (one that [`super::Ledger::reopen`] continues) back among its
+    /// pool's unfinished jobs, in its first place, and keeps it until it is retired again;
+    /// its runner init failures start again from 0. `pool` is the job's own (its record's).
+    /// False for a job it does not know.
+    async fn reopen(&self, job: &str, pool: &str) -> Result<bool, LedgerError>;
+    /// Keeps the digest of the job's input as its publication cut it into mini-batches
+    /// (noted once every mini-batch is published): a resume that cuts it otherwise is
+    /// refused. It lives as long as the job's record.
+    async fn note_listing(&self, job: &str, listing: &str) -> Result<(), LedgerError>;
+    /// The digest [`JobRegistry::note_listing`] kept, if any.
+    async fn listing(&self, job: &str) -> Result<Option<String>, LedgerError>;
     /// Counts one more runner init failure of the job, on any node; returns the count so far.
     async fn add_init_failure(&self, job: &str) -> Result<u64, LedgerError>;
     /// The job's runner init failures so far (0 for a job that has none, or is unknown).
@@ -72,6 +83,7 @@ struct Registered {
     pool: String,
     finished: bool,
     init_failures: u64,
+    listing: Option<String>,
     forget_at: Option<Instant>,
 }
 
@@ -115,6 +127,7 @@ impl JobRegistry for MemoryRegistry {
                 pool: pool.to_owned(),
                 finished: false,
                 init_failures: 0,
+                listing: None,
                 forget_at: None,
             },
         );
@@ -155,6 +168,30 @@ impl JobRegistry for MemoryRegistry {
             r.forget_at = Some(Instant::now() + keep);
         }
         Ok(())
+    }
+
+    async fn reopen(&self, job: &str, pool: &str) -> Result<bool, LedgerError> {
+        Ok(match self.records().get_mut(job) {
+            Some(r) => {
+                debug_assert_eq!(r.pool, pool, "a job is reopened in its own pool");
+                r.finished = false;
+                r.forget_at = None;
+                r.init_failures = 0;
+                true
+            }
+            None => false,
+        })
+    }
+
+    async fn note_listing(&self, job: &str, listing: &str) -> Result<(), LedgerError> {
+        if let Some(r) = self.records().get_mut(job) {
+            r.listing = Some(listing.to_owned());
+        }
+        Ok(())
+    }
+
+    async fn listing(&self, job: &str) -> Result<Option<String>, LedgerError> {
+        Ok(self.records().get(job).and_then(|r| r.listing.clone()))
     }
 
     async fn add_init_failure(&self, job: &str) -> Result<u64, LedgerError> {
@@ -276,15 +313,52 @@ impl RedisRegistry {
     }
 }
 
-/// KEYS: the pool's unfinished, record, init_failures, retired. ARGV: job, keep (ms), forget
-/// at (s). Only a job still among the pool's unfinished ones is retired.
+/// KEYS: the pool's unfinished, record, init_failures, retired, listing. ARGV: job, keep
+/// (ms), forget at (s). Only a job still among the pool's unfinished ones is retired.
 static RETIRE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 redis.call('PEXPIRE', KEYS[3], ARGV[2])
+redis.call('PEXPIRE', KEYS[5], ARGV[2])
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
+return 1
+"#,
+    )
+});
+
+/// KEYS: the pool's unfinished, record, init_failures, retired, jobs, listing. ARGV: job.
+/// Returns 0 for a job whose record is gone, else 1.
+static REOPEN: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+redis.call('PERSIST', KEYS[2])
+redis.call('PERSIST', KEYS[6])
+redis.call('DEL', KEYS[3])
+redis.call('ZREM', KEYS[4], ARGV[1])
+local first = redis.call('ZSCORE', KEYS[5], ARGV[1])
+if not first then
+  local t = redis.call('TIME')
+  first = t[1]
+  redis.call('ZADD', KEYS[5], first, ARGV[1])
+end
+redis.call('ZADD', KEYS[1], first, ARGV[1])
+return 1
+"#,
+    )
+});
+
+/// KEYS: listing, record. ARGV: the listing's digest. Kept as long as the record (nothing
+/// for a job whose record is gone).
+static NOTE_LISTING: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local ttl = redis.call('PTTL', KEYS[2])
+if ttl == -2 then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
 return 1
 "#,
     )
@@ -452,6 +526,7 @@ impl JobRegistry for RedisRegistry {
             self.key(job, "record"),
             self.key(job, "init_failures"),
             self.retired_key(),
+            self.key(job, "listing"),
         ];
         retrying("retire", job, || {
             let mut conn = self.conn.clone();
@@ -468,6 +543,58 @@ impl JobRegistry for RedisRegistry {
         })
         .await?;
         Ok(())
+    }
+
+    async fn reopen(&self, job: &str, pool: &str) -> Result<bool, LedgerError> {
+        let keys = [
+            self.unfinished_key(pool),
+            self.key(job, "record"),
+            self.key(job, "init_failures"),
+            self.retired_key(),
+            self.jobs_key(),
+            self.key(job, "listing"),
+        ];
+        let reopened: i64 = retrying("reopen", job, || {
+            let mut conn = self.conn.clone();
+            let keys = &keys;
+            async move {
+                REOPEN
+                    .key(keys.as_slice())
+                    .arg(job)
+                    .invoke_async(&mut conn)
+                    .await
+            }
+        })
+        .await?;
+        Ok(reopened == 1)
+    }
+
+    async fn note_listing(&self, job: &str, listing: &str) -> Result<(), LedgerError> {
+        let (key, record) = (self.key(job, "listing"), self.key(job, "record"));
+        retrying("note the listing", job, || {
+            let mut conn = self.conn.clone();
+            let (key, record) = (&key, &record);
+            async move {
+                NOTE_LISTING
+                    .key(key)
+                    .key(record)
+                    .arg(listing)
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+            }
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn listing(&self, job: &str) -> Result<Option<String>, LedgerError> {
+        let key = self.key(job, "listing");
+        retrying("read the listing", job, || {
+            let mut conn = self.conn.clone();
+            let key = &key;
+            async move { conn.get(key).await }
+        })
+        .await
     }
 
     async fn add_init_failure(&self, job: &str) -> Result<u64, LedgerError> {

@@ -18,7 +18,7 @@ macro_rules! registry_conformance {
             a_record_is_written_once, jobs_are_listed_oldest_first,
             unfinished_jobs_are_the_pools_until_retired, init_failures_are_counted_per_job,
             a_retired_job_is_forgotten_in_its_time, a_pools_nodes_are_counted_while_they_beat,
-            a_jobs_places_go_to_node_count_nodes_at_once);
+            a_jobs_places_go_to_node_count_nodes_at_once, a_reopened_job_is_unfinished_again);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -108,6 +108,7 @@ where
     r.register("k", "p", b"{}").await.unwrap();
     r.register("x", "q", b"{}").await.unwrap();
     r.add_init_failure("j").await.unwrap();
+    r.note_listing("j", "cafe").await.unwrap();
     let keep = Duration::from_secs(1);
     r.retire("j", "p", keep).await.unwrap();
     // Another pool's job is not this pool's to retire.
@@ -122,6 +123,7 @@ where
     .await;
     assert_eq!(r.jobs().await.unwrap(), ["k", "x"]);
     assert_eq!(r.init_failures("j").await.unwrap(), 0);
+    assert_eq!(r.listing("j").await.unwrap(), None);
     assert!(r.record("k").await.unwrap().is_some());
     assert!(r.record("x").await.unwrap().is_some());
     assert_eq!(r.unfinished("q").await.unwrap(), ["x"]);
@@ -184,4 +186,35 @@ where
     // Two places: two nodes.
     assert!(r.claim_place("k", "a", 2, HOUR).await.unwrap());
     assert!(!r.claim_place("k", "c", 2, HOUR).await.unwrap());
+}
+
+/// A retired job reopened is its pool's again, in its first place, kept past the time it
+/// was retired for, with its init failures counted from 0.
+pub async fn a_reopened_job_is_unfinished_again<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn JobRegistry>>,
+{
+    let r = make().await;
+    assert!(!r.reopen("unknown", "p").await.unwrap());
+    r.register("j", "p", b"{}").await.unwrap();
+    r.register("k", "p", b"{}").await.unwrap();
+    r.add_init_failure("j").await.unwrap();
+    assert_eq!(r.listing("j").await.unwrap(), None);
+    r.note_listing("j", "cafe").await.unwrap();
+    r.note_listing("unknown", "cafe").await.unwrap();
+    assert_eq!(r.listing("unknown").await.unwrap(), None);
+    let keep = Duration::from_millis(500);
+    r.retire("j", "p", keep).await.unwrap();
+    assert_eq!(r.unfinished("p").await.unwrap(), ["k"]);
+    assert!(r.reopen("j", "p").await.unwrap());
+    assert_eq!(r.unfinished("p").await.unwrap(), ["j", "k"]);
+    assert_eq!(r.init_failures("j").await.unwrap(), 0);
+    tokio::time::sleep(keep * 2).await;
+    assert!(r.record("j").await.unwrap().is_some(), "no longer retired");
+    assert_eq!(r.listing("j").await.unwrap().as_deref(), Some("cafe"));
+    assert_eq!(r.jobs().await.unwrap(), ["j", "k"]);
+    // Retired again when it ends again.
+    r.retire("j", "p", HOUR).await.unwrap();
+    assert_eq!(r.unfinished("p").await.unwrap(), ["k"]);
 }

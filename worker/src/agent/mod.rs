@@ -114,6 +114,9 @@ pub struct JobContext {
     pub(crate) output_sync: tokio::sync::Mutex<outdir::Uploaded>,
     /// The job's resource monitor on this node (`perf/<node_id>/`).
     pub monitor: crate::monitor::Monitor,
+    /// The job's run this context serves (the ledger's `Status::run`): a mini-batch of a
+    /// later run finds the job resumed and a new context; one of an earlier run is dropped.
+    run: u32,
 }
 
 impl JobContext {
@@ -136,7 +139,19 @@ impl JobContext {
             last_check: std::sync::Mutex::new(Instant::now()),
             output_sync: Default::default(),
             monitor: Default::default(),
+            run: 0,
         }
+    }
+
+    /// Serves the job's `run` (see [`JobContext::run`]).
+    pub fn for_run(mut self, run: u32) -> JobContext {
+        self.run = run;
+        self
+    }
+
+    /// The job's run this context serves: 0 for the first, one more each time it resumed.
+    pub fn run(&self) -> u32 {
+        self.run
     }
 
     /// Runs at most `processes` runners of the job on this node; with `places`, the node
@@ -195,6 +210,17 @@ impl JobContext {
 #[async_trait]
 pub trait Jobs: Send + Sync {
     async fn get(&self, job: &str) -> Result<Option<Arc<JobContext>>, crate::job::JobError>;
+
+    /// The job's context for a mini-batch of its `run`: one that serves an earlier run (the
+    /// job was resumed since this node loaded it) is replaced by a new one.
+    async fn get_for_run(
+        &self,
+        job: &str,
+        run: u32,
+    ) -> Result<Option<Arc<JobContext>>, crate::job::JobError> {
+        let _ = run;
+        self.get(job).await
+    }
 
     /// Whether this node may work on the job: it holds, or has just won, one of the job's
     /// `node_count` places.

@@ -201,7 +201,13 @@ impl Slot {
                 return Verdict::Settle(Disposition::DeadLetter);
             }
         };
-        let ctx = match self.shared.agent.jobs.get(&batch.job).await {
+        let ctx = match self
+            .shared
+            .agent
+            .jobs
+            .get_for_run(&batch.job, batch.run)
+            .await
+        {
             Ok(Some(ctx)) => ctx,
             Ok(None) => {
                 warn!(job = %batch.job, mini_batch = batch.index, "Dead-lettering a mini-batch of an unknown job.");
@@ -212,7 +218,9 @@ impl Slot {
                 return Verdict::Settle(Disposition::Requeue);
             }
         };
-        if !self.accepts_work(&ctx).await {
+        if batch.run < ctx.run() || !self.accepts_work(&ctx).await {
+            // Left in the queue by a run the job was resumed from: the resumed run
+            // published again whatever of it was still to do.
             return Verdict::Drop;
         }
         self.shared.wanted.note(&ctx);

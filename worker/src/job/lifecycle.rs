@@ -5,14 +5,17 @@
 //! whose recording breaks a limit or does the last mini-batch, a watcher whose stop rule
 //! fires, the finalizer, a cancel, the submitter) exactly one moves it, and only that one
 //! writes the results. Nothing outside this file and `common/` calls
-//! [`Ledger::transition`], [`Ledger::record_attempt`] or [`Ledger::seal`].
+//! [`Ledger::transition`], [`Ledger::record_attempt`], [`Ledger::seal`] or
+//! [`Ledger::reopen`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use fleetrun_common::events::{Counts, Events, JobEvent};
-use fleetrun_common::ledger::{JobState, Ledger, LedgerError, Outcome, Recorded, Started, Status};
+use fleetrun_common::ledger::{
+    JobState, Ledger, LedgerError, Outcome, Recorded, Reopened, Started, Status,
+};
 use fleetrun_common::storage::Storage;
 use fleetrun_config::{JobSpec, Location, OutputAction};
 use tracing::{info, warn};
@@ -237,6 +240,21 @@ impl Job {
             self.announce(&status).await;
         }
         Ok(status)
+    }
+
+    /// Reopens a job that failed or was canceled, to continue it in its next run (see
+    /// [`Ledger::reopen`]): the last run's `failed_items.csv` goes (the job's end writes its
+    /// own), and the job's new state is told. The caller publishes what is left to do, or
+    /// finalizes the job when nothing is (`transitioned`).
+    pub async fn reopen(&self) -> Result<Reopened, LedgerError> {
+        let reopened = self.ledger.reopen(&self.id).await?;
+        info!(job = %self.id, run = reopened.recorded.status.run, "Job resumed.");
+        let stale = format!("logs/{}", logs::FAILED_ITEMS_CSV);
+        if let Err(e) = self.output.delete_prefix(&stale).await {
+            warn!(job = %self.id, error = %e, "Cannot remove the last run's failed_items.csv.");
+        }
+        self.announce(&reopened.recorded.status).await;
+        Ok(reopened)
     }
 
     /// Ends a Finalizing job: joins its counted parts into the output file (`append_row`)

@@ -70,9 +70,14 @@ impl FleetJobs {
             .collect()
     }
 
-    async fn load(&self, job: &str) -> Result<Option<Arc<JobContext>>, JobError> {
+    /// Loads the job for its `run` at least (the ledger's, when it is further on).
+    async fn load(&self, job: &str, run: u32) -> Result<Option<Arc<JobContext>>, JobError> {
         let Some(bytes) = self.fleet.registry.record(job).await? else {
             return Ok(None);
+        };
+        let run = match self.fleet.ledger.status(job).await? {
+            Some(status) => status.run.max(run),
+            None => run,
         };
         let record = JobRecord::decode(&bytes)?;
         let spec = stage_code(record.spec, &self.config.cache_dir, &self.fleet.s3).await?;
@@ -123,7 +128,8 @@ impl FleetJobs {
         let ctx = Arc::new(
             JobContext::new(handle, input, logs)
                 // `fleetrun run` is the job's one node; fleet nodes take one of its places.
-                .with_seats(processes, !self.config.sole_node),
+                .with_seats(processes, !self.config.sole_node)
+                .for_run(run),
         );
         tokio::spawn(watch_job(
             self.fleet.clone(),
@@ -191,14 +197,23 @@ impl Jobs for FleetJobs {
     }
 
     async fn get(&self, job: &str) -> Result<Option<Arc<JobContext>>, JobError> {
-        if let Some(ctx) = self.cached(job) {
+        self.get_for_run(job, 0).await
+    }
+
+    async fn get_for_run(&self, job: &str, run: u32) -> Result<Option<Arc<JobContext>>, JobError> {
+        let current = |ctx: &Arc<JobContext>| ctx.run() >= run;
+        if let Some(ctx) = self.cached(job).filter(current) {
             return Ok(Some(ctx));
         }
         let _one_at_a_time = self.loading.lock().await;
-        if let Some(ctx) = self.cached(job) {
+        if let Some(ctx) = self.cached(job).filter(current) {
             return Ok(Some(ctx));
         }
-        let ctx = self.load(job).await?;
+        if let Some(earlier) = self.cached(job) {
+            info!(job = %job, run, "The job was resumed: serving its new run.");
+            earlier.stop.cancel();
+        }
+        let ctx = self.load(job, run).await?;
         if let Some(ctx) = &ctx {
             self.contexts
                 .lock()

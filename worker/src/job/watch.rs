@@ -74,6 +74,11 @@ pub(super) async fn watch_job(
                 continue;
             }
         };
+        if status.run > ctx.run() {
+            // Resumed since: the context of its new run watches it.
+            ctx.stop.cancel();
+            return;
+        }
         note_changes(&ctx, &node, &mut seen, &status);
         if let Some(stop) = rules.check(&status, serving(&fleet, &status).await) {
             let reason = ctx.job.stop_reason(stop).await;
