@@ -358,10 +358,8 @@ async fn publish_to(
         }
     };
     if !stop.is_cancelled() {
-        fleet
-            .registry
-            .note_listing(job, &produced.listing())
-            .await?;
+        let listing = produced.finished(total);
+        fleet.registry.note_listing(job, &listing).await?;
         let handle = registered.job(fleet).await?;
         let sealed = handle.seal(total).await?;
         if sealed.status.total != Some(total) {
@@ -378,7 +376,7 @@ async fn publish_to(
 
 /// Cuts the job's input into mini-batches onto `queue`, in order, until the input ends or
 /// `stop`; returns how many.
-async fn cut(
+pub(crate) async fn cut(
     spec: &JobSpec,
     input: &dyn Storage,
     job: &str,
@@ -444,8 +442,8 @@ pub async fn resume(fleet: &Fleet, job: &str, force: bool) -> Result<Submitted, 
         let input = job::open_input(&record.spec, &fleet.s3).await?;
         let now = Produced::default();
         let never = CancellationToken::new();
-        cut(&record.spec, &*input, job, &Discard, &now, &never).await?;
-        if now.listing() != noted {
+        let total = cut(&record.spec, &*input, job, &Discard, &now, &never).await?;
+        if now.finished(total) != noted {
             return Err(FleetError::InputChanged {
                 job: job.to_owned(),
             });
@@ -483,7 +481,7 @@ pub async fn resume(fleet: &Fleet, job: &str, force: bool) -> Result<Submitted, 
 
 /// A queue that takes every message and keeps none: for cutting an input to see its
 /// listing.
-struct Discard;
+pub(crate) struct Discard;
 
 #[async_trait::async_trait]
 impl Queue for Discard {

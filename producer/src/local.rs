@@ -258,7 +258,11 @@ pub async fn run_local(
         drain.clone(),
         abort.clone(),
     ));
-    let produced = Arc::new(Produced::default());
+    // The journal notes how far the input is cut as it goes: a resume checks its own cut.
+    let produced = Arc::new(Produced::noting_cuts({
+        let journal = journal.clone();
+        move |cut| journal.note_cut(&cut)
+    }));
     let publisher = {
         let (fleet, produced) = (publishing, produced.clone());
         let registered = registered.clone();
@@ -362,9 +366,8 @@ async fn open_journal(
 ) -> Result<Resumed, RunError> {
     let path = guard.journal_path();
     let journal_error = |e: JournalError| RunError::Resume(e.to_string());
-    let fingerprint = crate::resume::fingerprint(spec)
-        .await
-        .map_err(|e| RunError::Setup(e.to_string()))?;
+    let fingerprint =
+        crate::resume::fingerprint(spec).map_err(|e| RunError::Setup(e.to_string()))?;
     let last = if options.resume {
         Journal::read(&path).map_err(journal_error)?
     } else {
@@ -383,7 +386,28 @@ async fn open_journal(
             entries: Vec::new(),
         });
     };
-    let changed = crate::resume::changed(&last.header.fingerprint, &fingerprint);
+    let mut changed = crate::resume::changed(&last.header.fingerprint, &fingerprint);
+    let mut entries = last.entries.clone();
+    if !entries.is_empty() {
+        // Its input: the mini-batches it recorded must hold the items they held.
+        use crate::resume::CutNow;
+        let job = &last.header.job;
+        // Kept: what is cut as it was (with --force, a changed input keeps what is still the
+        // same); the rest runs again.
+        let same = match crate::resume::same_cut(spec, job, &last.cuts).await {
+            Ok(CutNow::Same(same)) => same,
+            Ok(CutNow::Changed { same }) => {
+                changed.push(crate::resume::INPUT.to_owned());
+                same
+            }
+            Err(e) => return Err(RunError::Setup(e.to_string())),
+        };
+        let recorded = entries.len();
+        entries.retain(|entry| entry.index < same);
+        if entries.len() < recorded {
+            tracing::info!(job = %job, again = recorded - entries.len(), "Mini-batches the last run recorded past what its input is still cut as run again.");
+        }
+    }
     if !changed.is_empty() {
         if !options.force {
             return Err(RunError::Resume(format!(
@@ -398,7 +422,7 @@ async fn open_journal(
     Ok(Resumed {
         job_id: last.header.job,
         journal,
-        entries: last.entries,
+        entries,
     })
 }
 

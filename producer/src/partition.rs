@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use fleetrun_common::ledger::journal::Cut;
 use fleetrun_common::queue::{Queue, QueueError};
 use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_common::wire::MiniBatch;
@@ -35,9 +36,15 @@ const PUBLISH_WINDOW: usize = 64;
 /// reserving 10¹⁰ slots would abort the producer before the first file is listed.
 const ITEMS_RESERVED: usize = 1024;
 
+/// Mini-batches cut between two notes of how far the input is cut ([`Produced::noting_cuts`]).
+pub const CUT_EVERY: u64 = 16;
+
+/// Where a producer notes how far it has cut the input (a local run's journal).
+type CutNote = Box<dyn Fn(Cut) + Send + Sync>;
+
 /// Counts of what the queue has confirmed, readable while the producer runs, and what was
-/// published.
-#[derive(Debug, Default)]
+/// cut.
+#[derive(Default)]
 pub struct Produced {
     pub mini_batches: AtomicU64,
     pub items: AtomicU64,
@@ -45,9 +52,20 @@ pub struct Produced {
     /// partition values and chunks): the input's listing as the job cut it, to tell whether
     /// a job resumed later would be cut the same.
     listing: Mutex<Sha256>,
+    /// Told the listing's digest every [`CUT_EVERY`] mini-batches and at the end.
+    cut_note: Option<CutNote>,
 }
 
 impl Produced {
+    /// Notes how far the input is cut, and its digest so far, every [`CUT_EVERY`]
+    /// mini-batches made and once the whole input is ([`Produced::finished`]).
+    pub fn noting_cuts(note: impl Fn(Cut) + Send + Sync + 'static) -> Produced {
+        Produced {
+            cut_note: Some(Box::new(note)),
+            ..Produced::default()
+        }
+    }
+
     pub(crate) fn confirmed(&self, items: u64) {
         self.mini_batches.fetch_add(1, Ordering::Relaxed);
         self.items.fetch_add(items, Ordering::Relaxed);
@@ -76,18 +94,40 @@ impl Produced {
                 listing.update(end.to_le_bytes());
             }
         }
+        let made = batch.index + 1;
+        if let Some(note) = &self.cut_note
+            && made.is_multiple_of(CUT_EVERY)
+        {
+            note(Cut {
+                batches: made,
+                listing: hex(&listing),
+                whole: false,
+            });
+        }
     }
 
-    /// The digest of the mini-batches made so far (see [`Produced::made`]), in hex.
-    pub fn listing(&self) -> String {
-        let listing = self.listing.lock().unwrap_or_else(|p| p.into_inner());
+    /// The digest of the whole input's cut into `total` mini-batches, noted as such.
+    pub(crate) fn finished(&self, total: u64) -> String {
+        let listing = hex(&self.listing.lock().unwrap_or_else(|p| p.into_inner()));
+        if let Some(note) = &self.cut_note {
+            note(Cut {
+                batches: total,
+                listing: listing.clone(),
+                whole: true,
+            });
+        }
         listing
-            .clone()
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
     }
+}
+
+/// A digest so far, in hex.
+fn hex(listing: &Sha256) -> String {
+    listing
+        .clone()
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Lists `prefix` of `input` in key order and publishes mini-batches of `size` files, until

@@ -5,12 +5,15 @@
 use std::collections::{BTreeMap, HashSet};
 
 use async_trait::async_trait;
+use fleetrun_common::ledger::journal::Cut;
 use fleetrun_common::queue::{Consumer, Depth, Queue, QueueError};
 use fleetrun_common::storage::s3::S3Settings;
 use fleetrun_common::wire::MiniBatch;
 use fleetrun_config::JobSpec;
 use fleetrun_worker::job;
-use futures::TryStreamExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::partition::Produced;
 use sha2::{Digest, Sha256};
 
 /// The parts of a fingerprint, as a refusal names them.
@@ -18,42 +21,89 @@ pub const JOB_FILE: &str = "the job's settings";
 pub const CODE: &str = "the script's code";
 pub const INPUT: &str = "the input listing";
 
-/// Why a fingerprint was not taken.
+/// Why a fingerprint was not taken, or the input not cut again.
 #[derive(Debug, thiserror::Error)]
 pub enum FingerprintError {
     #[error(transparent)]
     Code(#[from] job::JobError),
     #[error("listing the input: {0}")]
     Input(#[from] fleetrun_common::storage::StorageError),
+    #[error(transparent)]
+    Cut(#[from] crate::partition::PartitionError),
 }
 
-/// What a job run is made of: its settings, its script's code and its input listing (the
-/// objects' keys), each a SHA-256.
-pub async fn fingerprint(spec: &JobSpec) -> Result<BTreeMap<String, String>, FingerprintError> {
+/// What a job run is made of: its settings and its script's code, each a SHA-256. Its input
+/// is told by how the run cut it ([`same_cut`]), from the run's own listing.
+pub fn fingerprint(spec: &JobSpec) -> Result<BTreeMap<String, String>, FingerprintError> {
     let settings = serde_json::to_vec(spec).expect("a job always encodes");
     let mut parts = BTreeMap::from([(JOB_FILE.to_owned(), hex(Sha256::digest(&settings)))]);
     if let Some(code) = job::code_digest(spec)? {
         parts.insert(CODE.to_owned(), code);
     }
-    let input = job::open_input(spec, &S3Settings::default()).await?;
-    // Keys alone: a local folder lists them without a `stat` per file, which on a large
-    // input would cost the run more than its own listing.
-    let mut listing = Sha256::new();
-    let mut keys = input.list_keys("");
-    while let Some(key) = keys.try_next().await? {
-        listing.update(key.as_bytes());
-        listing.update([0]);
-    }
-    parts.insert(INPUT.to_owned(), hex(listing.finalize()));
     Ok(parts)
 }
 
-/// What differs between a run's fingerprint and another's, by name.
+/// How the input is cut now against the last run's `cuts`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CutNow {
+    /// The first `.0` mini-batches are cut as they were (the furthest cut the last run
+    /// noted): its recordings of those can be kept, the others run again.
+    Same(u64),
+    /// A mini-batch the last run cut holds other items now, or the whole input is cut
+    /// otherwise than when the last run cut all of it: only the first `same` mini-batches
+    /// (up to the last cut that is still the same) are as they were.
+    Changed { same: u64 },
+}
+
+/// Cuts `spec`'s input again (onto no queue) and compares it with the last run's `cuts`.
+pub async fn same_cut(spec: &JobSpec, job: &str, cuts: &[Cut]) -> Result<CutNow, FingerprintError> {
+    let now = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let produced = {
+        let now = now.clone();
+        Produced::noting_cuts(move |cut| now.lock().unwrap_or_else(|p| p.into_inner()).push(cut))
+    };
+    let input = job::open_input(spec, &S3Settings::default()).await?;
+    let never = CancellationToken::new();
+    let total = crate::fleet::cut(
+        spec,
+        &*input,
+        job,
+        &crate::fleet::Discard,
+        &produced,
+        &never,
+    )
+    .await?;
+    produced.finished(total);
+    let now = std::mem::take(&mut *now.lock().unwrap_or_else(|p| p.into_inner()));
+    Ok(compare_cuts(cuts, &now))
+}
+
+/// [`same_cut`]'s judgement of the last run's cuts `before` against `now`'s.
+fn compare_cuts(before: &[Cut], now: &[Cut]) -> CutNow {
+    let same = |old: &Cut| {
+        now.iter().any(|cut| {
+            cut.batches == old.batches && cut.listing == old.listing && (cut.whole || !old.whole)
+        })
+    };
+    let mut before: Vec<&Cut> = before.iter().collect();
+    before.sort_by_key(|cut| cut.batches);
+    let mut through = 0;
+    for old in before {
+        if !same(old) {
+            return CutNow::Changed { same: through };
+        }
+        through = old.batches;
+    }
+    CutNow::Same(through)
+}
+
+/// What differs between a run's fingerprint and another's, by name (the input is compared
+/// by its cut, not here: an older journal's header may still name it).
 pub fn changed(before: &BTreeMap<String, String>, now: &BTreeMap<String, String>) -> Vec<String> {
     let names: std::collections::BTreeSet<&String> = before.keys().chain(now.keys()).collect();
     names
         .into_iter()
-        .filter(|name| before.get(*name) != now.get(*name))
+        .filter(|name| name.as_str() != INPUT && before.get(*name) != now.get(*name))
         .cloned()
         .collect()
 }
@@ -104,6 +154,30 @@ impl Queue for Unfinished {
 mod tests {
     use super::*;
 
+    fn cut(batches: u64, listing: &str, whole: bool) -> Cut {
+        Cut {
+            batches,
+            listing: listing.into(),
+            whole,
+        }
+    }
+
+    #[test]
+    fn a_cut_is_kept_as_far_as_it_is_the_same() {
+        let now = [cut(16, "a", false), cut(32, "b", false), cut(40, "c", true)];
+        assert_eq!(compare_cuts(&[], &now), CutNow::Same(0));
+        assert_eq!(compare_cuts(&now[..2], &now), CutNow::Same(32));
+        assert_eq!(compare_cuts(&now, &now), CutNow::Same(40));
+        // A file added before what the last run cut moves every mini-batch after it.
+        let moved = [cut(16, "a", false), cut(32, "x", false)];
+        assert_eq!(compare_cuts(&moved, &now), CutNow::Changed { same: 16 });
+        // The whole input then is the whole input now, not a part of it.
+        let whole = [cut(32, "b", true)];
+        assert_eq!(compare_cuts(&whole, &now), CutNow::Changed { same: 0 });
+        let longer = [cut(48, "d", false)];
+        assert_eq!(compare_cuts(&longer, &now), CutNow::Changed { same: 0 });
+    }
+
     #[test]
     fn what_changed_is_named() {
         let before = BTreeMap::from([
@@ -112,8 +186,10 @@ mod tests {
         ]);
         let mut now = before.clone();
         assert!(changed(&before, &now).is_empty());
-        now.insert(INPUT.to_owned(), "c".to_owned());
+        now.insert(JOB_FILE.to_owned(), "c".to_owned());
         now.insert(CODE.to_owned(), "d".to_owned());
-        assert_eq!(changed(&before, &now), [INPUT, CODE]);
+        // The input is told by its cut, not by a header (an older journal's names it).
+        now.remove(INPUT);
+        assert_eq!(changed(&before, &now), [JOB_FILE, CODE]);
     }
 }

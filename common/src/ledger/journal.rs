@@ -90,12 +90,26 @@ pub enum JournalError {
     },
 }
 
-/// A journal read back: its header, its whole entries, and the length they take (what follows
-/// is a line cut short).
+/// How far the run had cut its input into mini-batches, and what the cut held: a digest of
+/// its first `batches` mini-batches' items, cumulative (the producer's), so a resumed run
+/// that cuts its input again tells whether the mini-batches it keeps are still those.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cut {
+    #[serde(rename = "cut")]
+    pub batches: u64,
+    pub listing: String,
+    /// The input ended there: the cut is the whole input's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub whole: bool,
+}
+
+/// A journal read back: its header, its whole entries and cuts, and the length they take
+/// (what follows is a line cut short).
 #[derive(Debug)]
 pub struct Read {
     pub header: Header,
     pub entries: Vec<Entry>,
+    pub cuts: Vec<Cut>,
     whole: u64,
 }
 
@@ -143,6 +157,7 @@ impl Journal {
         let mut whole = 0u64;
         let mut header = None;
         let mut entries = Vec::new();
+        let mut cuts = Vec::new();
         loop {
             line.clear();
             let n = reader.read_until(b'\n', &mut line).map_err(io_at(path))?;
@@ -161,9 +176,12 @@ impl Journal {
                 },
                 Some(_) => match serde_json::from_slice::<Entry>(&line) {
                     Ok(entry) => entries.push(entry),
-                    // A line torn and then followed by another cannot happen with whole
-                    // writes; take what came before it.
-                    Err(_) => break,
+                    Err(_) => match serde_json::from_slice::<Cut>(&line) {
+                        Ok(cut) => cuts.push(cut),
+                        // A line torn and then followed by another cannot happen with whole
+                        // writes; take what came before it.
+                        Err(_) => break,
+                    },
                 },
             }
             whole += n as u64;
@@ -171,6 +189,7 @@ impl Journal {
         Ok(header.map(|header| Read {
             header,
             entries,
+            cuts,
             whole,
         }))
     }
@@ -241,7 +260,16 @@ impl Journal {
     /// that cannot be written is said once in the log: the run goes on, and a resume finds
     /// fewer mini-batches done.
     pub fn write(&self, entry: &Entry) {
-        let mut line = serde_json::to_vec(entry).expect("an entry always encodes");
+        self.write_line(entry);
+    }
+
+    /// Appends how far the input is cut (as [`Journal::write`] does an entry).
+    pub fn note_cut(&self, cut: &Cut) {
+        self.write_line(cut);
+    }
+
+    fn write_line(&self, value: &impl Serialize) {
+        let mut line = serde_json::to_vec(value).expect("a journal line always encodes");
         line.push(b'\n');
         let mut file = self.inner.file.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = file.write_all(&line) {
@@ -306,11 +334,18 @@ mod tests {
         assert!(Journal::read(&path).unwrap().is_none(), "no journal yet");
         let journal = Journal::create(&path, &header()).unwrap();
         journal.write(&entry(0));
+        let cut = Cut {
+            batches: 16,
+            listing: "cafe".into(),
+            whole: false,
+        };
+        journal.note_cut(&cut);
         journal.write(&entry(2));
         drop(journal);
         let read = Journal::read(&path).unwrap().unwrap();
         assert_eq!(read.header, header());
         assert_eq!(read.entries, [entry(0), entry(2)]);
+        assert_eq!(read.cuts, [cut]);
         let journal = Journal::append(&path, &read).unwrap();
         journal.write(&entry(1));
         drop(journal);
