@@ -51,7 +51,9 @@ pub(super) async fn record_dead_letters(
             .dead_reason
             .clone()
             .unwrap_or_else(|| "unknown".into());
-        let disposition = match jobs.get(&batch.job).await {
+        let disposition = match jobs.get_for_run(&batch.job, batch.run).await {
+            // Of a run the job was resumed from: the resumed run published it again.
+            Ok(Some(ctx)) if batch.run < ctx.run() => Disposition::Ack,
             Ok(Some(ctx)) => {
                 let cause = format!("dead-lettered by the broker ({reason})");
                 match agent::record_failed_batch(&ctx, &batch, delivery.attempt, &cause, None).await
