@@ -13,14 +13,16 @@ use std::time::Duration;
 use fleetrun_common::ledger::{JobState, LedgerError, Limits, Status};
 use fleetrun_common::queue::{Consumer, Depth, Queue, QueueError};
 use fleetrun_common::storage::{Storage, StorageError};
-use fleetrun_config::{JobSpec, MiniBatchSize};
+use fleetrun_config::{JobSpec, Location, MiniBatchSize};
 use fleetrun_worker::agent::JobContext;
 use fleetrun_worker::job::{self, Fleet, Job, JobError, JobRecord, StopRules};
 use fleetrun_worker::logs::JobLogs;
 use tokio_util::sync::CancellationToken;
 
 use crate::local::new_job_id;
-use crate::partition::{PartitionError, Produced, publish_files, publish_partitioned_files};
+use crate::partition::{
+    PartitionError, Produced, publish_files, publish_items, publish_partitioned_files,
+};
 use crate::progress::{Figures, Progress};
 use crate::summary::JobSummary;
 use crate::tabular::{publish_tabular, settle_format};
@@ -267,6 +269,17 @@ pub async fn publish(
     registered: &Registered,
     produced: &Arc<Produced>,
 ) -> Result<(), FleetError> {
+    publish_claimed(fleet, registered, produced, None).await
+}
+
+/// [`publish`], of `items` (keys relative to the input) instead of the input's listing when
+/// given.
+async fn publish_claimed(
+    fleet: &Fleet,
+    registered: &Registered,
+    produced: &Arc<Produced>,
+    items: Option<&[String]>,
+) -> Result<(), FleetError> {
     let job = &registered.job;
     let owner = format!("{}-{:016x}", std::process::id(), rand::random::<u64>());
     loop {
@@ -288,25 +301,20 @@ pub async fn publish(
         }
         tokio::time::sleep(CREATED_EVERY).await;
     }
-    publish_to(
-        fleet,
-        registered,
-        produced,
-        fleet.queue.clone(),
-        Some(owner),
-    )
-    .await
+    let queue = fleet.queue.clone();
+    publish_to(fleet, registered, produced, queue, Some(owner), items).await
 }
 
-/// Partitions the job's input onto `queue` and seals the total, as the publisher `owner`
-/// (renewing its claim; `None`: the job's one publisher already, as when it resumes); notes
-/// the listing's digest in the registry for a later resume.
+/// Partitions the job's input (or only its `items`) onto `queue` and seals the total, as the
+/// publisher `owner` (renewing its claim; `None`: the job's one publisher already, as when
+/// it resumes); notes the listing's digest in the registry for a later resume.
 async fn publish_to(
     fleet: &Fleet,
     registered: &Registered,
     produced: &Arc<Produced>,
     queue: Arc<dyn Queue>,
     owner: Option<String>,
+    items: Option<&[String]>,
 ) -> Result<(), FleetError> {
     let job = &registered.job;
     let spec = &registered.record.spec;
@@ -347,7 +355,16 @@ async fn publish_to(
             }
         })
     };
-    let published = cut(spec, &*input, job, &*queue, produced, &stop).await;
+    let published = match items {
+        Some(items) => {
+            let size = match spec.mini_batch_size {
+                MiniBatchSize::Files(size) => size as usize,
+                MiniBatchSize::Bytes(_) => unreachable!("retried jobs are of files"),
+            };
+            publish_items(items, job, size, &*queue, produced, &stop).await
+        }
+        None => cut(spec, &*input, job, &*queue, produced, &stop).await,
+    };
     watcher.abort();
     let total = match published {
         Ok(total) => total,
@@ -470,13 +487,92 @@ pub async fn resume(fleet: &Fleet, job: &str, force: bool) -> Result<Submitted, 
             done: reopened.done.into_iter().collect(),
             run: status.run,
         });
-        publish_to(fleet, &registered, &produced, queue, None).await?;
+        publish_to(fleet, &registered, &produced, queue, None, None).await?;
     }
     Ok(Submitted {
         job: registered.job,
         produced,
         attached: false,
     })
+}
+
+/// Runs a new job over exactly the items job `of` failed (its `failed_items.csv`): the same
+/// settings and code, under `job_id` (else a new id), its output in `retries/<id>/` of
+/// `of`'s. Only a job of files, without `partition_keys`, that has ended.
+pub async fn retry(
+    fleet: &Fleet,
+    of: &str,
+    job_id: Option<&str>,
+    on_id: impl FnOnce(&str),
+) -> Result<Submitted, FleetError> {
+    let known = record(fleet, of)
+        .await?
+        .ok_or_else(|| LedgerError::UnknownJob(of.to_owned()))?;
+    let refused = |why: String| Err(FleetError::Refused(format!("cannot retry job {of}: {why}")));
+    if known.pool != fleet.pool {
+        return Err(FleetError::OtherPool {
+            job: of.to_owned(),
+            pool: known.pool,
+        });
+    }
+    let state = fleet.ledger.status(of).await?.map(|s| s.state);
+    if !state.is_some_and(JobState::is_terminal) {
+        return refused("it has not ended; cancel it or wait for it first".into());
+    }
+    let mut spec = known.spec;
+    if spec.input.tabular().is_some() || spec.partition_keys.is_some() {
+        return refused(
+            "only a job of files without partition_keys is retried item by item; resume it with `fleetrun resume` instead".into(),
+        );
+    }
+    let items = failed_items(&spec, fleet, of).await?;
+    if items.is_empty() {
+        return refused("it has no failed items".into());
+    }
+    let job = job_id.map_or_else(|| new_job_id(&spec.name), str::to_owned);
+    let retries = format!("retries/{job}");
+    spec.output = match spec.output {
+        Location::Local(dir) => Location::Local(dir.join(retries)),
+        Location::S3 { bucket, prefix } => Location::S3 {
+            prefix: fleetrun_common::storage::join_key(&prefix, &retries),
+            bucket,
+        },
+    };
+    let registered = register(spec, fleet, Some(&job)).await?;
+    on_id(&registered.job);
+    let produced = Arc::new(Produced::default());
+    publish_claimed(fleet, &registered, &produced, Some(&items)).await?;
+    Ok(Submitted {
+        job: registered.job,
+        produced,
+        attached: registered.attached,
+    })
+}
+
+/// The items of job `job`'s `logs/failed_items.csv`, once each, in its order.
+async fn failed_items(spec: &JobSpec, fleet: &Fleet, job: &str) -> Result<Vec<String>, FleetError> {
+    let output = job::open_storage(&spec.output, &fleet.s3).await?;
+    let key = format!("logs/{}", fleetrun_worker::logs::FAILED_ITEMS_CSV);
+    let body = match output.get(&key).await {
+        Ok(body) => body,
+        Err(StorageError::NotFound(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut items = Vec::new();
+    for record in csv::Reader::from_reader(&body[..]).records() {
+        let record = record.map_err(|e| {
+            FleetError::Refused(format!(
+                "cannot retry job {job}: its {key} does not read: {e}"
+            ))
+        })?;
+        if let Some(item) = record.get(0)
+            && seen.insert(item.to_owned())
+        {
+            items.push(item.to_owned());
+        }
+    }
+    Ok(items)
 }
 
 /// A queue that takes every message and keeps none: for cutting an input to see its

@@ -173,16 +173,21 @@ enum Command {
         /// Resume even though the input's listing changed since the job ran.
         #[arg(long)]
         force: bool,
-        /// Wait for the job to end; exit 0 when it completed, 42 when it failed.
-        #[arg(long)]
-        wait: bool,
-        /// No progress display while waiting.
-        #[arg(long, short)]
-        quiet: bool,
-        /// Print JSON for programs: `{"job_id": ..., "resumed": true}`; with `--wait`, the
-        /// job's summary once it ended (as `status --json`).
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        follow: Follow,
+        #[command(flatten)]
+        fleet: FleetArgs,
+    },
+    /// Run a new job over exactly the items a job that ended failed (its
+    /// `logs/failed_items.csv`), with its settings and code; the new job's output goes to
+    /// `retries/<id>/` in the job's output. Prints the new job's id; exits as `submit`.
+    Retry {
+        job: String,
+        /// The new job's id (default: made from its name and the time).
+        #[arg(long, value_name = "ID", value_parser = fleet_cmd::parse_job_id)]
+        job_id: Option<String>,
+        #[command(flatten)]
+        follow: Follow,
         #[command(flatten)]
         fleet: FleetArgs,
     },
@@ -291,14 +296,29 @@ fn main() -> ExitCode {
         Command::Resume {
             job,
             force,
-            wait,
-            quiet,
-            json,
+            follow,
             fleet,
         } => {
-            let shown = Shown::new(json, quiet);
+            let shown = Shown::new(follow.json, follow.quiet);
             on_fleet(fleet, |fleet, interrupt| async move {
-                resume(fleet, job, force, wait, shown, interrupt).await
+                resume(fleet, job, force, follow.wait, shown, interrupt).await
+            })
+        }
+        Command::Retry {
+            job,
+            job_id,
+            follow,
+            fleet,
+        } => {
+            let shown = Shown::new(follow.json, follow.quiet);
+            on_fleet(fleet, |fleet, interrupt| async move {
+                let retried = fleet_cmd::retry(&fleet, &job, job_id.as_deref(), |id| {
+                    if !shown.json {
+                        say!("{id}");
+                    }
+                })
+                .await;
+                submitted(fleet, retried, follow.wait, shown, interrupt).await
             })
         }
         Command::Cancel { job, json, fleet } => on_fleet(fleet, |fleet, _| async move {
@@ -312,6 +332,21 @@ fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }),
     }
+}
+
+/// Following a job a command started (`resume`, `retry`).
+#[derive(clap::Args, Debug, Clone, Copy)]
+struct Follow {
+    /// Wait for the job to end; exit 0 when it completed, 42 when it failed.
+    #[arg(long)]
+    wait: bool,
+    /// No progress display while waiting.
+    #[arg(long, short)]
+    quiet: bool,
+    /// Print JSON for programs: the job's id (`{"job_id": ...}`); with `--wait`, its summary
+    /// once it ended (as `status --json`).
+    #[arg(long)]
+    json: bool,
 }
 
 /// How a command shows what it does: JSON for programs, a progress display for people.
@@ -552,6 +587,18 @@ async fn submit(
         }
     })
     .await;
+    self::submitted(fleet, submitted, wait, shown, interrupt).await
+}
+
+/// What `submit` (and `retry`) says once the job is submitted: its id, or with `wait` how it
+/// ended.
+async fn submitted(
+    fleet: Fleet,
+    submitted: Result<fleet_cmd::Submitted, FleetError>,
+    wait: bool,
+    shown: Shown,
+    interrupt: Interrupt,
+) -> anyhow::Result<ExitCode> {
     let submitted = match submitted {
         Ok(submitted) => submitted,
         Err(e) => return refused_or_failed(e),
@@ -585,10 +632,6 @@ async fn resume(
 ) -> anyhow::Result<ExitCode> {
     let resumed = match fleet_cmd::resume(&fleet, &job, force).await {
         Ok(resumed) => resumed,
-        Err(FleetError::Ledger(LedgerError::UnknownJob(_))) => {
-            eprintln!("error: the fleet does not know job {job} (or has forgotten it)");
-            return Ok(ExitCode::from(exit::REFUSED));
-        }
         Err(e) => return refused_or_failed(e),
     };
     if !wait {
@@ -605,6 +648,10 @@ async fn resume(
 /// The exit of a submission that did not go through: refused (exit 2), or the job failed
 /// while its input was cut (exit 42).
 fn refused_or_failed(e: FleetError) -> anyhow::Result<ExitCode> {
+    if let FleetError::Ledger(LedgerError::UnknownJob(job)) = &e {
+        eprintln!("error: the fleet does not know job {job} (or has forgotten it)");
+        return Ok(ExitCode::from(exit::REFUSED));
+    }
     if e.is_refusal() {
         eprintln!("error: {e}");
         return Ok(ExitCode::from(exit::REFUSED));

@@ -195,6 +195,31 @@ pub async fn publish_files(
     Ok(index)
 }
 
+/// Publishes `items` (keys relative to the input) in mini-batches of `size`, in their order,
+/// until they end or `stop`: a job over a list of the input's files. Returns the number of
+/// mini-batches.
+pub async fn publish_items(
+    items: &[String],
+    job: &str,
+    size: usize,
+    queue: &dyn Queue,
+    produced: &Produced,
+    stop: &CancellationToken,
+) -> Result<u64, PartitionError> {
+    let mut index = 0u64;
+    for chunk in items.chunks(size.max(1)) {
+        if stop.is_cancelled() {
+            break;
+        }
+        let batch = MiniBatch::new(job, index, chunk.to_vec());
+        produced.made(&batch);
+        queue.publish(batch.encode()).await?;
+        produced.confirmed(chunk.len() as u64);
+        index += 1;
+    }
+    Ok(index)
+}
+
 /// Publishes a file input partitioned by the path parts `keys` of `format` (validated with
 /// the job file): each mini-batch holds the files of one combination of the keys' values, in
 /// the order of those values, then of the keys. The whole listing is read before the first

@@ -1,5 +1,6 @@
 //! `fleetrun resume`: a fleet job that was canceled or failed continues under its id, keeps
-//! every mini-batch it recorded whole and runs only the rest.
+//! every mini-batch it recorded whole and runs only the rest. `fleetrun retry`: a new job
+//! over exactly the items a job failed.
 
 use super::*;
 
@@ -155,4 +156,48 @@ fn a_failed_fleet_job_resumes_once_its_cause_is_gone() {
     let s3 = fleet.storage("out");
     let left = fleet.runtime.block_on(s3.get("logs/failed_items.csv"));
     assert!(left.is_err(), "the last run's failed_items.csv is gone");
+}
+
+/// `fleetrun retry`: a new job over exactly the items a job failed, with its settings and
+/// code, its output in the job's `retries/<id>/`; a job with no failed item is not retried.
+#[test]
+fn retry_runs_a_new_job_over_exactly_the_failed_items() {
+    let marker = tempfile::NamedTempFile::new().unwrap();
+    let script = format!(
+        "import os\nMARKER = {:?}\n\ndef run(mini_batch):\n    names = [open(p).read() for p in mini_batch]\n    if os.path.exists(MARKER) and {{'f0042', 'f0077'}}.intersection(names):\n        raise ValueError('not ready')\n    return names\n",
+        marker.path()
+    );
+    let mut fleet = Fleet::new(&script);
+    fleet.inputs(100);
+    fleet.worker("w1", 1);
+    let job = fleet.s3_job("mini_batch_size = 10\nrun_max_try = 1\nerror_threshold = -1");
+    let id = format!("first-{}", random_suffix());
+    let job = job.to_str().unwrap();
+    let (done, _, _) = fleet.fleetrun(&["submit", job, "--job-id", &id, "--wait", "--quiet"]);
+    assert_eq!(done, 0);
+    assert_eq!(
+        lines(&fleet.output("out/parallel_run_step.txt")),
+        expected_lines(100, |i| i == 42 || i == 77)
+    );
+
+    marker.close().unwrap();
+    let retry = format!("retry-{}", random_suffix());
+    let (retried, out, stderr) =
+        fleet.fleetrun(&["retry", &id, "--job-id", &retry, "--wait", "--quiet"]);
+    assert_eq!(retried, 0, "{stderr}");
+    assert_eq!(out.lines().next(), Some(retry.as_str()));
+    assert_eq!(
+        lines(&fleet.output(&format!("out/retries/{retry}/parallel_run_step.txt"))),
+        ["f0042", "f0077"]
+    );
+    let shown = fleet.status_json(&retry);
+    assert_eq!(shown["counts"]["succeeded_items"], 2);
+    assert_eq!(shown["counts"]["total_mini_batches"], 1);
+
+    let (refused, _, stderr) = fleet.fleetrun(&["retry", &retry]);
+    assert_eq!(refused, 2);
+    assert!(stderr.contains("it has no failed items"), "{stderr}");
+    let (unknown, _, stderr) = fleet.fleetrun(&["retry", "no-such-job"]);
+    assert_eq!(unknown, 2);
+    assert!(stderr.contains("does not know job no-such-job"), "{stderr}");
 }
