@@ -201,35 +201,3 @@ fn retry_runs_a_new_job_over_exactly_the_failed_items() {
     assert_eq!(unknown, 2);
     assert!(stderr.contains("does not know job no-such-job"), "{stderr}");
 }
-
-/// A worker frozen (SIGSTOP) for longer than `run_invocation_timeout` while its runner's
-/// `run()` takes a fraction of it charges nothing to the script: the run's reply waits for
-/// the worker, and with one attempt per mini-batch none fails.
-#[test]
-fn a_frozen_worker_charges_no_timeout_to_a_run_that_returned() {
-    let mut fleet = Fleet::new("");
-    let started = fleet.path("started");
-    let script = format!(
-        "import time\nSTARTED = {started:?}\n\ndef run(mini_batch):\n    open(STARTED, 'a').close()\n    time.sleep(1)\n    return [open(p).read() for p in mini_batch]\n"
-    );
-    std::fs::write(fleet.path("code/score.py"), script).unwrap();
-    fleet.inputs(6);
-    fleet.worker("w1", 1);
-    let job = fleet.s3_job(
-        "mini_batch_size = 2\nrun_max_try = 1\nerror_threshold = 0\nrun_invocation_timeout = 3",
-    );
-    let mut submit = fleet.spawn_submit(&job);
-    wait_for("a run() to start", Duration::from_secs(120), || {
-        started.exists()
-    });
-    let pid = fleet.workers[0].1.id() as i32;
-    // SAFETY: kill(2) on our own child; its runner is a process of its own and goes on.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
-    std::thread::sleep(Duration::from_secs(8));
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
-    assert!(submit.exit_within(RUN_LIMIT).success());
-    assert_eq!(
-        lines(&fleet.output("out/parallel_run_step.txt")),
-        expected_lines(6, |_| false)
-    );
-}
