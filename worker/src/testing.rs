@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fleetrun_common::protocol::{InitParams, ReadyInfo, ScriptError, Timing};
+use fleetrun_common::python::PythonError;
 use tokio::time::Instant;
 
 use crate::process::{Batch, InitOutcome, Launch, Launcher, ProcessError, RunOutcome, Runner};
@@ -163,6 +164,10 @@ impl FakeLauncher {
 
 #[async_trait]
 impl Launcher for FakeLauncher {
+    async fn python(&self, _environment: Option<PathBuf>) -> Result<String, PythonError> {
+        Ok("Python 3.12.0 (fake)".into())
+    }
+
     async fn start(
         &self,
         _launch: &Launch,

@@ -81,7 +81,7 @@ impl Slot {
         if let Some(previous) = self.runner.take() {
             previous.process.shutdown().await;
         }
-        if ctx.gave_up.load(Ordering::Relaxed) {
+        if ctx.gave_up.load(Ordering::Relaxed) || !self.python_served(ctx).await {
             return false;
         }
         let Some(seat) = ctx.seats.take() else {
@@ -268,6 +268,41 @@ impl Slot {
             let _ = self.shared.agent.events.send(AgentEvent::GaveUp {
                 job: ctx.job.id().to_owned(),
                 reason,
+            });
+        }
+        false
+    }
+
+    /// Checks the job's Python once on this node, before any of its runners starts: one that
+    /// fleetrun cannot run gives up on the job at once, with why, and starts nothing.
+    async fn python_served(&self, ctx: &JobContext) -> bool {
+        let node = &self.config().node_id;
+        let main_log = logs::JobLogs::node_main(node);
+        let checked = ctx
+            .python
+            .get_or_init(|| async {
+                let environment = ctx.job.spec().environment.clone();
+                let checked = self.config().launcher.python(environment).await;
+                let line = match &checked {
+                    Ok(python) => format!("The job's runners run {python}."),
+                    Err(e) => format!("The job's Python cannot run here: {e}."),
+                };
+                ctx.logs.log(&main_log, &line);
+                checked.map_err(|e| e.to_string())
+            })
+            .await;
+        let Err(why) = checked else {
+            return true;
+        };
+        if !ctx.gave_up.swap(true, Ordering::Relaxed) {
+            warn!(job = %ctx.job.id(), error = %why, "The job's Python cannot run here.");
+            ctx.logs.log(
+                &main_log,
+                &format!("Giving up on job {}: {why}.", ctx.job.id()),
+            );
+            let _ = self.shared.agent.events.send(AgentEvent::GaveUp {
+                job: ctx.job.id().to_owned(),
+                reason: why.clone(),
             });
         }
         false
