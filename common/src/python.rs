@@ -3,8 +3,8 @@
 //! The runner process loads the chosen interpreter's shared libpython at start and uses only
 //! CPython's stable ABI (`abi3`), so one runner serves every CPython from [`OLDEST`] to
 //! [`NEWEST`]. The node agent resolves a job's `environment` with [`Python::resolve`] once,
-//! before it starts any runner, and refuses a Python it cannot serve; the runner resolves it
-//! again the same way to learn which libpython to load.
+//! before it starts any runner, refuses a Python it cannot serve, and hands the resolved one
+//! to each runner it starts (a runner started without one resolves it the same way).
 //!
 //! An environment is a virtualenv folder (with `pyvenv.cfg`), an environment folder with
 //! `bin/python` (conda, a plain installation), or an interpreter file. Without one, the
@@ -12,7 +12,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::{env, fs, io};
+use std::{env, fmt, fs, io};
 
 /// The oldest CPython the runner serves (its stable-ABI floor).
 pub const OLDEST: (u32, u32) = (3, 9);
@@ -30,7 +30,7 @@ sys.stdout.write('\\n'.join([sys.executable, sys.prefix, getattr(sys, 'base_pref
 
 /// A CPython a runner can start: the file CPython computes its paths from, its virtualenv
 /// and its shared library.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Python {
     /// The `python` CPython computes `sys.prefix` and its paths from (a venv's `bin/python`
     /// for a venv, so that its site-packages are importable).
@@ -242,6 +242,17 @@ impl Python {
             version: version.to_owned(),
             libpython: libpython.clone(),
         })
+    }
+}
+
+/// `Python 3.12.1 (/venv/bin/python, virtualenv /venv), libpython /…/libpython3.12.so.1.0`.
+impl fmt::Display for Python {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Python {} ({}", self.version, self.executable.display())?;
+        if let Some(venv) = &self.venv {
+            write!(f, ", virtualenv {}", venv.display())?;
+        }
+        write!(f, "), libpython {}", self.libpython.display())
     }
 }
 

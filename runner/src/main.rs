@@ -1,8 +1,8 @@
 //! `fleetrun-runner`: the launcher of a runner process, started by the node agent with its
 //! channel on fd 3.
 //!
-//! It reads the agent's `Init` frame, resolves the job's Python as the agent did
-//! ([`fleetrun_common::python`]), loads that interpreter's shared libpython with
+//! It reads the agent's `Init` frame, takes the job's Python the agent resolved (or resolves
+//! it the same way, [`fleetrun_common::python`]), loads that interpreter's shared libpython with
 //! `RTLD_GLOBAL` and then the Python half of the runner, `libfleetrun_runner.so` (beside this
 //! executable; see the library's docs), whose Python symbols resolve against the libpython
 //! just loaded. Nothing here touches Python.
@@ -97,7 +97,12 @@ fn launch(channel: UnixStream, params: &InitParams) -> Result<i32, Refused> {
             format!("cannot enter the working folder {dir}: {e}"),
         );
     }
-    let python = match Python::resolve(params.environment.as_deref().map(Path::new)) {
+    // The agent's choice, else the same resolution made here.
+    let resolved = match &params.python {
+        Some(python) => Ok(python.as_ref().clone()),
+        None => Python::resolve(params.environment.as_deref().map(Path::new)),
+    };
+    let python = match resolved {
         Ok(python) => python,
         Err(e) => return refuse(channel, e.to_string()),
     };

@@ -58,6 +58,7 @@ impl Job {
             working_dir: None,
             models: Default::default(),
             profile: None,
+            python: None,
         }
     }
 
@@ -1020,6 +1021,25 @@ fn every_served_cpython_runs_the_script_with_its_own_libpython() {
             assert!(runner.shutdown().success());
         }
     }
+}
+
+/// The Python the agent resolved travels in `Init` and is the one the runner starts, whatever
+/// `PATH` or `VIRTUAL_ENV` would give.
+#[test]
+fn the_python_the_agent_resolved_is_the_one_started() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        "import sys\ndef run(mini_batch):\n    return ['%d.%d' % sys.version_info[:2]]\n",
+    );
+    let python = pyenv_python("3.10");
+    let mut params = job.params(&script);
+    let resolved = fleetrun_common::python::Python::resolve(Some(&python)).unwrap();
+    params.python = Some(Box::new(resolved));
+    let (mut runner, ready) = job.ready(&params);
+    assert!(ready.python_version.starts_with("3.10."), "{ready:?}");
+    assert_eq!(runner.rows(&["a"]), ["3.10"]);
+    assert!(runner.shutdown().success());
 }
 
 /// CPython 3.8 and older are refused by name, with the versions that are served.

@@ -125,10 +125,10 @@ pub enum InitOutcome {
 /// Starts a slot's runner: sends it `Init` and returns once it is ready or has failed.
 #[async_trait]
 pub trait Launcher: Send + Sync + std::fmt::Debug {
-    /// The Python a job's runners will run, given its `environment`, described for the node's
-    /// log; refused when fleetrun cannot run it. Asked once per job on a node, before any of
-    /// its runners starts.
-    async fn python(&self, environment: Option<PathBuf>) -> Result<String, PythonError>;
+    /// The Python a job's runners will run, given its `environment`; refused when fleetrun
+    /// cannot run it. Asked once per job on a node, before any of its runners starts; the
+    /// runners get the answer (`InitParams::python`).
+    async fn python(&self, environment: Option<PathBuf>) -> Result<Python, PythonError>;
 
     async fn start(
         &self,
@@ -176,24 +176,11 @@ impl ProcessLauncher {
 
 #[async_trait]
 impl Launcher for ProcessLauncher {
-    async fn python(&self, environment: Option<PathBuf>) -> Result<String, PythonError> {
+    async fn python(&self, environment: Option<PathBuf>) -> Result<Python, PythonError> {
         // It runs the interpreter once: off the runtime's threads.
-        let python = tokio::task::spawn_blocking(move || Python::resolve(environment.as_deref()))
+        tokio::task::spawn_blocking(move || Python::resolve(environment.as_deref()))
             .await
-            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
-        Ok(format!(
-            "Python {} ({}{}), libpython {}",
-            python.version,
-            python.executable.display(),
-            python
-                .venv
-                .as_ref()
-                .map_or_else(String::new, |venv| format!(
-                    ", virtualenv {}",
-                    venv.display()
-                )),
-            python.libpython.display()
-        ))
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
     }
 
     async fn start(

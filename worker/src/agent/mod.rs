@@ -100,9 +100,9 @@ pub struct JobContext {
     pub finalizing: AtomicBool,
     init_failures: AtomicU32,
     gave_up: AtomicBool,
-    /// The job's Python on this node, checked once before its first runner starts: its
-    /// description, or why fleetrun cannot run it.
-    python: tokio::sync::OnceCell<Result<String, String>>,
+    /// The job's Python on this node, resolved once before its first runner starts, or why
+    /// fleetrun cannot run it.
+    python: tokio::sync::OnceCell<Result<fleetrun_common::python::Python, String>>,
     started_noted: AtomicBool,
     end_noted: AtomicBool,
     gpus_noted: AtomicBool,

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use fleetrun_common::protocol::{InitParams, ScriptError, TabularInit};
+use fleetrun_common::python::Python;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -81,9 +82,12 @@ impl Slot {
         if let Some(previous) = self.runner.take() {
             previous.process.shutdown().await;
         }
-        if ctx.gave_up.load(Ordering::Relaxed) || !self.python_served(ctx).await {
+        if ctx.gave_up.load(Ordering::Relaxed) {
             return false;
         }
+        let Some(python) = self.python_served(ctx).await else {
+            return false;
+        };
         let Some(seat) = ctx.seats.take() else {
             self.seatless = true;
             return false;
@@ -151,6 +155,7 @@ impl Slot {
                 let stats = logs::JobLogs::profile(&node, &name);
                 ctx.logs.path(stats).display().to_string()
             }),
+            python: Some(Box::new(python)),
         };
         let init_timeout = Duration::from_secs(3 * spec.run_invocation_timeout + 30);
         ctx.monitor
@@ -273,9 +278,9 @@ impl Slot {
         false
     }
 
-    /// Checks the job's Python once on this node, before any of its runners starts: one that
+    /// Resolves the job's Python once on this node, before any of its runners starts: one that
     /// fleetrun cannot run gives up on the job at once, with why, and starts nothing.
-    async fn python_served(&self, ctx: &JobContext) -> bool {
+    async fn python_served(&self, ctx: &JobContext) -> Option<Python> {
         let node = &self.config().node_id;
         let main_log = logs::JobLogs::node_main(node);
         let checked = ctx
@@ -291,8 +296,9 @@ impl Slot {
                 checked.map_err(|e| e.to_string())
             })
             .await;
-        let Err(why) = checked else {
-            return true;
+        let why = match checked {
+            Ok(python) => return Some(python.clone()),
+            Err(why) => why,
         };
         if !ctx.gave_up.swap(true, Ordering::Relaxed) {
             warn!(job = %ctx.job.id(), error = %why, "The job's Python cannot run here.");
@@ -305,7 +311,7 @@ impl Slot {
                 reason: why.clone(),
             });
         }
-        false
+        None
     }
 
     fn script_error_at_init(&self, ctx: &JobContext, process: &str, error: &ScriptError) {
