@@ -2,13 +2,13 @@
 //!
 //! The node agent spawns `fleetrun-runner` (the launcher, `main.rs`) with its channel on fd 3
 //! (see [`protocol`]), the user's stdout/stderr redirected to the job's log files and the
-//! job's environment set. The launcher reads the `Init` frame, resolves the job's Python
-//! ([`fleetrun_common::python`]), loads that interpreter's shared libpython and then this
-//! library (`libfleetrun_runner.so`, built against CPython's stable ABI, so one build serves
-//! every CPython the launcher may load), and calls [`fleetrun_runner_serve_v1`]. From there
-//! the runner starts CPython, loads the entry script, calls `init()` once, `run()` per
-//! mini-batch and `shutdown()` on a clean stop. A script that crashes, hangs or leaks takes
-//! down only its own runner; the agent restarts it.
+//! job's environment set. The launcher reads the `Init` frame, takes the job's Python the
+//! agent resolved ([`fleetrun_common::python`]), loads that interpreter's shared libpython and
+//! then this library (`libfleetrun_runner.so`, built against CPython's stable ABI, so one
+//! build serves every CPython the launcher may load), and calls [`fleetrun_runner_serve_v1`].
+//! From there the runner starts CPython, loads the entry script, calls `init()` once, `run()`
+//! per mini-batch and `shutdown()` on a clean stop. A script that crashes, hangs or leaks
+//! takes down only its own runner; the agent restarts it.
 //!
 //! # Layout
 //!
