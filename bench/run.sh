@@ -12,7 +12,7 @@
 # $CARGO_TARGET_DIR/release when that is set, else target/release.
 # Input and outputs live in bench/work/ (gitignored); results in bench/work/results.json,
 # each run's console output in bench/work/logs/. PYTHON picks the interpreter for the
-# Pool baseline (default python3; use the Python fleetrun-runner embeds).
+# Pool baseline (default python3; use the Python the jobs run, the same python3 by default).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"

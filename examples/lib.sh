@@ -5,8 +5,8 @@
 #   example_build       # cargo build --release at the repository root
 #   example_run job.toml [fleetrun arguments...]   # sets $rc to fleetrun's exit code
 #
-# Expects HERE (the example's folder). PYTHON=/path/to/python3.11 picks the interpreter for
-# the venv (default: python3); it must be the Python fleetrun-runner was built against.
+# Expects HERE (the example's folder). PYTHON=/path/to/python3.12 picks the interpreter for
+# the venv (default: python3): any CPython 3.9 to 3.15 with a shared libpython.
 
 ROOT="$(cd "$HERE/../.." && pwd -P)"
 PYTHON="${PYTHON:-python3}"

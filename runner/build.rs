@@ -1,8 +1,8 @@
-//! Links libpython with an rpath and records which interpreter the crate was built against,
-//! so the runner can start CPython with that interpreter's prefix when no virtualenv is chosen.
+//! Records the interpreter the crate was built against (`FLEETRUN_BUILD_PYTHON`), which the
+//! runner's tests use to make virtualenvs. The runner itself links no libpython: the launcher
+//! loads the job's at start (see `src/main.rs`).
 
 fn main() {
-    pyo3_build_config::add_libpython_rpath_link_args();
     let config = pyo3_build_config::get();
     if let Some(executable) = config.executable() {
         println!("cargo:rustc-env=FLEETRUN_BUILD_PYTHON={executable}");

@@ -9,6 +9,15 @@ set -euo pipefail
 # The Python the project uses (pyenv's on the dev and CI machines); PYTHON overrides it.
 PYTHON=${PYTHON:-python3}
 
+# The tests run scripts under each CPython the runner serves and check older ones are
+# refused: they use pyenv's 3.7 to 3.13 (`fleetrun_tests::pyenv_python`), which the dev and
+# CI machines have. Said here, before a test fails on one missing.
+for minor in 3.7 3.8 3.9 3.10 3.11 3.12 3.13; do
+  if ! compgen -G "${PYENV_ROOT:-$HOME/.pyenv}/versions/$minor.*/bin/python$minor" >/dev/null; then
+    echo "[install-deps] warning: no CPython $minor under ${PYENV_ROOT:-$HOME/.pyenv}/versions (pyenv install $minor): the tests that run it will fail" >&2
+  fi
+done
+
 packages=()
 command -v redis-server >/dev/null || packages+=(redis-server)
 command -v rabbitmq-server >/dev/null || packages+=(rabbitmq-server)
@@ -27,7 +36,7 @@ if ! "$PYTHON" -c 'import moto, sys; sys.exit(tuple(map(int, moto.__version__.sp
   echo "[install-deps] pip install moto[server]>=5.2.5 pyyaml pandas pyarrow" >&2
   # A Debian-managed interpreter refuses pip installs (PEP 668): say which one to use.
   if ! "$PYTHON" -m pip install -q 'moto[server]>=5.2.5' pyyaml pandas pyarrow; then
-    echo "[install-deps] pip failed for $("$PYTHON" -c 'import sys; print(sys.executable)'); set PYTHON to a Python that pip may install into (the one fleetrun-runner is built against)" >&2
+    echo "[install-deps] pip failed for $("$PYTHON" -c 'import sys; print(sys.executable)'); set PYTHON to a Python that pip may install into (the python3 the tests' jobs run by default)" >&2
     exit 1
   fi
 fi

@@ -19,11 +19,12 @@
 //! [`testing`] holds the conformance suites every implementation of a seam must pass, so the
 //! embedded ones can never promise what the distributed ones do not do. [`wire`] holds the
 //! messages that travel on the queue, [`protocol`] the frames between a node agent and its
-//! runner processes.
+//! runner processes, and [`python`] which CPython a job's runners use.
 
 pub mod events;
 pub mod ledger;
 pub mod protocol;
+pub mod python;
 pub mod queue;
 pub mod report;
 pub mod storage;

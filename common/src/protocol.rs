@@ -108,6 +108,10 @@ pub struct InitParams {
     /// cleanly (`profile = true`); `None` runs the script unprofiled.
     #[serde(default)]
     pub profile: Option<String>,
+    /// The Python the agent resolved `environment` to (see [`crate::python`]); `None` has
+    /// the runner resolve it itself.
+    #[serde(default)]
+    pub python: Option<Box<crate::python::Python>>,
 }
 
 fn default_append_row_separator() -> u8 {

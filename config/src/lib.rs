@@ -115,7 +115,7 @@ pub struct JobSpec {
     /// `run_invocation_timeout × run_max_try`, never less than 300.
     pub progress_update_timeout: u64,
     /// The Python environment: a virtualenv folder or an interpreter path. `None` = the
-    /// active virtualenv if any, else the interpreter fleetrun was built against.
+    /// active virtualenv if any, else `python3` on `PATH`.
     pub environment: Option<PathBuf>,
     /// Run each runner's `init()` and `run()` calls under cProfile and write the stats to
     /// `logs/sys/profile/<node_id>/<process_name>.profile` when the runner stops cleanly.

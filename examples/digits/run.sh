@@ -11,8 +11,8 @@
 # 5. shows the first rows of the output and where the logs are.
 #
 # Exits with fleetrun's exit code (0 completed, 42 failed, 2 bad job file).
-# PYTHON=/path/to/python3.11 picks the interpreter for the venv (default: python3); it
-# must be the same Python version that fleetrun-runner was built against.
+# PYTHON=/path/to/python3.12 picks the interpreter for the venv (default: python3): any
+# CPython 3.9 to 3.15 with a shared libpython.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"

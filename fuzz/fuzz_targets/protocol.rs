@@ -2,13 +2,17 @@
 //! a runner's replies and as a runner reads the agent's requests: any bytes end in frames, a
 //! clean end or an error, never a panic. The first byte picks the direction.
 //!
-//! Compiles `common/src/protocol.rs` (and the `wire.rs` it names) directly; see
+//! Compiles `common/src/protocol.rs` (and the `wire.rs` and `python.rs` it names) directly; see
 //! `wire.rs` beside this file for why.
 #![no_main]
 
 #[allow(dead_code)]
 #[path = "../../common/src/wire.rs"]
 mod wire;
+
+#[allow(dead_code)]
+#[path = "../../common/src/python.rs"]
+mod python;
 
 #[allow(dead_code)]
 #[path = "../../common/src/protocol.rs"]

@@ -1,16 +1,19 @@
-//! The runner process: one per concurrent mini-batch on a node.
+//! The Python half of the runner process: one process per concurrent mini-batch on a node.
 //!
-//! The node agent spawns `fleetrun-runner` with its channel on fd 3 (see [`protocol`]), the
-//! user's stdout/stderr redirected to the job's log files and the job's environment set.
-//! The runner embeds CPython, loads the entry script, calls `init()` once, `run()` per
-//! mini-batch and `shutdown()` on a clean stop. A script that crashes, hangs or leaks takes
-//! down only its own runner; the agent restarts it.
+//! The node agent spawns `fleetrun-runner` (the launcher, `main.rs`) with its channel on fd 3
+//! (see [`protocol`]), the user's stdout/stderr redirected to the job's log files and the
+//! job's environment set. The launcher reads the `Init` frame, takes the job's Python the
+//! agent resolved ([`fleetrun_common::python`]), loads that interpreter's shared libpython and
+//! then this library (`libfleetrun_runner.so`, built against CPython's stable ABI, so one
+//! build serves every CPython the launcher may load), and calls [`fleetrun_runner_serve_v1`].
+//! From there the runner starts CPython, loads the entry script, calls `init()` once, `run()`
+//! per mini-batch and `shutdown()` on a clean stop. A script that crashes, hangs or leaks
+//! takes down only its own runner; the agent restarts it.
 //!
 //! # Layout
 //!
 //! - [`protocol`]: the frames exchanged with the agent.
-//! - `interpreter`: picks the Python (a virtualenv, an interpreter, or the one the crate was
-//!   built against) and starts CPython through `PyConfig`.
+//! - `interpreter`: starts CPython as the chosen `python` executable would run.
 //! - `script`: loads the entry script with its `EntryScript` helper (`python/entry_script.py`)
 //!   and calls `init()`, `run()` and `shutdown()`, turning exceptions into [`ScriptError`]s.
 //! - `rows`: turns `run()`'s result into one string per element.
@@ -21,19 +24,21 @@
 //! [`EXIT_NOT_STARTED_BY_AGENT`] when fd 3 is not a socket; [`EXIT_INIT_FAILED`] after an
 //! `InitFailed` reply; [`EXIT_CHANNEL_ERROR`] when the channel breaks or carries an
 //! unexpected frame. Anything else (a signal, `os._exit()` in the script) is the script's.
+//! The launcher uses the same codes.
 //!
 //! [`ScriptError`]: protocol::ScriptError
 
-use std::io::{self, Write};
+use std::ffi::{CStr, OsStr, c_char, c_int};
+use std::io;
 use std::os::fd::FromRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
+use std::path::Path;
 
 use pyo3::Python;
 
-use crate::interpreter::Interpreter;
 use crate::protocol::{
-    CHANNEL_FD, InitParams, MAX_FRAME, Reply, Request, Timing, encode, read_frame, write_encoded,
-    write_frame,
+    InitParams, MAX_FRAME, Reply, Request, Timing, encode, read_frame, write_encoded, write_frame,
 };
 use crate::script::EntryScript;
 
@@ -60,20 +65,37 @@ enum RunnerError {
     Unexpected(&'static str),
 }
 
-/// Runs the runner process to completion and returns its exit code (pass it to [`exit`]).
-pub fn main() -> i32 {
-    prepare_process();
-    let mut channel = match open_channel() {
-        Ok(channel) => channel,
-        Err(reason) => {
-            eprintln!(
-                "fleetrun-runner: {reason}. fleetrun-runner is started by fleetrun's node \
-                 agent, not by hand."
-            );
-            return EXIT_NOT_STARTED_BY_AGENT;
-        }
+/// Serves the channel on `fd` from its `Init` frame (`init`, `init_len` bytes of
+/// MessagePack, already read by the launcher), with CPython computing its paths from
+/// `executable` (a NUL-terminated path). Returns the process's exit code.
+///
+/// # Safety
+/// The launcher calls it once, single-threaded, after loading libpython with `RTLD_GLOBAL`;
+/// `init` points to `init_len` readable bytes, `executable` to a NUL-terminated string, and
+/// `fd` is the agent's socket, owned by nothing else.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fleetrun_runner_serve_v1(
+    fd: c_int,
+    init: *const u8,
+    init_len: usize,
+    executable: *const c_char,
+) -> c_int {
+    // SAFETY: as the caller promises.
+    let (mut channel, init, executable) = unsafe {
+        (
+            UnixStream::from_raw_fd(fd),
+            std::slice::from_raw_parts(init, init_len),
+            Path::new(OsStr::from_bytes(CStr::from_ptr(executable).to_bytes())),
+        )
     };
-    match serve(&mut channel) {
+    let result = match rmp_serde::from_slice::<InitParams>(init) {
+        Ok(params) => serve(&mut channel, &params, executable),
+        Err(e) => Err(RunnerError::Channel(io::Error::new(
+            io::ErrorKind::InvalidData,
+            e,
+        ))),
+    };
+    match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("fleetrun-runner: {e}");
@@ -82,95 +104,19 @@ pub fn main() -> i32 {
     }
 }
 
-/// Ends the process without running C `atexit` handlers or static destructors.
-///
-/// Python threads of the script may still be running: tearing down C/C++ libraries under them
-/// (CUDA, torch) can crash and turn a clean exit into a signal. Python's and C's stdio are
-/// flushed by then.
-pub fn exit(code: i32) -> ! {
-    let _ = io::stdout().flush();
-    // SAFETY: plain libc calls; `_exit` does not return.
-    unsafe {
-        libc::fflush(std::ptr::null_mut());
-        libc::_exit(code)
-    }
-}
-
-/// Before anything Python: give the script the signal dispositions `python3` starts with, and
-/// die with the agent.
-///
-/// Rust's runtime catches SIGSEGV and SIGBUS (to report a stack overflow) and returns from a
-/// signal that was sent rather than caused by a fault, so a script's `os.kill(os.getpid(),
-/// SIGSEGV)` would be swallowed once: the fault signals go back to their defaults, and a
-/// crash crashes. SIGINT is left at its default so that CPython installs its own handler
-/// (`KeyboardInterrupt`) at start-up, as it does for `python3`, along with ignoring SIGPIPE
-/// and SIGXFSZ (see `interpreter`). A Ctrl-C on the user's terminal does not reach a runner:
-/// each leads a process group of its own, and the agent stops runners itself.
-fn prepare_process() {
-    // SAFETY: setting signal dispositions and a process attribute; no Rust state involved.
-    unsafe {
-        for signal in [
-            libc::SIGSEGV,
-            libc::SIGBUS,
-            libc::SIGFPE,
-            libc::SIGILL,
-            libc::SIGINT,
-        ] {
-            libc::signal(signal, libc::SIG_DFL);
-        }
-        libc::prctl(
-            libc::PR_SET_PDEATHSIG,
-            libc::SIGKILL as libc::c_ulong,
-            0,
-            0,
-            0,
-        );
-    }
-}
-
-/// Takes the agent's socket from fd 3, closed on exec so the script's subprocesses do not
-/// hold the channel open.
-fn open_channel() -> Result<UnixStream, &'static str> {
-    // SAFETY: `fstat` writes into `stat`; `fcntl` only changes a flag of the descriptor.
-    unsafe {
-        let mut stat: libc::stat = std::mem::zeroed();
-        if libc::fstat(CHANNEL_FD, &mut stat) != 0 {
-            return Err("file descriptor 3 is not open");
-        }
-        if stat.st_mode & libc::S_IFMT != libc::S_IFSOCK {
-            return Err("file descriptor 3 is not a socket");
-        }
-        libc::fcntl(CHANNEL_FD, libc::F_SETFD, libc::FD_CLOEXEC);
-        // SAFETY: fd 3 is an open socket that nothing else in the process owns.
-        Ok(UnixStream::from_raw_fd(CHANNEL_FD))
-    }
-}
-
-fn serve(channel: &mut UnixStream) -> Result<i32, RunnerError> {
-    let params = match read_frame::<_, Request>(channel)? {
-        None => return Ok(EXIT_OK),
-        Some(Request::Init(params)) => params,
-        Some(Request::Run { .. }) => return Err(RunnerError::Unexpected("Run before Init")),
-        Some(Request::Shutdown) => return Ok(EXIT_OK),
-    };
-    // The runner's own working folder, before Python starts: relative paths in the
-    // arguments and the script resolve there on every node.
-    if let Some(dir) = params.working_dir.as_deref().filter(|d| !d.is_empty())
-        && let Err(e) = std::env::set_current_dir(dir)
-    {
-        let message = format!("cannot enter the working folder {dir}: {e}");
-        write_frame(channel, &Reply::InitFailed(script::plain_error(message)))?;
-        return Ok(EXIT_INIT_FAILED);
-    }
-    let started = Interpreter::choose(params.environment.as_deref()).and_then(|i| i.start());
-    if let Err(e) = started {
+fn serve(
+    channel: &mut UnixStream,
+    params: &InitParams,
+    executable: &Path,
+) -> Result<i32, RunnerError> {
+    if let Err(e) = interpreter::start(executable) {
         write_frame(
             channel,
             &Reply::InitFailed(script::plain_error(e.to_string())),
         )?;
         return Ok(EXIT_INIT_FAILED);
     }
-    Python::attach(|py| serve_script(py, channel, &params))
+    Python::attach(|py| serve_script(py, channel, params))
 }
 
 fn serve_script(

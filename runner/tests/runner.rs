@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use fleetrun_runner::protocol::{
+use fleetrun_common::protocol::{
     InitParams, ReadyInfo, Reply, Request, ScriptError, Timing, read_frame, write_frame,
 };
+use fleetrun_tests::pyenv_python;
 use tempfile::TempDir;
 
 /// A job folder: scripts, logs, outputs and the runner's stdout/stderr files.
@@ -57,6 +58,7 @@ impl Job {
             working_dir: None,
             models: Default::default(),
             profile: None,
+            python: None,
         }
     }
 
@@ -827,8 +829,9 @@ fn sigint_raises_keyboard_interrupt_in_run_as_under_python3() {
     assert!(runner.shutdown().success());
 }
 
+/// No `environment` and no `VIRTUAL_ENV`: `python3` on `PATH`, here pyenv's 3.12 put first.
 #[test]
-fn without_an_environment_the_build_interpreter_is_used() {
+fn without_an_environment_python3_on_path_is_used() {
     let job = Job::new();
     let script = job.write(
         "score.py",
@@ -839,8 +842,19 @@ fn without_an_environment_the_build_interpreter_is_used() {
             return [sys.prefix, sys.base_prefix, os.path.dirname(os.__file__), sysconfig.get_paths()["purelib"]]
         "#,
     );
-    let (mut runner, ready) = job.ready(&job.params(&script));
-    let prefix = build_python_prefix();
+    let python = pyenv_python("3.12");
+    let bin = python.parent().unwrap().to_owned();
+    let prefix = bin.parent().unwrap().to_str().unwrap().to_owned();
+    let path = std::env::join_paths(
+        std::iter::once(bin).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap())),
+    )
+    .unwrap();
+    let mut runner = job.spawn_with(|cmd| {
+        cmd.env("PATH", &path);
+    });
+    let Reply::Ready(ready) = runner.request(&Request::Init(job.params(&script))) else {
+        panic!("expected Ready: {}", job.read("stderr.txt"));
+    };
     assert_eq!(ready.python_prefix, prefix);
     assert_eq!(ready.pid, runner.child.id());
     let rows = runner.rows(&["a"]);
@@ -945,7 +959,7 @@ fn environments_that_cannot_work_are_init_failed() {
     for (environment, expected) in [
         (
             old.to_str().unwrap(),
-            "is Python 2.7.18, but fleetrun-runner embeds Python 3.",
+            "is Python 2.7.18, which fleetrun cannot run; it runs CPython 3.9, 3.10,",
         ),
         (missing.to_str().unwrap(), "does not exist"),
         (not_python.as_str(), "is neither a virtualenv folder"),
@@ -957,6 +971,94 @@ fn environments_that_cannot_work_are_init_failed() {
         assert!(
             error.message.contains(expected),
             "{environment}: {}",
+            error.message
+        );
+        assert_eq!(runner.wait().code(), Some(3));
+    }
+}
+
+/// One runner binary serves every CPython from 3.9 on: it loads the environment's own
+/// libpython, as an interpreter file, an installation folder or a virtualenv made from it.
+#[test]
+fn every_served_cpython_runs_the_script_with_its_own_libpython() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        import sys
+
+        def run(mini_batch):
+            return ["%d.%d" % sys.version_info[:2], sys.prefix, sys.executable]
+        "#,
+    );
+    for minor in ["3.9", "3.10", "3.11", "3.12", "3.13"] {
+        let python = pyenv_python(minor);
+        let prefix = python.parent().unwrap().parent().unwrap().to_owned();
+        let venv = job.path(&format!("venv{minor}"));
+        let status = Command::new(&python)
+            .args(["-m", "venv", "--without-pip"])
+            .arg(&venv)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        for (environment, expected_prefix) in [
+            (python.clone(), prefix.clone()),
+            (prefix.clone(), prefix.clone()),
+            (venv.clone(), venv.clone()),
+        ] {
+            let mut params = job.params(&script);
+            params.environment = Some(environment.to_str().unwrap().to_owned());
+            let (mut runner, ready) = job.ready(&params);
+            assert!(
+                ready.python_version.starts_with(&format!("{minor}.")),
+                "{}: {}",
+                environment.display(),
+                ready.python_version
+            );
+            let rows = runner.rows(&["a"]);
+            assert_eq!(rows[0], minor, "{}", environment.display());
+            assert_eq!(rows[1], expected_prefix.to_str().unwrap());
+            assert!(runner.shutdown().success());
+        }
+    }
+}
+
+/// The Python the agent resolved travels in `Init` and is the one the runner starts, whatever
+/// `PATH` or `VIRTUAL_ENV` would give.
+#[test]
+fn the_python_the_agent_resolved_is_the_one_started() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        "import sys\ndef run(mini_batch):\n    return ['%d.%d' % sys.version_info[:2]]\n",
+    );
+    let python = pyenv_python("3.10");
+    let mut params = job.params(&script);
+    let resolved = fleetrun_common::python::Python::resolve(Some(&python)).unwrap();
+    params.python = Some(Box::new(resolved));
+    let (mut runner, ready) = job.ready(&params);
+    assert!(ready.python_version.starts_with("3.10."), "{ready:?}");
+    assert_eq!(runner.rows(&["a"]), ["3.10"]);
+    assert!(runner.shutdown().success());
+}
+
+/// CPython 3.8 and older are refused by name, with the versions that are served.
+#[test]
+fn an_unserved_cpython_is_init_failed_naming_the_served_versions() {
+    let job = Job::new();
+    let script = job.write("score.py", ECHO);
+    for minor in ["3.7", "3.8"] {
+        let python = pyenv_python(minor);
+        let mut params = job.params(&script);
+        params.environment = Some(python.to_str().unwrap().to_owned());
+        let (runner, reply) = job.start(&params);
+        let error = init_failure(reply);
+        assert!(
+            error.message.contains(&format!("is Python {minor}."))
+                && error
+                    .message
+                    .contains("it runs CPython 3.9, 3.10, 3.11, 3.12, 3.13"),
+            "{minor}: {}",
             error.message
         );
         assert_eq!(runner.wait().code(), Some(3));
@@ -995,8 +1097,8 @@ fn an_agent_that_closes_before_init_gets_a_clean_exit() {
 /// given, and a returned DataFrame's rows are CSV records with the job's separator.
 #[test]
 fn tabular_chunks_become_one_dataframe_and_returned_frames_keep_their_header() {
+    use fleetrun_common::protocol::{StagedTable, TabularInit};
     use fleetrun_common::wire::ChunkFormat;
-    use fleetrun_runner::protocol::{StagedTable, TabularInit};
     let job = Job::new();
     fs::write(job.path("a.csv"), "id,text\n1,\"two\nlines\"\n2,plain\n").unwrap();
     fs::write(job.path("b.jsonl"), "{\"id\": 3, \"text\": \"x;y\"}\n").unwrap();
@@ -1064,7 +1166,7 @@ fn a_tabular_job_without_pandas_names_the_package() {
     let job = Job::new();
     let script = job.write("score.py", "def run(frame):\n    return []\n");
     let mut params = job.params(&script);
-    params.tabular = Some(fleetrun_runner::protocol::TabularInit {
+    params.tabular = Some(fleetrun_common::protocol::TabularInit {
         separator: b',',
         parquet: false,
     });
@@ -1174,7 +1276,7 @@ fn a_run_with_two_parameters_gets_the_mini_batch_context() {
     let reply = runner.request(&Request::Run {
         mini_batch: 4,
         items: vec![PathBuf::from("a")],
-        context: fleetrun_runner::protocol::RunContext {
+        context: fleetrun_common::protocol::RunContext {
             // In the order of `partition_keys`, which is not the names' order.
             partition_key_value: Some(
                 [("user", "ann"), ("genres", "jazz")]
@@ -1201,8 +1303,8 @@ fn a_run_with_two_parameters_gets_the_mini_batch_context() {
 /// tabular one's are the mini-batch's own column values, numpy scalars made Python's.
 #[test]
 fn partition_values_are_typed_as_pandas_reads_them() {
+    use fleetrun_common::protocol::{RunContext, StagedTable, TabularInit};
     use fleetrun_common::wire::ChunkFormat;
-    use fleetrun_runner::protocol::{RunContext, StagedTable, TabularInit};
     let job = Job::new();
     let script = job.write(
         "score.py",

@@ -20,7 +20,8 @@ pub const RUN_LIMIT: Duration = Duration::from_secs(180);
 /// rebuild them for `cargo test` of it, and a test must not run what an earlier edit left.
 /// A binary older than one of the sources cargo's dep-info says it was built from, or built
 /// from another checkout sharing the target folder, fails the test, saying what to run.
-/// `fleetrun` and `fleetrun-worker` start `fleetrun-runner`, so it is checked with them.
+/// `fleetrun` and `fleetrun-worker` start `fleetrun-runner`, so it is checked with them, and
+/// `fleetrun-runner` loads `libfleetrun_runner.so`, checked with it.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let dir = exe
@@ -34,7 +35,13 @@ pub fn bin(name: &str) -> PathBuf {
     if let Err(why) = fresh(&path, workspace) {
         panic!("{why}: run `cargo build --workspace` first (scripts/test.sh does)");
     }
-    if name != "fleetrun-runner" {
+    if name == "fleetrun-runner" {
+        // The runner's Python half, loaded by it from beside it.
+        let library = dir.join("libfleetrun_runner.so");
+        if let Err(why) = fresh(&library, workspace) {
+            panic!("{why}: run `cargo build --workspace` first (scripts/test.sh does)");
+        }
+    } else {
         bin("fleetrun-runner");
     }
     path
@@ -150,6 +157,35 @@ pub fn first_line_within(child: &mut Child, limit: Duration) -> String {
             );
         }
     }
+}
+
+/// The interpreters of the machine's pyenv (`$PYENV_ROOT`, else `~/.pyenv`): the newest
+/// `versions/<minor>.*` of each minor asked for. A missing one fails the test, never skips it:
+/// the project's machines have them.
+pub fn pyenv_python(minor: &str) -> PathBuf {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".pyenv"));
+    let mut found: Vec<PathBuf> = std::fs::read_dir(root.join("versions"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            name.strip_prefix(minor)
+                .and_then(|rest| rest.strip_prefix('.'))
+                .is_some_and(|micro| micro.chars().all(|c| c.is_ascii_digit()))
+        })
+        .collect();
+    found.sort();
+    let python = found
+        .pop()
+        .unwrap_or_else(|| panic!("no CPython {minor} under {}/versions", root.display()))
+        .join("bin")
+        .join(format!("python{minor}"));
+    assert!(python.exists(), "{} is missing", python.display());
+    python
 }
 
 /// A job in a temporary folder: `job.toml`, `score.py`, inputs under `data/`, output `out/`.

@@ -16,8 +16,8 @@ use fleetrun_common::storage::s3::{S3Settings, S3Storage};
 use fleetrun_common::testing::random_suffix;
 use fleetrun_tests::{
     KillOnDrop, POISONED, PrivateRabbitMq, PrivateRedis, RUN_LIMIT, assert_failed_alone, code,
-    command, exit_within, expected_lines, first_line_within, kill, output_within, services,
-    wait_for,
+    command, exit_within, expected_lines, first_line_within, kill, output_within, pyenv_python,
+    services, wait_for,
 };
 use futures::TryStreamExt;
 
@@ -278,6 +278,61 @@ fn lines(bytes: &[u8]) -> Vec<String> {
 
 const ECHO: &str =
     "import time\ndef run(mini_batch):\n    return [open(p).read() for p in mini_batch]\n";
+
+/// One worker serves jobs of different Pythons, each run by its `environment`'s: 3.10 and
+/// 3.12, inputs and output on S3; a 3.8 job is refused once, naming the versions served,
+/// and the worker goes on.
+#[test]
+fn jobs_under_python_3_10_and_3_12_run_on_the_fleet_and_3_8_is_refused() {
+    let script = "import sys\ndef run(mini_batch):\n    return ['%d.%d %s' % (sys.version_info[0], sys.version_info[1], open(p).read()) for p in mini_batch]\n";
+    let mut fleet = Fleet::new(script);
+    fleet.inputs(6);
+    fleet.worker("w1", 2);
+    let bucket = fleet.bucket.clone();
+    for minor in ["3.10", "3.12"] {
+        let output = format!("out-{minor}");
+        let job = fleet.job(
+            &format!(
+                "mini_batch_size = 2\nenvironment = \"{}\"",
+                pyenv_python(minor).display()
+            ),
+            &format!("s3://{bucket}/in"),
+            &format!("s3://{bucket}/{output}"),
+        );
+        let out = fleet.submit(&job, &["--wait"]);
+        assert_eq!(code(&out), 0, "{minor}");
+        let expected: Vec<String> = (0..6).map(|i| format!("{minor} f{i:04}")).collect();
+        assert_eq!(
+            lines(&fleet.output(&format!("{output}/parallel_run_step.txt"))),
+            expected
+        );
+    }
+    let job = fleet.job(
+        &format!("environment = \"{}\"", pyenv_python("3.8").display()),
+        &format!("s3://{bucket}/in"),
+        &format!("s3://{bucket}/out-3.8"),
+    );
+    let out = fleet.submit(&job, &["--wait"]);
+    assert_ne!(code(&out), 0);
+    let result = fleet.text("out-3.8/logs/job_result.txt");
+    assert!(
+        result.contains("is Python 3.8.")
+            && result.contains("which fleetrun cannot run; it runs CPython 3.9, 3.10, 3.11, 3.12"),
+        "{result}"
+    );
+    // The node's logs reach S3 once the node has let the job go.
+    let main_key = "out-3.8/logs/sys/node/w1/_main.txt";
+    let s3 = fleet.storage("");
+    wait_for("w1's _main.txt on S3", Duration::from_secs(30), || {
+        fleet.runtime.block_on(s3.get(main_key)).is_ok()
+    });
+    let main = fleet.text(main_key);
+    assert_eq!(main.matches("Giving up on job").count(), 1, "{main}");
+    assert!(
+        !main.contains("failed to start"),
+        "no runner starts: {main}"
+    );
+}
 
 /// Three workers, inputs and output on S3: the same bytes `fleetrun run` writes locally.
 #[test]

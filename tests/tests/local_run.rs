@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use fleetrun_tests::{
     JobDir, KillOnDrop, POISONED, RUN_LIMIT, assert_failed_alone, code, exit_within,
-    expected_lines, output_within, wait_for,
+    expected_lines, output_within, pyenv_python, wait_for,
 };
 
 /// Returns each file's content; prints and logs so the log layout can be checked.
@@ -474,6 +474,89 @@ fn init_that_always_fails_fails_the_job() {
     let errors = job.log("user/error.txt");
     let inits = errors.lines().filter(|l| l.contains(" init: ")).count();
     assert!((6..=7).contains(&inits), "{inits} init failures:\n{errors}");
+}
+
+/// Returns, per file, the Python's `major.minor` and the file's content.
+const PYTHON_VERSION: &str = r#"
+import sys
+
+def run(mini_batch):
+    return ["%d.%d %s" % (sys.version_info[0], sys.version_info[1], open(p).read()) for p in mini_batch]
+"#;
+
+/// The job's `environment` picks the Python, whatever its minor version: pyenv's 3.10, 3.11
+/// and 3.12 interpreters, and a virtualenv made from 3.12 with `python -m venv`.
+#[test]
+fn scripts_run_under_the_python_of_their_environment_3_10_3_11_and_3_12() {
+    let venv = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(pyenv_python("3.12"))
+        .args(["-m", "venv", "--without-pip"])
+        .arg(venv.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let environments = [
+        ("3.10", pyenv_python("3.10")),
+        ("3.11", pyenv_python("3.11")),
+        ("3.12", pyenv_python("3.12")),
+        ("3.12", venv.path().to_owned()),
+    ];
+    for (minor, environment) in environments {
+        let job = JobDir::new(
+            PYTHON_VERSION,
+            &format!(
+                "mini_batch_size = 2\nprocess_count_per_node = 2\nenvironment = \"{}\"",
+                environment.display()
+            ),
+        );
+        job.inputs(5);
+        assert_eq!(code(&job.run(&[])), 0, "{}", environment.display());
+        let expected: Vec<String> = (0..5).map(|i| format!("{minor} f{i:04}")).collect();
+        assert_eq!(job.output_lines(), expected, "{}", environment.display());
+        let main = job.log("sys/node/0/_main.txt");
+        assert!(
+            main.contains(&format!("The job's runners run Python {minor}.")),
+            "{main}"
+        );
+    }
+}
+
+/// A Python fleetrun cannot run is refused once, before any runner starts, naming the
+/// versions it can: no init failure is counted or retried, and the job fails at once.
+#[test]
+fn an_unserved_python_is_refused_once_before_any_runner_starts() {
+    let python = pyenv_python("3.8");
+    let job = JobDir::new(
+        PYTHON_VERSION,
+        &format!(
+            "process_count_per_node = 2\nenvironment = \"{}\"",
+            python.display()
+        ),
+    );
+    job.inputs(5);
+    let started = std::time::Instant::now();
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 42);
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let refusal = "is Python 3.8.";
+    let served = "which fleetrun cannot run; it runs CPython 3.9, 3.10, 3.11, 3.12, 3.13";
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(refusal) && stdout.contains(served),
+        "{stdout}"
+    );
+    let result = job.log("job_result.txt");
+    assert!(
+        result.contains(refusal) && result.contains(served),
+        "{result}"
+    );
+    let main = job.log("sys/node/0/_main.txt");
+    assert_eq!(main.matches("Giving up on job").count(), 1, "{main}");
+    assert!(
+        !main.contains("started") && !main.contains("failed to start"),
+        "no runner starts: {main}"
+    );
+    assert!(!job.path("out/logs/user/error.txt").exists());
 }
 
 #[test]

@@ -21,6 +21,7 @@ use async_trait::async_trait;
 use fleetrun_common::protocol::{
     self, InitParams, ReadyInfo, Reply, Request, RunContext, ScriptError,
 };
+use fleetrun_common::python::{Python, PythonError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
@@ -124,6 +125,11 @@ pub enum InitOutcome {
 /// Starts a slot's runner: sends it `Init` and returns once it is ready or has failed.
 #[async_trait]
 pub trait Launcher: Send + Sync + std::fmt::Debug {
+    /// The Python a job's runners will run, given its `environment`; refused when fleetrun
+    /// cannot run it. Asked once per job on a node, before any of its runners starts; the
+    /// runners get the answer (`InitParams::python`).
+    async fn python(&self, environment: Option<PathBuf>) -> Result<Python, PythonError>;
+
     async fn start(
         &self,
         launch: &Launch,
@@ -170,6 +176,13 @@ impl ProcessLauncher {
 
 #[async_trait]
 impl Launcher for ProcessLauncher {
+    async fn python(&self, environment: Option<PathBuf>) -> Result<Python, PythonError> {
+        // It runs the interpreter once: off the runtime's threads.
+        tokio::task::spawn_blocking(move || Python::resolve(environment.as_deref()))
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+    }
+
     async fn start(
         &self,
         launch: &Launch,

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fleetrun_common::protocol::{InitParams, ReadyInfo, ScriptError, Timing};
+use fleetrun_common::python::{Python, PythonError};
 use tokio::time::Instant;
 
 use crate::process::{Batch, InitOutcome, Launch, Launcher, ProcessError, RunOutcome, Runner};
@@ -163,6 +164,15 @@ impl FakeLauncher {
 
 #[async_trait]
 impl Launcher for FakeLauncher {
+    async fn python(&self, _environment: Option<PathBuf>) -> Result<Python, PythonError> {
+        Ok(Python {
+            executable: "/fake/bin/python".into(),
+            venv: None,
+            version: "3.12.0".into(),
+            libpython: "/fake/lib/libpython3.12.so.1.0".into(),
+        })
+    }
+
     async fn start(
         &self,
         _launch: &Launch,

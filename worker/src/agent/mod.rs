@@ -100,6 +100,9 @@ pub struct JobContext {
     pub finalizing: AtomicBool,
     init_failures: AtomicU32,
     gave_up: AtomicBool,
+    /// The job's Python on this node, resolved once before its first runner starts, or why
+    /// fleetrun cannot run it.
+    python: tokio::sync::OnceCell<Result<fleetrun_common::python::Python, String>>,
     started_noted: AtomicBool,
     end_noted: AtomicBool,
     gpus_noted: AtomicBool,
@@ -136,6 +139,7 @@ impl JobContext {
             finalizing: AtomicBool::new(false),
             init_failures: AtomicU32::new(0),
             gave_up: AtomicBool::new(false),
+            python: tokio::sync::OnceCell::new(),
             last_check: std::sync::Mutex::new(Instant::now()),
             output_sync: Default::default(),
             monitor: Default::default(),

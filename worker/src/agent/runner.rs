@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use fleetrun_common::protocol::{InitParams, ScriptError, TabularInit};
+use fleetrun_common::python::Python;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -84,6 +85,9 @@ impl Slot {
         if ctx.gave_up.load(Ordering::Relaxed) {
             return false;
         }
+        let Some(python) = self.python_served(ctx).await else {
+            return false;
+        };
         let Some(seat) = ctx.seats.take() else {
             self.seatless = true;
             return false;
@@ -151,6 +155,7 @@ impl Slot {
                 let stats = logs::JobLogs::profile(&node, &name);
                 ctx.logs.path(stats).display().to_string()
             }),
+            python: Some(Box::new(python)),
         };
         let init_timeout = Duration::from_secs(3 * spec.run_invocation_timeout + 30);
         ctx.monitor
@@ -271,6 +276,42 @@ impl Slot {
             });
         }
         false
+    }
+
+    /// Resolves the job's Python once on this node, before any of its runners starts: one that
+    /// fleetrun cannot run gives up on the job at once, with why, and starts nothing.
+    async fn python_served(&self, ctx: &JobContext) -> Option<Python> {
+        let node = &self.config().node_id;
+        let main_log = logs::JobLogs::node_main(node);
+        let checked = ctx
+            .python
+            .get_or_init(|| async {
+                let environment = ctx.job.spec().environment.clone();
+                let checked = self.config().launcher.python(environment).await;
+                let line = match &checked {
+                    Ok(python) => format!("The job's runners run {python}."),
+                    Err(e) => format!("The job's Python cannot run here: {e}."),
+                };
+                ctx.logs.log(&main_log, &line);
+                checked.map_err(|e| e.to_string())
+            })
+            .await;
+        let why = match checked {
+            Ok(python) => return Some(python.clone()),
+            Err(why) => why,
+        };
+        if !ctx.gave_up.swap(true, Ordering::Relaxed) {
+            warn!(job = %ctx.job.id(), error = %why, "The job's Python cannot run here.");
+            ctx.logs.log(
+                &main_log,
+                &format!("Giving up on job {}: {why}.", ctx.job.id()),
+            );
+            let _ = self.shared.agent.events.send(AgentEvent::GaveUp {
+                job: ctx.job.id().to_owned(),
+                reason: why.clone(),
+            });
+        }
+        None
     }
 
     fn script_error_at_init(&self, ctx: &JobContext, process: &str, error: &ScriptError) {
