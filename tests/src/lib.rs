@@ -445,6 +445,30 @@ impl PrivateRabbitMq {
         self.ctl(&["status"])
     }
 
+    /// Whether the node lost the supervisor of its quorum queues' dead-letter workers since
+    /// it last started, as its log says: RabbitMQ 3.10 then refuses every publish to a new
+    /// queue that dead-letters at least once, until the node restarts (rabbitmq-server#16652).
+    /// A burst of those workers' crashes does it, as when queues are deleted while the node
+    /// recovers them after a restart.
+    pub fn lost_dead_letter_workers(&self) -> bool {
+        let log = std::fs::read_to_string(self.path(&format!("log/{}.log", self.node)))
+            .unwrap_or_default();
+        let since_start = log
+            .rsplit_once("Starting RabbitMQ")
+            .map_or(&*log, |(_, s)| s);
+        let mut lines = since_start.lines().peekable();
+        while let Some(line) = lines.next() {
+            if line.ends_with("supervisor: {local,rabbit_fifo_dlx_sup}")
+                && lines
+                    .peek()
+                    .is_some_and(|next| next.ends_with("errorContext: shutdown"))
+            {
+                return true;
+            }
+        }
+        false
+    }
+
     /// Stops the node; its clients' connections are closed.
     pub fn stop(&self) {
         assert!(self.ctl(&["stop"]), "rabbitmqctl stop {}", self.node);
