@@ -191,6 +191,8 @@ plugins = open(plugins_file).read() if os.path.isfile(plugins_file) else ""
     "enabled_plugins: an Erlang list ending in '.', with rabbitmq_management")
 (ok if setting("deploy/redis/redis.conf", "appendonly", " ") == "yes" else bad)(
     "redis.conf: appendonly yes")
+(ok if setting("deploy/redis/redis.conf", "appendfsync", " ") == "always" else bad)(
+    "redis.conf: appendfsync always (a recording Redis acknowledged survives its kill)")
 PY
 )" || bad "the Python checks crashed"
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs beyond the Rust toolchain and CPython, when missing:
-# RabbitMQ and Redis servers and Debian's docker-compose (one `apt-get update`, then one
+# RabbitMQ and Redis servers, strace and Debian's docker-compose (one `apt-get update`, then one
 # `apt-get install`), moto's S3 server (>= 5.2.5), PyYAML, pandas and pyarrow (pip; the
 # tabular tests read DataFrames in the runner's Python), and cargo-nextest (the
 # test runner scripts/test.sh uses; built from crates.io, a few minutes).
@@ -20,6 +20,8 @@ done
 
 packages=()
 command -v redis-server >/dev/null || packages+=(redis-server)
+# A ledger test slows Redis's disk syncs with it.
+command -v strace >/dev/null || packages+=(strace)
 command -v rabbitmq-server >/dev/null || packages+=(rabbitmq-server)
 command -v docker-compose >/dev/null || packages+=(docker-compose)
 if [ ${#packages[@]} -gt 0 ]; then

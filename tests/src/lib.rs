@@ -481,6 +481,30 @@ impl PrivateRabbitMq {
         self.ctl(&["status"])
     }
 
+    /// Whether the node lost the supervisor of its quorum queues' dead-letter workers since
+    /// it last started, as its log says: RabbitMQ 3.10 then refuses every publish to a new
+    /// queue that dead-letters at least once, until the node restarts (rabbitmq-server#16652).
+    /// A burst of those workers' crashes does it, as when queues are deleted while the node
+    /// recovers them after a restart.
+    pub fn lost_dead_letter_workers(&self) -> bool {
+        let log = std::fs::read_to_string(self.path(&format!("log/{}.log", self.node)))
+            .unwrap_or_default();
+        let since_start = log
+            .rsplit_once("Starting RabbitMQ")
+            .map_or(&*log, |(_, s)| s);
+        let mut lines = since_start.lines().peekable();
+        while let Some(line) = lines.next() {
+            if line.ends_with("supervisor: {local,rabbit_fifo_dlx_sup}")
+                && lines
+                    .peek()
+                    .is_some_and(|next| next.ends_with("errorContext: shutdown"))
+            {
+                return true;
+            }
+        }
+        false
+    }
+
     /// Stops the node; its clients' connections are closed.
     pub fn stop(&self) {
         assert!(self.ctl(&["stop"]), "rabbitmqctl stop {}", self.node);
@@ -521,23 +545,35 @@ pub struct PrivateRedis {
     dir: tempfile::TempDir,
     server: Child,
     port: u16,
-    /// Append-only file on, as the fleet's Redis runs (`deploy/redis/redis.conf`).
+    /// Runs with the fleet's persistence settings (`deploy/redis/redis.conf`): its
+    /// append-only file, and when that reaches the disk.
     persistent: bool,
+    /// Each `fdatasync` of the server takes this long (see [`PrivateRedis::on_slow_disk`]).
+    slow_sync: Option<Duration>,
+    /// What slows its syncs: `strace` attached to the server.
+    tracer: Option<Child>,
 }
 
 impl PrivateRedis {
     pub fn start() -> PrivateRedis {
-        PrivateRedis::start_with(false)
+        PrivateRedis::start_with(false, None)
     }
 
     /// A server that keeps its data in an append-only file, as the fleet's does: killed with
     /// SIGKILL and [started again](PrivateRedis::start_again), it has every write it
     /// acknowledged.
     pub fn persistent() -> PrivateRedis {
-        PrivateRedis::start_with(true)
+        PrivateRedis::start_with(true, None)
     }
 
-    fn start_with(persistent: bool) -> PrivateRedis {
+    /// A [persistent](PrivateRedis::persistent) server on a disk whose every sync takes
+    /// `sync` (`strace` delays the server's `fdatasync` calls), as a busy disk makes them:
+    /// what the server acknowledged and had not synced shows whether a kill loses it.
+    pub fn on_slow_disk(sync: Duration) -> PrivateRedis {
+        PrivateRedis::start_with(true, Some(sync))
+    }
+
+    fn start_with(persistent: bool, slow_sync: Option<Duration>) -> PrivateRedis {
         let dir = tempfile::tempdir().expect("temp dir");
         let [port] = free_ports();
         let server = PrivateRedis::spawn(dir.path(), port, persistent);
@@ -546,16 +582,27 @@ impl PrivateRedis {
             server,
             port,
             persistent,
+            slow_sync,
+            tracer: None,
         };
         redis.await_answer();
         redis
     }
 
     fn spawn(dir: &Path, port: u16, persistent: bool) -> Child {
-        let appendonly = if persistent { "yes" } else { "no" };
-        Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        if persistent {
+            for name in ["appendonly", "appendfsync"] {
+                command
+                    .arg(format!("--{name}"))
+                    .arg(fleet_redis_setting(name));
+            }
+        } else {
+            command.args(["--appendonly", "no"]);
+        }
+        command
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", appendonly])
+            .args(["--save", ""])
             .arg("--dir")
             .arg(dir)
             .arg("--logfile")
@@ -575,6 +622,40 @@ impl PrivateRedis {
             self.answers()
         });
         assert!(answers, "the private Redis never answered:\n{}", self.log());
+        if let Some(sync) = self.slow_sync {
+            self.slow_down(sync);
+        }
+    }
+
+    /// Attaches `strace` to every thread of the server, delaying each `fdatasync` (Redis's
+    /// sync of its append-only file) by `sync`; returns once all are traced.
+    fn slow_down(&mut self, sync: Duration) {
+        let pid = self.server.id();
+        let tracer = Command::new("strace")
+            .args(["-f", "-qq", "-e", "trace=fdatasync", "-e"])
+            .arg(format!("inject=fdatasync:delay_enter={}", sync.as_micros()))
+            .arg("-o")
+            .arg(self.dir.path().join("strace.log"))
+            .args(["-p", &pid.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("strace runs (scripts/install-deps.sh installs it)");
+        self.tracer = Some(tracer);
+        let traced = poll(Duration::from_secs(30), || {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                return false;
+            };
+            tasks.flatten().all(|task| {
+                std::fs::read_to_string(task.path().join("status")).is_ok_and(|status| {
+                    status
+                        .lines()
+                        .any(|l| l.starts_with("TracerPid:") && l.trim_end() != "TracerPid:\t0")
+                })
+            })
+        });
+        assert!(traced, "strace did not attach to redis-server {pid}");
     }
 
     pub fn url(&self) -> String {
@@ -609,6 +690,10 @@ impl PrivateRedis {
     /// SIGKILLs the server: its clients' connections break, nothing is flushed.
     pub fn kill(&mut self) {
         kill(&mut self.server);
+        // The tracer ends with the server it traced.
+        if let Some(mut tracer) = self.tracer.take() {
+            kill(&mut tracer);
+        }
     }
 
     /// Starts the killed server again on the same port and folder (and, when persistent,
@@ -640,8 +725,20 @@ impl PrivateRedis {
 impl Drop for PrivateRedis {
     fn drop(&mut self) {
         // A stopped server is killed all the same (SIGKILL needs no SIGCONT).
-        kill(&mut self.server);
+        self.kill();
     }
+}
+
+/// A setting of the fleet's Redis, as `deploy/redis/redis.conf` gives it.
+fn fleet_redis_setting(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/redis/redis.conf");
+    let conf = std::fs::read_to_string(&path).expect("deploy/redis/redis.conf");
+    conf.lines()
+        .find_map(|line| match line.trim().split_once(' ') {
+            Some((key, value)) if key == name => Some(value.trim().to_owned()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{} sets no {name}", path.display()))
 }
 
 /// Ports nothing listens on now (held together, so they differ).

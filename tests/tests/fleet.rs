@@ -901,6 +901,45 @@ fn redis_frozen_for_15_s_with_one_attempt_costs_no_item() {
     assert_output_and_failed_items_cover(&fleet, &output, 200);
 }
 
+/// The fleet's Redis (`deploy/redis/redis.conf`) killed with SIGKILL in the middle of a job,
+/// on a disk whose syncs are slow as a busy disk's are, and started again on its append-only
+/// file: every mini-batch whose recording it acknowledged stays counted, so the job completes
+/// with every line once. A worker acknowledges a mini-batch's message once its recording is
+/// acknowledged; a Redis that answered before its write reached the kernel (`appendfsync
+/// everysec` while a sync was slow) lost such recordings with its process, and their jobs
+/// never ended (docs/chaos.md).
+#[test]
+fn a_job_completes_when_its_redis_is_killed_on_a_slow_disk() {
+    let mut redis = PrivateRedis::on_slow_disk(Duration::from_millis(1500));
+    let markers = tempfile::tempdir().unwrap();
+    let runs = markers.path().join("runs");
+    let script = format!(
+        "import time\nRUNS = {:?}\ndef run(mini_batch):\n    with open(RUNS, 'a') as f:\n        f.write(mini_batch[0] + '\\n')\n    time.sleep(0.5)\n    return [open(p).read() for p in mini_batch]\n",
+        runs.display().to_string()
+    );
+    let mut fleet = Fleet::new(&script);
+    fleet.redis_url = redis.url();
+    fleet.inputs(24);
+    fleet.worker("w1", 1);
+    fleet.worker("w2", 1);
+    let job = fleet.s3_job("mini_batch_size = 1\nnode_count = 2");
+    let mut submit = fleet.spawn_submit(&job);
+    let ran = || std::fs::read_to_string(&runs).map_or(0, |s| s.lines().count());
+    // Killed halfway, seconds after the job was entered (which is on disk by then, whatever
+    // the settings), with recordings in flight and a sync under way, as one may be at any
+    // instant on a busy disk.
+    wait_for(
+        "half the mini-batches to run",
+        Duration::from_secs(120),
+        || ran() >= 12,
+    );
+    redis.kill();
+    redis.start_again();
+    assert_eq!(submit.exit_within(Duration::from_secs(180)).code(), Some(0));
+    let output = lines(&fleet.output("out/parallel_run_step.txt"));
+    assert_eq!(output, expected_lines(24, |_| false));
+}
+
 /// Checks that the output lines and the items of the job's `failed_items.csv` (none when
 /// nothing failed) are each there once, disjoint, and together the `n` inputs.
 fn assert_output_and_failed_items_cover(fleet: &Fleet, output: &[String], n: usize) {

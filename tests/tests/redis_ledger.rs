@@ -219,3 +219,69 @@ async fn prefixes_keep_ledgers_apart() {
         Err(LedgerError::JobExists(_))
     ));
 }
+
+/// A recording the server acknowledged is kept however the server dies: the fleet's Redis
+/// (`deploy/redis/redis.conf`), on a disk whose syncs are slow as a busy disk's are, killed
+/// with SIGKILL while recordings are in flight and started again on its append-only file,
+/// still holds every recording it acknowledged. A worker acknowledges a mini-batch's message
+/// once its recording is acknowledged, so a recording lost here is a mini-batch counted
+/// nowhere, and its job never ends (docs/chaos.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_recording_survives_the_server_killed() {
+    let mut redis = PrivateRedis::on_slow_disk(Duration::from_millis(1500));
+    let l = Arc::new(ledger(&redis.url()).await);
+    let j = "job-1";
+    l.create(j, Limits::NONE).await.unwrap();
+    const WRITERS: u64 = 8;
+    let acknowledged = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (l, acknowledged) = (l.clone(), acknowledged.clone());
+            tokio::spawn(async move {
+                for n in 0.. {
+                    let index = n * WRITERS + w;
+                    let part = format!("part-{index}");
+                    if l.record(j, index, OK, Some(&part)).await.is_err() {
+                        return;
+                    }
+                    acknowledged.lock().unwrap().push(index);
+                }
+            })
+        })
+        .collect();
+    // Recordings go on for two seconds, twice `everysec`'s interval, so that the server
+    // dies with a sync under way, as it may at any instant on a busy disk.
+    let writing = Instant::now();
+    let deadline = writing + Duration::from_secs(60);
+    while acknowledged.lock().unwrap().len() < WRITERS as usize
+        || writing.elapsed() < Duration::from_secs(2)
+    {
+        assert!(Instant::now() < deadline, "no recordings acknowledged");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Killed with recordings in flight: what it had acknowledged until now must stay.
+    tokio::task::block_in_place(|| redis.kill());
+    let acked = acknowledged.lock().unwrap().clone();
+    for writer in writers {
+        writer.abort();
+        let _ = writer.await;
+    }
+    tokio::task::block_in_place(|| redis.start_again());
+
+    let end = acked.iter().max().unwrap() + 1;
+    let parts = l.parts(j, 0..end).await.unwrap();
+    let lost: Vec<u64> = acked
+        .iter()
+        .copied()
+        .filter(|&i| parts[i as usize].is_none())
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} acknowledged recordings lost, among them {:?}",
+        lost.len(),
+        acked.len(),
+        &lost[..lost.len().min(10)]
+    );
+    let s = l.status(j).await.unwrap().expect("the job is kept");
+    assert!(s.done >= acked.len() as u64, "{s:?}");
+}

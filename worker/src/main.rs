@@ -91,6 +91,11 @@ async fn serve(cli: Cli) -> anyhow::Result<()> {
     node::sweep_stale_scratch(&temp_dir);
     let args = cli.fleet.resolve()?;
     let fleet = Fleet::connect(&args).await?;
+    if let Some(url) = args.redis_url.as_deref()
+        && let Some(gap) = fleetrun_common::ledger::redis::durability_gap(url).await
+    {
+        tracing::warn!(%gap, "The ledger's Redis can lose recordings it acknowledged: mini-batches recorded just before it dies would be counted nowhere.");
+    }
     let node_id = cli.node_id.unwrap_or_else(node::default_node_id);
     let gpus = fleetrun_worker::gpu::detect_gpus();
     // A cache folder of our own naming is this process's scratch: removed when it stops.

@@ -53,6 +53,16 @@
 //! the first attempt did. A retried `record` thus neither counts twice nor loses the
 //! `first`/`transitioned` it earned (unless another call moved the state in between), and a
 //! retried `create` does not report its own job as existing.
+//!
+//! # Durability
+//!
+//! A worker acknowledges a mini-batch's message once the ledger acknowledged its recording,
+//! so a recording the server acknowledged and then lost is a mini-batch counted nowhere: its
+//! message is gone and its job never completes. Redis keeps every write it acknowledged
+//! through the death of its process only with `appendonly yes` and `appendfsync always`
+//! (`deploy/redis/redis.conf`): under `everysec`, while a background sync is slow, Redis
+//! answers writes it has not yet handed to the kernel (for up to two seconds), and a kill
+//! loses them. [`durability_gap`] tells a worker when its Redis runs otherwise.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -913,6 +923,52 @@ impl Ledger for RedisLedger {
     }
 }
 
+/// What the Redis at `url` can lose of the writes it acknowledged, when its settings say it
+/// can (see the module's "Durability"): `None` when it keeps them all, or when it does not
+/// tell its settings (`CONFIG` refused, as managed services may).
+pub async fn durability_gap(url: &str) -> Option<String> {
+    let settings = async {
+        let client = redis::Client::open(url)?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let (_, appendonly): (String, String) = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("appendonly")
+            .query_async(&mut conn)
+            .await?;
+        let (_, appendfsync): (String, String) = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("appendfsync")
+            .query_async(&mut conn)
+            .await?;
+        Ok::<_, RedisError>((appendonly, appendfsync))
+    };
+    match tokio::time::timeout(CONNECTION_TIMEOUT, settings).await {
+        Ok(Ok((appendonly, appendfsync))) => gap(&appendonly, &appendfsync),
+        Ok(Err(e)) => {
+            debug!(error = %e, "Redis does not tell its persistence settings.");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// What a Redis with these `appendonly` and `appendfsync` settings loses of the writes it
+/// acknowledged when its process dies.
+fn gap(appendonly: &str, appendfsync: &str) -> Option<String> {
+    const SET: &str = "set appendonly yes and appendfsync always (deploy/redis/redis.conf)";
+    if !appendonly.eq_ignore_ascii_case("yes") {
+        return Some(format!(
+            "appendonly is {appendonly}: a restart forgets the ledger; {SET}"
+        ));
+    }
+    if !appendfsync.eq_ignore_ascii_case("always") {
+        return Some(format!(
+            "appendfsync is {appendfsync}: a kill can lose the last seconds of recordings it acknowledged, and their mini-batches with them; {SET}"
+        ));
+    }
+    None
+}
+
 /// Reads the reply of a seal or record script.
 fn recorded(
     step: &'static str,
@@ -1121,6 +1177,19 @@ mod tests {
             parse_status("j", &f),
             Err(LedgerError::Backend(_))
         ));
+    }
+
+    #[test]
+    fn only_an_append_only_file_synced_before_each_answer_keeps_every_recording() {
+        assert_eq!(gap("yes", "always"), None);
+        let everysec = gap("yes", "everysec").expect("everysec loses writes");
+        assert!(
+            everysec.starts_with("appendfsync is everysec"),
+            "{everysec}"
+        );
+        assert!(gap("yes", "no").is_some());
+        let off = gap("no", "always").expect("no file, no ledger after a restart");
+        assert!(off.starts_with("appendonly is no"), "{off}");
     }
 
     #[test]

@@ -152,6 +152,7 @@ fn chaos_trials() {
     for (n, seed) in seeds.iter().enumerate() {
         let at = Instant::now();
         eprintln!("[chaos] trial {}/{} seed {seed:#x}", n + 1, seeds.len());
+        servers.heal();
         let outcome =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| trial(&mut servers, *seed)));
         let took = at.elapsed().as_secs_f64();
@@ -192,13 +193,29 @@ fn parse_seed(text: &str) -> u64 {
 }
 
 impl Servers {
+    /// Restarts a broker that the trials before left broken (see
+    /// [`PrivateRabbitMq::lost_dead_letter_workers`]): a fault of RabbitMQ's own, which the
+    /// trials' teardown (deleting a pool's queues just after a restart) can set off, and
+    /// which would fail every trial after it.
+    fn heal(&mut self) {
+        if self.broker.lost_dead_letter_workers() {
+            eprintln!("[chaos] RabbitMQ lost its dead-letter workers' supervisor; restarting it");
+            self.broker.stop();
+            self.broker.start_again();
+        }
+    }
+
     /// Both servers answering again, whatever a failed trial left.
     fn recover(&mut self) {
         // SAFETY: kill(2) with SIGCONT on the server this run started.
         unsafe { libc::kill(self.redis.pid() as i32, libc::SIGCONT) };
-        if !self.broker.answers() {
-            self.broker.start_again();
+        // Restarted even when it answers: a RabbitMQ 3.10 node can lose the supervisor of
+        // its quorum queues' dead-letter workers (rabbitmq-server#16652) and then refuse
+        // every publish to a new queue until it restarts, which would fail every trial after.
+        if self.broker.answers() {
+            self.broker.stop();
         }
+        self.broker.start_again();
     }
 }
 
