@@ -10,9 +10,9 @@ set -euo pipefail
 PYTHON=${PYTHON:-python3}
 
 # The tests run scripts under each CPython the runner serves and check older ones are
-# refused: they use pyenv's 3.7 to 3.13 (`fleetrun_tests::pyenv_python`), which the dev and
+# refused: they use pyenv's 3.8 to 3.13 (`fleetrun_tests::pyenv_python`), which the dev and
 # CI machines have. Said here, before a test fails on one missing.
-for minor in 3.7 3.8 3.9 3.10 3.11 3.12 3.13; do
+for minor in 3.8 3.9 3.10 3.11 3.12 3.13; do
   if ! compgen -G "${PYENV_ROOT:-$HOME/.pyenv}/versions/$minor.*/bin/python$minor" >/dev/null; then
     echo "[install-deps] warning: no CPython $minor under ${PYENV_ROOT:-$HOME/.pyenv}/versions (pyenv install $minor): the tests that run it will fail" >&2
   fi

@@ -1042,27 +1042,27 @@ fn the_python_the_agent_resolved_is_the_one_started() {
     assert!(runner.shutdown().success());
 }
 
-/// CPython 3.8 and older are refused by name, with the versions that are served.
+/// CPython 3.8 (older than the stable ABI's floor) is refused by name, with the versions
+/// that are served. (pyenv's 3.8 is on every machine the suite runs on; older ones need not.)
 #[test]
 fn an_unserved_cpython_is_init_failed_naming_the_served_versions() {
     let job = Job::new();
     let script = job.write("score.py", ECHO);
-    for minor in ["3.7", "3.8"] {
-        let python = pyenv_python(minor);
-        let mut params = job.params(&script);
-        params.environment = Some(python.to_str().unwrap().to_owned());
-        let (runner, reply) = job.start(&params);
-        let error = init_failure(reply);
-        assert!(
-            error.message.contains(&format!("is Python {minor}."))
-                && error
-                    .message
-                    .contains("it runs CPython 3.9, 3.10, 3.11, 3.12, 3.13"),
-            "{minor}: {}",
-            error.message
-        );
-        assert_eq!(runner.wait().code(), Some(3));
-    }
+    let minor = "3.8";
+    let python = pyenv_python(minor);
+    let mut params = job.params(&script);
+    params.environment = Some(python.to_str().unwrap().to_owned());
+    let (runner, reply) = job.start(&params);
+    let error = init_failure(reply);
+    assert!(
+        error.message.contains(&format!("is Python {minor}."))
+            && error
+                .message
+                .contains("it runs CPython 3.9, 3.10, 3.11, 3.12, 3.13"),
+        "{minor}: {}",
+        error.message
+    );
+    assert_eq!(runner.wait().code(), Some(3));
 }
 
 #[test]
