@@ -20,11 +20,13 @@ pub const OLDEST: (u32, u32) = (3, 9);
 pub const NEWEST: (u32, u32) = (3, 15);
 
 /// Asks an interpreter where it lives, which version it is and where its shared library is.
+/// Run without `site` (`-S`): site's imports and `.pth` files can take longer than the rest
+/// of the start, and the virtualenv is found by site's own rule instead ([`venv_of`]).
 /// Written for Python 2 as well, so an old interpreter is refused by its version.
 const PROBE: &str = "import sys, sysconfig\n\
 v = sysconfig.get_config_var\n\
 impl = getattr(getattr(sys, 'implementation', None), 'name', 'cpython')\n\
-sys.stdout.write('\\n'.join([sys.executable, sys.prefix, getattr(sys, 'base_prefix', sys.prefix),\n\
+sys.stdout.write('\\n'.join([sys.executable, getattr(sys, 'base_prefix', sys.prefix),\n\
     '%d.%d.%d' % tuple(sys.version_info[:3]), impl, str(v('LIBDIR') or ''),\n\
     str(v('INSTSONAME') or ''), str(v('MULTIARCH') or ''), str(v('Py_GIL_DISABLED') or 0)]) + '\\n')\n";
 
@@ -152,7 +154,7 @@ impl Python {
             source,
         };
         let output = Command::new(path)
-            .args(["-c", PROBE])
+            .args(["-S", "-c", PROBE])
             .stdin(Stdio::null())
             .stderr(Stdio::piped())
             .output()
@@ -173,7 +175,6 @@ impl Python {
         let lines: Vec<&str> = text.lines().collect();
         let [
             executable,
-            prefix,
             base_prefix,
             version,
             implementation,
@@ -235,7 +236,7 @@ impl Python {
         } else {
             PathBuf::from(executable)
         };
-        let venv = (prefix != base_prefix).then(|| PathBuf::from(prefix));
+        let venv = venv_of(&executable);
         Ok(Python {
             executable,
             venv,
@@ -254,6 +255,17 @@ impl fmt::Display for Python {
         }
         write!(f, "), libpython {}", self.libpython.display())
     }
+}
+
+/// The virtualenv `executable` runs in, by `site`'s rule: a `pyvenv.cfg` beside it or one
+/// folder up makes the folder above the executable's the environment.
+fn venv_of(executable: &Path) -> Option<PathBuf> {
+    let bin = executable.parent()?;
+    let env = bin.parent()?;
+    [bin.join("pyvenv.cfg"), env.join("pyvenv.cfg")]
+        .iter()
+        .any(|cfg| cfg.is_file())
+        .then(|| env.to_path_buf())
 }
 
 /// Whether a `major.minor[...]` version is one the runner serves.
@@ -299,6 +311,19 @@ mod tests {
         assert_eq!(pyvenv_version(virtualenv), Some("3.10.12.final.0"));
         assert_eq!(pyvenv_version("home = /usr/bin\n"), None);
         assert_eq!(short_version("3.10.12.final.0"), "3.10.12");
+    }
+
+    #[test]
+    fn a_virtualenv_is_the_folder_above_its_python_when_a_pyvenv_cfg_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let python = dir.path().join("env/bin/python");
+        fs::create_dir_all(python.parent().unwrap()).unwrap();
+        assert_eq!(venv_of(&python), None);
+        fs::write(dir.path().join("env/pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        assert_eq!(venv_of(&python), Some(dir.path().join("env")));
+        fs::remove_file(dir.path().join("env/pyvenv.cfg")).unwrap();
+        fs::write(dir.path().join("env/bin/pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        assert_eq!(venv_of(&python), Some(dir.path().join("env")));
     }
 
     #[test]
