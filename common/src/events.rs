@@ -79,6 +79,12 @@ pub fn routing_key(state: JobState) -> String {
 pub trait Events: Send + Sync {
     /// Publishes `event`; returns once the broker holds it.
     async fn publish(&self, event: &JobEvent) -> Result<(), QueueError>;
+
+    /// The events published from now on, when they are published in this process (so one
+    /// who waits for a job here wakes as it changes); `None` when they leave it.
+    fn changes(&self) -> Option<broadcast::Receiver<JobEvent>> {
+        None
+    }
 }
 
 /// Events in one process: each subscriber gets every event published after it subscribed.
@@ -111,5 +117,9 @@ impl Events for MemoryEvents {
         // Nobody subscribed is no error: nobody is told.
         let _ = self.sender.send(event.clone());
         Ok(())
+    }
+
+    fn changes(&self) -> Option<broadcast::Receiver<JobEvent>> {
+        Some(self.subscribe())
     }
 }

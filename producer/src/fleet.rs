@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use fleetrun_common::events::JobEvent;
 use fleetrun_common::ledger::{JobState, LedgerError, Limits, Status};
 use fleetrun_common::queue::{Consumer, Depth, Queue, QueueError};
 use fleetrun_common::storage::{Storage, StorageError};
@@ -17,6 +18,7 @@ use fleetrun_config::{JobSpec, Location, MiniBatchSize};
 use fleetrun_worker::agent::JobContext;
 use fleetrun_worker::job::{self, Fleet, Job, JobError, JobRecord, StopRules};
 use fleetrun_worker::logs::JobLogs;
+use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use crate::local::new_job_id;
@@ -27,7 +29,8 @@ use crate::progress::{Figures, Progress};
 use crate::summary::JobSummary;
 use crate::tabular::{publish_tabular, settle_format};
 
-/// How often a waiting submitter or `status --watch` reads the ledger.
+/// How often a waiting submitter or `status --watch` reads the ledger (at once, too, when
+/// the job changes in this process).
 const POLL: Duration = Duration::from_millis(100);
 
 /// What went wrong submitting, following or canceling a job on a fleet.
@@ -655,6 +658,8 @@ pub async fn wait(
     let age = Duration::from_secs_f64((job::unix_now() - record.submitted_at).max(0.0));
     let mut rules = StopRules::new(&record.spec, age);
     let mut outage = false;
+    // Before the first read, so no change after it goes unseen.
+    let mut changes = fleet.events.changes();
     loop {
         let status = match fleet.ledger.status(job).await {
             Ok(Some(status)) => status,
@@ -697,7 +702,23 @@ pub async fn wait(
         tokio::select! {
             _ = interrupt.cancelled() => return Ok(status),
             _ = tokio::time::sleep(POLL) => {}
+            _ = changed(&mut changes) => {}
         }
+    }
+}
+
+/// Returns when the job may have changed (an event, or events missed), never without
+/// events to follow.
+async fn changed(changes: &mut Option<broadcast::Receiver<JobEvent>>) {
+    match changes {
+        Some(receiver) => match receiver.recv().await {
+            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+            Err(broadcast::error::RecvError::Closed) => {
+                *changes = None;
+                std::future::pending::<()>().await
+            }
+        },
+        None => std::future::pending().await,
     }
 }
 
@@ -760,5 +781,67 @@ pub async fn record(fleet: &Fleet, job: &str) -> Result<Option<JobRecord>, Fleet
     match fleet.registry.record(job).await? {
         Some(bytes) => Ok(Some(JobRecord::decode(&bytes)?)),
         None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleetrun_common::events::MemoryEvents;
+    use fleetrun_common::ledger::{MemoryLedger, MemoryRegistry};
+    use fleetrun_common::queue::MemoryQueue;
+    use fleetrun_common::storage::LocalStorage;
+    use fleetrun_common::storage::s3::S3Settings;
+
+    /// A job that ends in the waiter's own process (a local run) wakes it at once, not at
+    /// its next read of the ledger.
+    #[tokio::test(start_paused = true)]
+    async fn a_job_that_ends_in_the_process_wakes_its_waiter_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        std::fs::write(dir.path().join("data/a.txt"), "a").unwrap();
+        std::fs::write(dir.path().join("score.py"), "def run(b):\n    return b\n").unwrap();
+        let job_file = dir.path().join("job.toml");
+        std::fs::write(
+            &job_file,
+            "name = \"wake\"\nentry_script = \"score.py\"\noutput_action = \"summary_only\"\n[input]\nfiles = \"data\"\n\
+             [output]\npath = \"out\"\n",
+        )
+        .unwrap();
+        let spec = fleetrun_config::load(&job_file, &[]).unwrap();
+        let fleet = Fleet {
+            events: Arc::new(MemoryEvents::new()),
+            queue: Arc::new(MemoryQueue::new(Default::default())),
+            ledger: Arc::new(MemoryLedger::new()),
+            registry: Arc::new(MemoryRegistry::new()),
+            s3: S3Settings::default(),
+            pool: "local".to_owned(),
+        };
+        let registered = register(spec, &fleet, Some("wake-1")).await.unwrap();
+        let record = &registered.record;
+        let handle = Job::new(
+            "wake-1",
+            record.spec.clone(),
+            record.submitted_at,
+            &fleet,
+            Arc::new(LocalStorage::new(dir.path().join("out"))),
+            "test",
+        );
+        let started = tokio::time::Instant::now();
+        let ends_at = POLL / 4;
+        let interrupt = CancellationToken::new();
+        let (status, ()) = tokio::join!(
+            wait(&fleet, "wake-1", record, None, false, &interrupt),
+            async {
+                tokio::time::sleep(ends_at).await;
+                handle.cancel("canceled by the test").await.unwrap();
+            }
+        );
+        assert_eq!(status.unwrap().state, JobState::Canceled);
+        assert_eq!(
+            started.elapsed(),
+            ends_at,
+            "the waiter slept on after the job ended"
+        );
     }
 }
