@@ -654,7 +654,8 @@ pub async fn wait(
     progress: bool,
     interrupt: &CancellationToken,
 ) -> Result<Status, FleetError> {
-    let mut bar = progress.then(|| Progress::new(&record.spec.name));
+    let tabular = record.spec.input.tabular().is_some();
+    let mut bar = progress.then(|| Progress::new(&record.spec.name, tabular));
     let age = Duration::from_secs_f64((job::unix_now() - record.submitted_at).max(0.0));
     let mut rules = StopRules::new(&record.spec, age);
     let mut outage = false;
@@ -689,14 +690,12 @@ pub async fn wait(
             continue;
         }
         if let Some(b) = bar.as_mut() {
-            let listed = produced.map_or(0, |p| p.items.load(Ordering::Relaxed));
             let created = produced.map_or(status.created.max(status.total.unwrap_or(0)), |p| {
                 p.mini_batches.load(Ordering::Relaxed)
             });
             b.update(Figures {
                 status: &status,
                 created,
-                items_listed: listed,
             });
         }
         tokio::select! {
