@@ -155,8 +155,13 @@ _launcher: Optional[subprocess.Popen] = None
 
 def start_launcher() -> None:
     global _launcher
+    # fleetrun's default Python is `python3` on PATH: the interpreter the baselines run goes
+    # first, as in an activated environment, so both sides start the same Python the same
+    # way (not one of them through a version manager's shim; see docs/benchmarks.md).
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     _launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True)
+                                 stdout=subprocess.PIPE, text=True, env=env)
 
 
 def timed(argv: list[str], log_path: str) -> Run:
