@@ -220,6 +220,35 @@ impl Location {
             Location::S3 { .. } => None,
         }
     }
+
+    /// Whether the two are the same place or one holds the other (by whole path components:
+    /// `s3://b/out` holds `s3://b/out/a`, not `s3://b/outer`). Local paths are compared as
+    /// given (absolute, as a job's are).
+    pub fn overlaps(&self, other: &Location) -> bool {
+        match (self, other) {
+            (Location::Local(a), Location::Local(b)) => a.starts_with(b) || b.starts_with(a),
+            (
+                Location::S3 {
+                    bucket: a,
+                    prefix: pa,
+                },
+                Location::S3 {
+                    bucket: b,
+                    prefix: pb,
+                },
+            ) => {
+                let parts = |p: &str| -> Vec<String> {
+                    p.split('/')
+                        .filter(|c| !c.is_empty())
+                        .map(str::to_owned)
+                        .collect()
+                };
+                let (pa, pb) = (parts(pa), parts(pb));
+                a == b && (pa.starts_with(&pb) || pb.starts_with(&pa))
+            }
+            _ => false,
+        }
+    }
 }
 
 impl std::fmt::Display for Location {
@@ -346,5 +375,32 @@ impl LoggingLevel {
             LoggingLevel::Info => "INFO",
             LoggingLevel::Debug => "DEBUG",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s3(bucket: &str, prefix: &str) -> Location {
+        Location::S3 {
+            bucket: bucket.into(),
+            prefix: prefix.into(),
+        }
+    }
+
+    #[test]
+    fn places_overlap_when_one_holds_the_other_by_whole_components() {
+        assert!(s3("b", "out").overlaps(&s3("b", "out/")));
+        assert!(s3("b", "out").overlaps(&s3("b", "out/a")));
+        assert!(s3("b", "out/a/").overlaps(&s3("b", "out")));
+        assert!(s3("b", "").overlaps(&s3("b", "out")));
+        assert!(!s3("b", "out").overlaps(&s3("b", "outer")));
+        assert!(!s3("b", "out").overlaps(&s3("c", "out")));
+        let local = |p: &str| Location::Local(PathBuf::from(p));
+        assert!(local("/data/out").overlaps(&local("/data/out/x")));
+        assert!(local("/data/out/").overlaps(&local("/data/out")));
+        assert!(!local("/data/out").overlaps(&local("/data/outer")));
+        assert!(!local("/data/out").overlaps(&s3("data", "out")));
     }
 }

@@ -63,6 +63,11 @@ pub enum FleetError {
         "job {job}: the input listing changed since the job ran (a file added, removed or renamed), so its kept mini-batches would not be the ones cut now; restore the input, or pass --force to resume anyway"
     )]
     InputChanged { job: String },
+    /// Another job that has not ended writes where this one would.
+    #[error(
+        "output {output}: job {job} writes there (the same place, or one holding the other) and has not ended; give this job another output, or wait for {job} to end"
+    )]
+    OutputInUse { output: String, job: String },
     /// A job of another pool than the fleet's (`--pool`).
     #[error("job {job} is in pool {pool}; pass --pool {pool}")]
     OtherPool { job: String, pool: String },
@@ -82,6 +87,7 @@ impl FleetError {
             | FleetError::Refused(_)
             | FleetError::EmptyInput { .. }
             | FleetError::InputChanged { .. }
+            | FleetError::OutputInUse { .. }
             | FleetError::OtherPool { .. }
             | FleetError::Ledger(LedgerError::NotResumable { .. }) => true,
             FleetError::Storage(e) | FleetError::Job(JobError::Storage(e)) => {
@@ -211,6 +217,7 @@ pub async fn register(
     job_id: Option<&str>,
 ) -> Result<Registered, FleetError> {
     let job = job_id.map_or_else(|| new_job_id(&spec.name), str::to_owned);
+    check_output_free(fleet, &job, &spec).await?;
     let mut spec = job::ship_code(spec, &fleet.s3).await?;
     settle_tabular_format(&mut spec, &fleet.s3).await?;
     let spec = job::ship_side(spec, &fleet.s3).await?;
@@ -259,6 +266,37 @@ pub async fn register(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Refuses an output that another job of the fleet, of any pool, writes and that has not
+/// ended: the same place, or one holding the other ([`Location::overlaps`]), so two jobs
+/// never overwrite each other's output, parts or logs. The job itself (a submission
+/// attaching to it) does not count. Checked at submission: two submissions at the same
+/// instant are not told apart.
+async fn check_output_free(fleet: &Fleet, job: &str, spec: &JobSpec) -> Result<(), FleetError> {
+    for other in fleet.registry.jobs().await? {
+        if other == job {
+            continue;
+        }
+        let Some(record) = self::record(fleet, &other).await? else {
+            continue;
+        };
+        if !record.spec.output.overlaps(&spec.output) {
+            continue;
+        }
+        let live = fleet
+            .ledger
+            .status(&other)
+            .await?
+            .is_some_and(|s| !s.state.is_terminal());
+        if live {
+            return Err(FleetError::OutputInUse {
+                output: spec.output.to_string(),
+                job: other,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Partitions a registered job's input onto the pool's queue and seals the total, unless

@@ -2737,3 +2737,55 @@ fn a_worker_logging_json_that_cannot_start_says_why_in_json() {
         "{stderr}"
     );
 }
+
+/// A job is refused an output another job that has not ended writes (the same prefix, or
+/// one holding the other), naming that job; once that job ended, or with an output of its
+/// own, it is taken.
+#[test]
+fn a_job_is_refused_an_output_another_live_job_writes() {
+    let fleet = Fleet::new("def run(mb):\n    return mb\n");
+    fleet.inputs(5);
+    let bucket = fleet.bucket.clone();
+    let input = format!("s3://{bucket}/in");
+    let suffix = random_suffix();
+    let fleetrun = |args: &[&str]| {
+        let mut cmd = command("fleetrun");
+        fleet.env(&mut cmd);
+        let out = output_within(cmd.args(args), Duration::from_secs(60));
+        (
+            code(&out),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // No worker serves the pool: the first job runs until it is canceled.
+    let first = format!("first-{suffix}");
+    let job = fleet.job("", &input, &format!("s3://{bucket}/out"));
+    let submit = ["submit", job.to_str().unwrap(), "--quiet", "--job-id"];
+    assert_eq!(fleetrun(&[&submit[..], &[&first]].concat()).0, 0);
+    // Submitting the same job again attaches to it.
+    assert_eq!(fleetrun(&[&submit[..], &[&first]].concat()).0, 0);
+
+    for output in ["out", "out/", "out/inner"] {
+        let job = fleet.job("", &input, &format!("s3://{bucket}/{output}"));
+        let (code_of, err) = fleetrun(&["submit", job.to_str().unwrap(), "--quiet"]);
+        assert_eq!(code_of, 2, "output {output}: {err}");
+        assert!(
+            err.contains(&format!("job {first} writes there")),
+            "output {output}: {err}"
+        );
+    }
+    let beside = format!("beside-{suffix}");
+    let job = fleet.job("", &input, &format!("s3://{bucket}/outer"));
+    let submit = ["submit", job.to_str().unwrap(), "--quiet", "--job-id"];
+    assert_eq!(fleetrun(&[&submit[..], &[&beside]].concat()).0, 0);
+
+    assert_eq!(fleetrun(&["cancel", &first]).0, 0);
+    let inner = format!("inner-{suffix}");
+    let job = fleet.job("", &input, &format!("s3://{bucket}/out/inner"));
+    let submit = ["submit", job.to_str().unwrap(), "--quiet", "--job-id"];
+    let (code_of, err) = fleetrun(&[&submit[..], &[&inner]].concat());
+    assert_eq!(code_of, 0, "{err}");
+    for job in [beside, inner] {
+        assert_eq!(fleetrun(&["cancel", &job]).0, 0);
+    }
+}
