@@ -260,7 +260,7 @@ pub fn wait_for(what: &str, limit: Duration, done: impl FnMut() -> bool) {
 }
 
 /// Whether `done` came to hold within `limit`, asked every 20 ms.
-fn poll(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+pub fn poll(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
     loop {
         if done() {

@@ -754,3 +754,87 @@ fn a_resume_is_refused_when_the_input_changed_unless_forced() {
         "a completed run leaves nothing to resume"
     );
 }
+
+/// A memory cgroup of the test's own with a limit (v2 where the host delegates the memory
+/// controller, else v1), removed when dropped.
+struct MemoryCgroup {
+    dir: std::path::PathBuf,
+}
+
+impl MemoryCgroup {
+    fn new(limit: u64) -> MemoryCgroup {
+        let name = format!("fleetrun-test-{}", std::process::id());
+        let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.subtree_control")
+            .is_ok_and(|controllers| controllers.split_whitespace().any(|c| c == "memory"));
+        let (dir, limit_file) = if v2 {
+            (format!("/sys/fs/cgroup/{name}"), "memory.max")
+        } else {
+            (
+                format!("/sys/fs/cgroup/memory/{name}"),
+                "memory.limit_in_bytes",
+            )
+        };
+        let dir = std::path::PathBuf::from(dir);
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot make the cgroup {}: {e}", dir.display()));
+        std::fs::write(dir.join(limit_file), limit.to_string()).unwrap();
+        MemoryCgroup { dir }
+    }
+
+    /// `cmd`, started inside the cgroup.
+    fn wrap(&self, cmd: &std::process::Command) -> std::process::Command {
+        let mut inside = std::process::Command::new("sh");
+        inside
+            .arg("-c")
+            .arg("echo $$ > \"$0\" && exec \"$@\"")
+            .arg(self.dir.join("cgroup.procs"))
+            .arg(cmd.get_program())
+            .args(cmd.get_args());
+        if let Some(dir) = cmd.get_current_dir() {
+            inside.current_dir(dir);
+        }
+        for (key, value) in cmd.get_envs() {
+            match value {
+                Some(value) => inside.env(key, value),
+                None => inside.env_remove(key),
+            };
+        }
+        inside
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        // Empty once every process in it has ended.
+        let _ = fleetrun_tests::poll(Duration::from_secs(10), || {
+            std::fs::remove_dir(&self.dir).is_ok()
+        });
+    }
+}
+
+/// A runner killed by the kernel's OOM killer is named as such: the item it ran fails with
+/// that cause and the cgroup's limit, its attempt's result is `out_of_memory`, and the others
+/// complete.
+#[test]
+fn a_runner_killed_for_memory_is_named_so() {
+    let job = JobDir::new(
+        "import os\n\ndef run(mini_batch):\n    if any('f0001' in p for p in mini_batch):\n        hog = ' ' * (1 << 31)\n    return [os.path.basename(p) for p in mini_batch]\n",
+        "mini_batch_size = 1\nrun_max_try = 1\nerror_threshold = -1\nprocess_count_per_node = 1",
+    );
+    job.inputs(4);
+    let cgroup = MemoryCgroup::new(256 << 20);
+    let out = output_within(&mut cgroup.wrap(&job.command(&[])), RUN_LIMIT);
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(code(&out), 0);
+    assert_eq!(job.output_lines(), ["f0000.txt", "f0002.txt", "f0003.txt"]);
+    let failed = job.log("failed_items.csv");
+    assert!(
+        failed.contains("f0001.txt")
+            && failed
+                .contains("killed by the kernel's out-of-memory killer (memory limit 256 MiB)"),
+        "{failed}"
+    );
+    let report = job.log("sys/job_report/processed_mini-batches.csv");
+    assert!(report.contains("out_of_memory"), "{report}");
+    assert!(!report.contains(",died,"), "{report}");
+}

@@ -36,6 +36,7 @@ pub mod logs;
 pub mod metrics;
 pub mod monitor;
 pub mod node;
+pub mod oom;
 pub mod output;
 pub mod parts;
 pub mod process;

@@ -23,11 +23,12 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 /// How a `run()` attempt of a mini-batch ended, as its row of the job's report says
 /// (`processed_mini-batches.csv`), and `failed_whole` for a mini-batch recorded failed once
 /// its attempts were spent or lost.
-pub const MINI_BATCH_RESULTS: [&str; 8] = [
+pub const MINI_BATCH_RESULTS: [&str; 9] = [
     "succeeded",
     "partial",
     "raised",
     "died",
+    "out_of_memory",
     "timeout",
     "staging_failed",
     "failed_whole",

@@ -545,11 +545,20 @@ pub(super) fn runner_lost(
     match lost {
         RunOutcome::Died(status) => {
             let code = returncode(status);
-            (
-                "died",
-                format!("{process} exits with returncode {code}."),
-                format!("the process died (returncode {code}) while running the mini-batch"),
-            )
+            match crate::oom::killed_for_memory(status) {
+                Some(oom) => (
+                    "out_of_memory",
+                    format!("{process} {oom} (returncode {code})."),
+                    format!(
+                        "the process was {oom} (returncode {code}) while running the mini-batch"
+                    ),
+                ),
+                None => (
+                    "died",
+                    format!("{process} exits with returncode {code}."),
+                    format!("the process died (returncode {code}) while running the mini-batch"),
+                ),
+            }
         }
         _ => {
             let cause = format!(

@@ -265,6 +265,8 @@ pub struct Agent {
 /// Runs the agent until `drain` is cancelled (finish the mini-batch in hand, take no more)
 /// or `abort` is (kill the runners now; unsettled deliveries go back to the queue).
 pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToken) {
+    // Before any runner starts: a runner killed for memory is told by the count growing.
+    crate::oom::watch();
     let gpus = GpuPool::new(agent.config.gpus);
     let shared = Arc::new(Shared {
         agent,

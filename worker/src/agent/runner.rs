@@ -231,12 +231,16 @@ impl Slot {
                 }
                 failure
             }
-            Ok((_, InitOutcome::Died(status))) => {
-                format!(
+            Ok((_, InitOutcome::Died(status))) => match crate::oom::killed_for_memory(&status) {
+                Some(oom) => format!(
+                    "the process was {oom} (returncode {}) during init",
+                    returncode(&status)
+                ),
+                None => format!(
                     "the process exited with returncode {} during init",
                     returncode(&status)
-                )
-            }
+                ),
+            },
             Ok((None, InitOutcome::Ready(_))) => unreachable!("a ready runner is returned"),
             Err(e) => e.to_string(),
         };
