@@ -364,14 +364,16 @@ async fn publish_to(
     // ledger how far publication has come.
     let stop = CancellationToken::new();
     let watcher = {
-        let (ledger, job, stop, produced) = (
+        let (ledger, registry, job, stop, produced) = (
             fleet.ledger.clone(),
+            fleet.registry.clone(),
             job.clone(),
             stop.clone(),
             produced.clone(),
         );
         tokio::spawn(async move {
             let mut beat = tokio::time::interval(CREATED_EVERY);
+            let mut noted = None;
             loop {
                 beat.tick().await;
                 // The claim first: a slow note below must not let the lease run out.
@@ -386,6 +388,19 @@ async fn publish_to(
                 let created = produced.mini_batches.load(Ordering::Relaxed);
                 if let Err(e) = ledger.created(&job, created).await {
                     tracing::warn!(job = %job, error = %e, "Cannot note the mini-batches created.");
+                }
+                // How far the input is cut, as `<mini-batches>:<digest>`, for a resume of
+                // a job stopped before it is all published (the whole cut replaces it).
+                if let Some(cut) = produced.last_cut()
+                    && noted != Some(cut.batches)
+                {
+                    let partial = format!("{}:{}", cut.batches, cut.listing);
+                    match registry.note_listing(&job, &partial).await {
+                        Ok(()) => noted = Some(cut.batches),
+                        Err(e) => {
+                            tracing::warn!(job = %job, error = %e, "Cannot note how far the input is cut.");
+                        }
+                    }
                 }
                 if let Ok(Some(s)) = ledger.status(&job).await
                     && !s.state.accepts_work()
@@ -415,7 +430,15 @@ async fn publish_to(
             return Err(e.into());
         }
     };
-    if !stop.is_cancelled() {
+    if stop.is_cancelled() {
+        // Stopped (the job ended, or another submitter took over): how far the input was
+        // cut, covering every mini-batch this one published, for a later resume.
+        let cut = produced.cut_now();
+        if cut.batches > 0 {
+            let partial = format!("{}:{}", cut.batches, cut.listing);
+            fleet.registry.note_listing(job, &partial).await?;
+        }
+    } else {
         let listing = produced.finished(total);
         fleet.registry.note_listing(job, &listing).await?;
         let handle = registered.job(fleet).await?;
@@ -498,10 +521,35 @@ pub async fn resume(fleet: &Fleet, job: &str, force: bool) -> Result<Submitted, 
     }
     if !force && let Some(noted) = fleet.registry.listing(job).await? {
         let input = job::open_input(&record.spec, &fleet.s3).await?;
-        let now = Produced::default();
+        // Stopped while its input was being published: `<mini-batches>:<digest>` of what
+        // was cut by then (at least all it published), else the whole input's digest.
+        let partial = noted
+            .split_once(':')
+            .and_then(|(batches, listing)| Some((batches.parse::<u64>().ok()?, listing)));
+        let cuts = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let note = {
+            let cuts = cuts.clone();
+            move |c| cuts.lock().unwrap_or_else(|p| p.into_inner()).push(c)
+        };
+        let now = match partial {
+            Some((batches, _)) => Produced::noting_cuts_at(batches, note),
+            None => Produced::noting_cuts(note),
+        };
         let never = CancellationToken::new();
         let total = cut(&record.spec, &*input, job, &Discard, &now, &never).await?;
-        if now.finished(total) != noted {
+        let whole = now.finished(total);
+        let same = match partial {
+            Some((batches, listing)) => {
+                status.created <= batches
+                    && cuts
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .iter()
+                        .any(|c| c.batches == batches && c.listing == listing)
+            }
+            None => whole == noted,
+        };
+        if !same {
             return Err(FleetError::InputChanged {
                 job: job.to_owned(),
             });
@@ -826,9 +874,100 @@ mod tests {
     use super::*;
     use fleetrun_common::events::MemoryEvents;
     use fleetrun_common::ledger::{MemoryLedger, MemoryRegistry};
-    use fleetrun_common::queue::MemoryQueue;
-    use fleetrun_common::storage::LocalStorage;
+    use fleetrun_common::queue::{Disposition, MemoryQueue};
     use fleetrun_common::storage::s3::S3Settings;
+
+    /// A memory fleet over `files` inputs `data/fNNN.txt` in mini-batches of one, its queue
+    /// holding at most `capacity` messages.
+    fn memory_fleet(dir: &std::path::Path, files: usize, capacity: usize) -> (Fleet, JobSpec) {
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        for i in 0..files {
+            std::fs::write(dir.join(format!("data/f{i:03}.txt")), "x").unwrap();
+        }
+        std::fs::write(dir.join("score.py"), "def run(b):\n    return b\n").unwrap();
+        let job_file = dir.join("job.toml");
+        std::fs::write(
+            &job_file,
+            "name = \"cut\"\nentry_script = \"score.py\"\noutput_action = \"summary_only\"\n\
+             mini_batch_size = 1\n[input]\nfiles = \"data\"\n[output]\npath = \"out\"\n",
+        )
+        .unwrap();
+        let spec = fleetrun_config::load(&job_file, &[]).unwrap();
+        let fleet = Fleet {
+            events: Arc::new(MemoryEvents::new()),
+            queue: Arc::new(MemoryQueue::bounded(Default::default(), capacity)),
+            ledger: Arc::new(MemoryLedger::new()),
+            registry: Arc::new(MemoryRegistry::new()),
+            s3: S3Settings::default(),
+            pool: "local".to_owned(),
+        };
+        (fleet, spec)
+    }
+
+    /// A job canceled while its input was still being published resumes only if the
+    /// mini-batches published by then are cut the same now: the submitter notes how far it
+    /// has cut as it goes.
+    #[tokio::test(start_paused = true)]
+    async fn a_job_stopped_while_published_refuses_a_resume_over_a_changed_input() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fleet, spec) = memory_fleet(dir.path(), 100, 40);
+        let registered = register(spec, &fleet, Some("cut-1")).await.unwrap();
+        let produced = Arc::new(Produced::default());
+        let publisher = {
+            let (fleet, registered, produced) =
+                (fleet.clone(), registered.clone(), produced.clone());
+            tokio::spawn(async move { publish(&fleet, &registered, &produced).await })
+        };
+        // The queue takes 40: the submitter waits there, noting how far it has cut.
+        for _ in 0..100 {
+            if fleet.registry.listing("cut-1").await.unwrap().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let noted = fleet.registry.listing("cut-1").await.unwrap();
+        assert!(noted.is_some_and(|n| n.contains(':')));
+        let handle = registered.job(&fleet).await.unwrap();
+        handle.cancel("canceled by the test").await.unwrap();
+        // The submitter sees it at its next beat (time is paused: this waits for nothing).
+        tokio::time::sleep(CREATED_EVERY * 2).await;
+        // Take what is queued until the submitter stops.
+        let mut consumer = fleet.queue.consume(200).await.unwrap();
+        taking(&mut *consumer, publisher).await.unwrap();
+        assert_eq!(
+            fleet.ledger.status("cut-1").await.unwrap().unwrap().total,
+            None
+        );
+
+        // A file in front of all others moves every item to another mini-batch.
+        std::fs::write(dir.path().join("data/a-first.txt"), "x").unwrap();
+        let refused = resume(&fleet, "cut-1", false).await;
+        assert!(
+            matches!(refused, Err(FleetError::InputChanged { .. })),
+            "{:?}",
+            refused.map(|s| s.job)
+        );
+        // A file after the published ones changes nothing they hold.
+        std::fs::remove_file(dir.path().join("data/a-first.txt")).unwrap();
+        std::fs::write(dir.path().join("data/z-last.txt"), "x").unwrap();
+        let resumed = tokio::spawn({
+            let fleet = fleet.clone();
+            async move { resume(&fleet, "cut-1", false).await.map(|s| s.job) }
+        });
+        assert_eq!(taking(&mut *consumer, resumed).await.unwrap(), "cut-1");
+    }
+
+    /// `task`'s result, the messages it publishes meanwhile taken off the queue.
+    async fn taking<T>(consumer: &mut dyn Consumer, mut task: tokio::task::JoinHandle<T>) -> T {
+        loop {
+            tokio::select! {
+                done = &mut task => return done.unwrap(),
+                delivery = consumer.next() => {
+                    delivery.unwrap().settle(Disposition::Ack).await.unwrap();
+                }
+            }
+        }
+    }
 
     /// A job that ends in the waiter's own process (a local run) wakes it at once, not at
     /// its next read of the ledger.
@@ -856,14 +995,7 @@ mod tests {
         };
         let registered = register(spec, &fleet, Some("wake-1")).await.unwrap();
         let record = &registered.record;
-        let handle = Job::new(
-            "wake-1",
-            record.spec.clone(),
-            record.submitted_at,
-            &fleet,
-            Arc::new(LocalStorage::new(dir.path().join("out"))),
-            "test",
-        );
+        let handle = registered.job(&fleet).await.unwrap();
         let started = tokio::time::Instant::now();
         let ends_at = POLL / 4;
         let interrupt = CancellationToken::new();

@@ -52,8 +52,14 @@ pub struct Produced {
     /// partition values and chunks): the input's listing as the job cut it, to tell whether
     /// a job resumed later would be cut the same.
     listing: Mutex<Sha256>,
-    /// Told the listing's digest every [`CUT_EVERY`] mini-batches and at the end.
+    /// Mini-batches made so far.
+    made: AtomicU64,
+    /// The last cut at a multiple of [`CUT_EVERY`] mini-batches.
+    last_cut: Mutex<Option<Cut>>,
+    /// Told the listing's digest every [`CUT_EVERY`] mini-batches, at `cut_at` mini-batches
+    /// and at the end.
     cut_note: Option<CutNote>,
+    cut_at: Option<u64>,
 }
 
 impl Produced {
@@ -63,6 +69,15 @@ impl Produced {
         Produced {
             cut_note: Some(Box::new(note)),
             ..Produced::default()
+        }
+    }
+
+    /// [`Produced::noting_cuts`], noting the cut at `batches` mini-batches too (to compare
+    /// with a cut noted there by [`Produced::cut_now`]).
+    pub fn noting_cuts_at(batches: u64, note: impl Fn(Cut) + Send + Sync + 'static) -> Produced {
+        Produced {
+            cut_at: Some(batches),
+            ..Produced::noting_cuts(note)
         }
     }
 
@@ -95,15 +110,40 @@ impl Produced {
             }
         }
         let made = batch.index + 1;
-        if let Some(note) = &self.cut_note
-            && made.is_multiple_of(CUT_EVERY)
-        {
-            note(Cut {
+        self.made.store(made, Ordering::Relaxed);
+        let every = made.is_multiple_of(CUT_EVERY);
+        if every || self.cut_at == Some(made) {
+            let cut = Cut {
                 batches: made,
                 listing: hex(&listing),
                 whole: false,
-            });
+            };
+            if let Some(note) = &self.cut_note {
+                note(cut.clone());
+            }
+            if every {
+                *self.last_cut.lock().unwrap_or_else(|p| p.into_inner()) = Some(cut);
+            }
         }
+    }
+
+    /// The cut of every mini-batch made so far (at least all those published).
+    pub(crate) fn cut_now(&self) -> Cut {
+        let listing = self.listing.lock().unwrap_or_else(|p| p.into_inner());
+        Cut {
+            batches: self.made.load(Ordering::Relaxed),
+            listing: hex(&listing),
+            whole: false,
+        }
+    }
+
+    /// The last cut at a multiple of [`CUT_EVERY`] mini-batches made, if any: how far the
+    /// input is cut, for one who notes it while the input is still being cut.
+    pub(crate) fn last_cut(&self) -> Option<Cut> {
+        self.last_cut
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The digest of the whole input's cut into `total` mini-batches, noted as such.

@@ -36,9 +36,11 @@ pub trait JobRegistry: Send + Sync {
     /// its runner init failures start again from 0. `pool` is the job's own (its record's).
     /// False for a job it does not know.
     async fn reopen(&self, job: &str, pool: &str) -> Result<bool, LedgerError>;
-    /// Keeps the digest of the job's input as its publication cut it into mini-batches
-    /// (noted once every mini-batch is published): a resume that cuts it otherwise is
-    /// refused. It lives as long as the job's record.
+    /// Keeps the digest of the job's input as its publication cut it into mini-batches:
+    /// the whole input's once every mini-batch is published, before that
+    /// `<mini-batches>:<digest>` of the first ones (now and then, and when publication
+    /// stops): a resume that cuts it otherwise is refused. The last note replaces the one
+    /// before; it lives as long as the job's record.
     async fn note_listing(&self, job: &str, listing: &str) -> Result<(), LedgerError>;
     /// The digest [`JobRegistry::note_listing`] kept, if any.
     async fn listing(&self, job: &str) -> Result<Option<String>, LedgerError>;
