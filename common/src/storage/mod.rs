@@ -52,6 +52,12 @@ pub trait Storage: Send + Sync {
         self.list(prefix).map(|o| o.map(|o| o.key)).boxed()
     }
     async fn get(&self, key: &str) -> Result<Bytes, StorageError>;
+    /// The object's bytes in pieces, in order, so that a caller copying it holds one piece
+    /// at a time whatever its size. The default holds the whole object, as [`Storage::get`].
+    async fn get_pieces(&self, key: &str) -> Result<Pieces, StorageError> {
+        let body = self.get(key).await?;
+        Ok(Box::pin(futures::stream::once(async { Ok(body) })))
+    }
     /// Reads bytes `start..end` (end exclusive, clamped to the object's size).
     async fn get_range(&self, key: &str, start: u64, end: u64) -> Result<Bytes, StorageError>;
     /// Writes an object whole, replacing any previous one atomically.
@@ -64,6 +70,9 @@ pub trait Storage: Send + Sync {
     /// need no staging.
     fn local_path(&self, key: &str) -> Option<PathBuf>;
 }
+
+/// An object's bytes as [`Storage::get_pieces`] hands them out.
+pub type Pieces = BoxStream<'static, Result<Bytes, StorageError>>;
 
 /// A large object being written in order (a multipart upload on S3).
 #[async_trait]

@@ -415,6 +415,38 @@ impl Storage for S3Storage {
         collect(out.body, key).await
     }
 
+    async fn get_pieces(&self, key: &str) -> Result<super::Pieces, StorageError> {
+        let object_key = self.object_key(key)?;
+        let out = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(&object_key)
+            .send()
+            .await
+            .map_err(|e| self.error(key, &e))?;
+        let key = key.to_owned();
+        // The SDK reads the body as it is asked for it: one piece (its HTTP frame) at a time.
+        Ok(stream::unfold(Some(out.body), move |body| {
+            let key = key.clone();
+            async move {
+                let mut body = body?;
+                match body.try_next().await {
+                    Ok(Some(piece)) => Some((Ok(piece), Some(body))),
+                    Ok(None) => None,
+                    Err(e) => Some((
+                        Err(StorageError::Backend(format!(
+                            "{key}: reading the object: {}",
+                            crate::report::one_line(&e)
+                        ))),
+                        None,
+                    )),
+                }
+            }
+        })
+        .boxed())
+    }
+
     async fn get_range(&self, key: &str, start: u64, end: u64) -> Result<Bytes, StorageError> {
         let object_key = self.object_key(key)?;
         if end <= start {

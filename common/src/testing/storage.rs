@@ -15,6 +15,7 @@ macro_rules! storage_conformance {
     ($make:expr) => {
         $crate::storage_conformance!(@cases $make;
             put_then_get, missing_is_not_found, ranged_get_reads_only_its_bytes,
+            pieces_make_the_whole_object,
             list_is_recursive_in_key_order, list_by_prefix, list_streams_many,
             put_replaces, writer_appears_only_on_finish, delete_prefix_removes_only_it,
             escaping_keys_are_refused);
@@ -64,6 +65,29 @@ where
     ));
     assert!(keys(&*s, "").await.is_empty());
     assert!(keys(&*s, "no/such/folder/").await.is_empty());
+}
+
+pub async fn pieces_make_the_whole_object<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Storage>>,
+{
+    let s = make().await;
+    // Larger than one piece of any implementation's transfer.
+    let body: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    s.put("big.bin", Bytes::from(body.clone())).await.unwrap();
+    let pieces: Vec<Bytes> = s
+        .get_pieces("big.bin")
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(pieces.concat(), body);
+    assert!(matches!(
+        s.get_pieces("nope").await.map(|_| ()),
+        Err(StorageError::NotFound(_))
+    ));
 }
 
 pub async fn ranged_get_reads_only_its_bytes<F, Fut>(make: F)

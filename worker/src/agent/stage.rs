@@ -164,26 +164,47 @@ async fn stage_one(
     folder: &Path,
     staging: &Path,
 ) -> Result<PathBuf, StageError> {
+    use futures::StreamExt;
+    use tokio::io::AsyncWriteExt;
+
     fleetrun_common::storage::check_key(key)?;
-    let body = input.get(key).await?;
+    // Streamed to the file a piece at a time: a worker's memory does not grow with an
+    // item's size.
+    let mut pieces = input.get_pieces(key).await?;
     let path = folder.join(key);
-    let written = async {
-        if let Some(parent) = path.parent() {
-            tokio::fs::create_dir_all(parent).await?;
-        }
-        tokio::fs::write(&path, &body).await
-    };
-    match written.await {
-        Ok(()) => Ok(path),
-        Err(e) => match FolderError::of_write(staging, e) {
-            Ok(full) => Err(full.into()),
-            // Not a file there: `a` and `a/b` are both objects, say.
-            Err(source) => Err(StorageError::Io {
-                key: key.to_owned(),
-                source,
+    let mut file = {
+        let opened = async {
+            if let Some(parent) = path.parent() {
+                tokio::fs::create_dir_all(parent).await?;
             }
-            .into()),
-        },
+            tokio::fs::File::create(&path).await
+        };
+        match opened.await {
+            Ok(file) => file,
+            Err(e) => return Err(write_failed(staging, key, e)),
+        }
+    };
+    while let Some(piece) = pieces.next().await {
+        if let Err(e) = file.write_all(&piece?).await {
+            return Err(write_failed(staging, key, e));
+        }
+    }
+    match file.flush().await {
+        Ok(()) => Ok(path),
+        Err(e) => Err(write_failed(staging, key, e)),
+    }
+}
+
+/// A write into the staging folder that failed: the folder out of room, or no file there.
+fn write_failed(staging: &Path, key: &str, e: std::io::Error) -> StageError {
+    match FolderError::of_write(staging, e) {
+        Ok(full) => full.into(),
+        // Not a file there: `a` and `a/b` are both objects, say.
+        Err(source) => StorageError::Io {
+            key: key.to_owned(),
+            source,
+        }
+        .into(),
     }
 }
 
