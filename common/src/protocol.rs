@@ -21,7 +21,7 @@ pub const MAX_FRAME: usize = 1 << 30;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Request {
     /// First frame: load the script and call `init()`.
-    Init(InitParams),
+    Init(Box<InitParams>),
     /// Call `run()` on these local paths. A Unix path is bytes, not always UTF-8: each travels
     /// as a MessagePack binary, and the runner hands it to the script as `os.fsdecode` does.
     Run {
@@ -61,6 +61,9 @@ pub struct StagedTable {
     /// Parquet: the row groups to read.
     #[serde(default)]
     pub row_groups: Vec<u32>,
+    /// Columns added to every row, name → value ([`crate::wire::Chunk::columns`]).
+    #[serde(default)]
+    pub columns: Vec<(String, String)>,
 }
 
 /// How a runner reads a tabular input's chunks.
@@ -70,6 +73,13 @@ pub struct TabularInit {
     pub separator: u8,
     /// The job reads Parquet: `pyarrow` must be importable.
     pub parquet: bool,
+    /// The Python codec of CSV and JSON Lines files, when not UTF-8 (an MLTable's
+    /// `encoding`).
+    #[serde(default)]
+    pub encoding: Option<String>,
+    /// CSV: an empty field is `""`, not missing (an MLTable's `empty_as_string`).
+    #[serde(default)]
+    pub empty_as_string: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

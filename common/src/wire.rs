@@ -13,6 +13,11 @@ pub const WIRE_VERSION: u32 = 1;
 /// deploy file jobs keep running on every worker, tabular jobs on the new ones.
 pub const WIRE_VERSION_TABULAR: u32 = 2;
 
+/// The version of a tabular message whose chunks carry [`Chunk::columns`] (an MLTable's
+/// columns from the path). A worker built before them refuses it rather than hand `run()`
+/// rows without those columns.
+pub const WIRE_VERSION_COLUMNS: u32 = 3;
+
 /// One mini-batch of one job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MiniBatch {
@@ -68,6 +73,11 @@ pub struct Chunk {
     /// The first record's number in the file (0-based, header not counted), when counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_row: Option<u64>,
+    /// Columns every record of the file gets, name → value, in order: an MLTable's columns
+    /// taken from the file's path (`extract_columns_from_partition_format`,
+    /// `include_path_column`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub columns: Vec<(String, String)>,
 }
 
 /// The formats of [`Chunk`]s.
@@ -106,7 +116,7 @@ pub enum WireError {
     #[error("message does not decode: {0}")]
     Decode(#[from] rmp_serde::decode::Error),
     #[error(
-        "message has wire version {0}; this build reads versions {WIRE_VERSION} and {WIRE_VERSION_TABULAR}"
+        "message has wire version {0}; this build reads versions {WIRE_VERSION} to {WIRE_VERSION_COLUMNS}"
     )]
     Version(u32),
 }
@@ -126,8 +136,13 @@ impl MiniBatch {
 
     /// A tabular input's mini-batch of `chunks`.
     pub fn tabular(job: impl Into<String>, index: u64, chunks: Vec<Chunk>) -> Self {
+        let columns = chunks.iter().any(|chunk| !chunk.columns.is_empty());
         MiniBatch {
-            v: WIRE_VERSION_TABULAR,
+            v: if columns {
+                WIRE_VERSION_COLUMNS
+            } else {
+                WIRE_VERSION_TABULAR
+            },
             chunks,
             ..MiniBatch::new(job, index, Vec::new())
         }
@@ -139,7 +154,7 @@ impl MiniBatch {
 
     pub fn decode(body: &[u8]) -> Result<Self, WireError> {
         let m: MiniBatch = rmp_serde::from_slice(body)?;
-        if m.v != WIRE_VERSION && m.v != WIRE_VERSION_TABULAR {
+        if ![WIRE_VERSION, WIRE_VERSION_TABULAR, WIRE_VERSION_COLUMNS].contains(&m.v) {
             return Err(WireError::Version(m.v));
         }
         Ok(m)
@@ -218,9 +233,18 @@ mod tests {
             row_groups: vec![],
             rows: Some(5),
             first_row: Some(0),
+            columns: Vec::new(),
         };
-        let m = MiniBatch::tabular("j", 1, vec![chunk]);
+        let m = MiniBatch::tabular("j", 1, vec![chunk.clone()]);
         assert_eq!(m.v, WIRE_VERSION_TABULAR);
+        assert_eq!(MiniBatch::decode(&m.encode()).unwrap(), m);
+        // Columns from the path need a worker that adds them.
+        let with_columns = Chunk {
+            columns: vec![("Store".into(), "1000".into())],
+            ..chunk
+        };
+        let m = MiniBatch::tabular("j", 2, vec![with_columns]);
+        assert_eq!(m.v, WIRE_VERSION_COLUMNS);
         assert_eq!(MiniBatch::decode(&m.encode()).unwrap(), m);
         assert_eq!(m.chunks[0].describe(), "a.csv bytes 10-60 rows 0-4");
         // A file input's message is what workers before tabular inputs read.

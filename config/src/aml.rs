@@ -10,8 +10,6 @@
 //! step's output, an `azureml://` URI) is given with `--set inputs.NAME=PATH` /
 //! `--set outputs.NAME=PATH`, which [`convert`] takes out of the overrides.
 
-mod mltable;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -293,7 +291,8 @@ impl Converter<'_> {
         Ok(())
     }
 
-    /// `input_data: ${{inputs.x}}`: a `mltable` input is tabular, any other is files.
+    /// `input_data: ${{inputs.x}}`: a `mltable` input is tabular (its folder, read as its
+    /// `MLTable` file says), any other is files.
     fn input(&mut self, node: &Yaml, inputs: &Yaml) -> Result<(), Fail> {
         let at = self.at("input_data");
         let reference = node
@@ -314,22 +313,8 @@ impl Converter<'_> {
         let path = self.input_path(name, &declared)?;
         let input_at = format!("inputs.{name}.path");
         if kind == "mltable" {
-            let local = self.base_dir.join(&path);
-            match mltable::read(&local) {
-                Some(table) => {
-                    let table = table.map_err(|m| (self.at(&input_at), m))?;
-                    self.put("input.tabular", Value::String(table.path(&path)), &input_at);
-                    self.put(
-                        "input.format",
-                        Value::String(table.format.into()),
-                        &input_at,
-                    );
-                    if let Some(separator) = table.separator {
-                        self.put("input.separator", Value::String(separator), &input_at);
-                    }
-                }
-                None => self.put("input.tabular", Value::String(path), &input_at),
-            }
+            // The folder itself: its `MLTable` file is read with the input (`crate::mltable`).
+            self.put("input.tabular", Value::String(path), &input_at);
         } else {
             self.put("input.files", Value::String(path), &input_at);
         }

@@ -22,6 +22,7 @@ pub mod aml;
 mod error;
 pub mod file;
 mod load;
+pub mod mltable;
 pub mod named;
 mod partition_format;
 mod validate;
@@ -130,6 +131,12 @@ pub struct JobSpec {
     /// the job starts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub settings_from_arguments: Vec<ArgumentSetting>,
+    /// The input folder's `MLTable` file, when it has one: which of its files are the input
+    /// and how they are read. Read by the submitter from the input's storage before the job
+    /// is registered ([`mltable::MlTable::parse`]); `None` until then, and for an input
+    /// without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mltable: Option<mltable::MlTable>,
 }
 
 /// A ParallelRunStep setting written in `arguments` (`--allowed_failed_percent 30`).

@@ -162,6 +162,7 @@ impl JobFile {
             profile: self.profile,
             notify_url: self.notify_url.as_deref().map(notify_url).transpose()?,
             settings_from_arguments: Vec::new(),
+            mltable: None,
         })
     }
 }

@@ -102,7 +102,8 @@ fn a_pipelines_parallel_job_maps_onto_the_job_file() {
     };
     assert_eq!(
         tabular.location,
-        Location::Local(dir.path().join("table/rows.csv"))
+        Location::Local(dir.path().join("table")),
+        "the MLTable folder, read as its MLTable file says when the job is submitted"
     );
     assert_eq!(spec.mini_batch_size, MiniBatchSize::Bytes(64 * 1024));
     assert_eq!(spec.node_count, 3);
@@ -194,7 +195,7 @@ fn convert_prints_toml_naming_each_yaml_key() {
         "run_max_try = 3  # jobs.train_stores.retry_settings.max_retries\n",
         "allowed_failed_count = 4  # jobs.train_stores.mini_batch_error_threshold\n",
         "node_count = 3  # jobs.train_stores.resources.instance_count\n",
-        "\n[input]\ntabular = \"table/rows.csv\"  # jobs.train_stores.inputs.sales.path\n",
+        "\n[input]\ntabular = \"table\"  # jobs.train_stores.inputs.sales.path\n",
     ] {
         assert!(toml.contains(line), "{line:?} not in:\n{toml}");
     }

@@ -203,6 +203,7 @@ path = "./results/../out"
         notify_url: Some("https://hooks.example.com/fleetrun?team=vision".into()),
         task_overhead_timeout: 600,
         settings_from_arguments: vec![],
+        mltable: None,
     };
     assert_eq!(spec, expected);
 }
@@ -246,6 +247,7 @@ fn a_minimal_job_file_gets_the_defaults() {
         notify_url: None,
         task_overhead_timeout: 600,
         settings_from_arguments: vec![],
+        mltable: None,
     };
     assert_eq!(spec, expected);
 }

@@ -197,6 +197,9 @@ pub async fn submit(
     empty: EmptyInput,
     on_id: impl FnOnce(&str),
 ) -> Result<Submitted, FleetError> {
+    let mut spec = spec;
+    // First: an MLTable's paths say which files are the input.
+    settle_input(&mut spec, &fleet.s3).await?;
     check_input(&spec, &fleet.s3, empty).await?;
     let registered = register(spec, fleet, job_id).await?;
     on_id(&registered.job);
@@ -219,7 +222,7 @@ pub async fn register(
     let job = job_id.map_or_else(|| new_job_id(&spec.name), str::to_owned);
     check_output_free(fleet, &job, &spec).await?;
     let mut spec = job::ship_code(spec, &fleet.s3).await?;
-    settle_tabular_format(&mut spec, &fleet.s3).await?;
+    settle_input(&mut spec, &fleet.s3).await?;
     let spec = job::ship_side(spec, &fleet.s3).await?;
     let limits = Limits {
         error_threshold: spec.error_threshold,
@@ -467,7 +470,7 @@ pub(crate) async fn cut(
 ) -> Result<u64, PartitionError> {
     match (&spec.input, spec.mini_batch_size) {
         (fleetrun_config::Input::Tabular(tabular), MiniBatchSize::Bytes(size)) => {
-            let (_, one) = job::tabular_root(&tabular.location);
+            let (root, one) = job::tabular_root(&tabular.location);
             let format = tabular.format.expect("settled when the job was registered");
             publish_tabular(
                 input,
@@ -477,6 +480,7 @@ pub(crate) async fn cut(
                 format,
                 size,
                 spec.partition_keys.as_deref(),
+                spec.mltable.as_ref().map(|table| (table, &root)),
                 queue,
                 produced,
                 stop,
@@ -687,12 +691,14 @@ impl Queue for Discard {
     }
 }
 
-/// Settles a tabular input's format before the job is registered: every runner then knows
-/// how to read it (and whether it needs pyarrow).
-pub async fn settle_tabular_format(
+/// Settles what the input is before the job is registered: its folder's `MLTable` file
+/// ([`crate::mltable::settle`]) and a tabular input's format, so every runner knows how to
+/// read it (and whether it needs pyarrow). A spec settled once is left as it is.
+pub async fn settle_input(
     spec: &mut JobSpec,
     s3: &fleetrun_common::storage::s3::S3Settings,
 ) -> Result<(), FleetError> {
+    crate::mltable::settle(spec, s3).await?;
     let Some(tabular) = spec.input.tabular() else {
         return Ok(());
     };

@@ -15,6 +15,7 @@
 pub mod exit;
 pub mod fleet;
 pub mod local;
+pub mod mltable;
 pub mod partition;
 pub mod progress;
 pub mod resume;

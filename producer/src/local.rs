@@ -170,7 +170,7 @@ pub async fn run_local(
     let output_dir = local_dir(&spec.output, "output.path")?;
     // Before the output folder is claimed: a tabular input whose format cannot be told is
     // refused as the job file is.
-    fleet_cmd::settle_tabular_format(&mut spec, &S3Settings::default())
+    fleet_cmd::settle_input(&mut spec, &S3Settings::default())
         .await
         .map_err(|e| RunError::Setup(e.to_string()))?;
     fleet_cmd::check_input(&spec, &S3Settings::default(), options.empty_input)

@@ -37,14 +37,23 @@
 //! `csv` crate's reader for CSV, `serde_json` for JSON Lines) and keeps, per combination and
 //! file, the byte ranges of its records, contiguous ones merged: memory grows with the
 //! number of combinations and of runs, not with the rows. Mini-batches are published in the
-//! combinations' order. Parquet inputs are not partitioned by keys yet.
+//! combinations' order. Keys that are an MLTable's columns from the path
+//! (`extract_columns_from_partition_format`) take their value from the file's path: keys over
+//! the path alone group whole files (one chunk each, any format), without reading a record.
+//! Parquet rows are not partitioned by keys yet.
+//!
+//! # Columns from the path
+//!
+//! With an MLTable, every chunk of a file carries the columns its path gives
+//! ([`Chunk::columns`]), which the runner adds to each row.
 
 use std::collections::BTreeMap;
 
 use fleetrun_common::queue::{Queue, QueueError};
 use fleetrun_common::storage::{ObjectMeta, Storage, StorageError};
 use fleetrun_common::wire::{Chunk, ChunkFormat, MiniBatch};
-use fleetrun_config::{Tabular, TabularFormat};
+use fleetrun_config::mltable::{MlTable, PATH_COLUMN};
+use fleetrun_config::{Location, Tabular, TabularFormat};
 use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt, TryStreamExt};
@@ -92,6 +101,12 @@ pub enum TabularError {
     KeysOnParquet { key: String },
     #[error("input.tabular: nothing found at {0}")]
     NotFound(String),
+    /// A file the MLTable selects whose path does not end in the shape of its
+    /// `extract_columns_from_partition_format`.
+    #[error(
+        "extract_columns_from_partition_format: the input file {key:?} does not end in {format:?}; move it out of the MLTable's paths or change the format"
+    )]
+    OffPartitionFormat { key: String, format: String },
 }
 
 /// The files of a tabular input, in key order: the one file, or every file under the
@@ -190,6 +205,7 @@ pub async fn publish_tabular(
     format: TabularFormat,
     size: u64,
     partition_keys: Option<&[String]>,
+    mltable: Option<(&MlTable, &Location)>,
     queue: &dyn Queue,
     produced: &Produced,
     stop: &CancellationToken,
@@ -202,6 +218,14 @@ pub async fn publish_tabular(
         index: 0,
         in_flight: FuturesOrdered::new(),
     };
+    // Keys over columns from the path group whole files; the others, their rows.
+    let from_path = mltable.map(|(table, _)| table.path_column_names());
+    let row_keys: Option<Vec<String>> = partition_keys.map(|keys| {
+        keys.iter()
+            .filter(|key| !from_path.as_ref().is_some_and(|names| names.contains(key)))
+            .cloned()
+            .collect()
+    });
     let mut by_key: BTreeMap<Vec<String>, Vec<Chunk>> = BTreeMap::new();
     let mut listing = files(input, one);
     while let Some(object) = listing.next().await.transpose()? {
@@ -209,25 +233,45 @@ pub async fn publish_tabular(
             break;
         }
         check_format(&object.key, format)?;
-        match (partition_keys, format) {
-            (Some(_), TabularFormat::Parquet) => {
+        let columns = match mltable {
+            Some((table, root)) => path_columns(table, root, &object.key)?,
+            None => Vec::new(),
+        };
+        let (Some(keys), Some(row_keys)) = (partition_keys, &row_keys) else {
+            for mut chunk in plan_file(input, &object, format, size).await? {
+                if stop.is_cancelled() {
+                    break;
+                }
+                chunk.columns.clone_from(&columns);
+                publisher.publish(vec![chunk], None).await?;
+            }
+            continue;
+        };
+        let groups: Vec<(Vec<String>, Chunk)> = match (row_keys.is_empty(), format) {
+            // The whole file is one group: one chunk of all its records.
+            (true, _) => plan_file(input, &object, format, u64::MAX)
+                .await?
+                .into_iter()
+                .map(|chunk| (Vec::new(), chunk))
+                .collect(),
+            (false, TabularFormat::Parquet) => {
                 return Err(TabularError::KeysOnParquet { key: object.key }.into());
             }
-            (Some(keys), _) => {
-                for (values, chunk) in
-                    scan_keys(input, &object, format, tabular.separator, keys).await?
-                {
-                    by_key.entry(values).or_default().push(chunk);
-                }
-            }
-            (None, _) => {
-                for chunk in plan_file(input, &object, format, size).await? {
-                    if stop.is_cancelled() {
-                        break;
+            (false, _) => scan_keys(input, &object, format, tabular.separator, row_keys).await?,
+        };
+        for (row_values, mut chunk) in groups {
+            chunk.columns.clone_from(&columns);
+            let values = keys
+                .iter()
+                .map(|key| match columns.iter().find(|(name, _)| name == key) {
+                    Some((_, value)) => value.clone(),
+                    None => {
+                        let at = row_keys.iter().position(|k| k == key);
+                        at.map(|at| row_values[at].clone()).unwrap_or_default()
                     }
-                    publisher.publish(vec![chunk], None).await?;
-                }
-            }
+                })
+                .collect();
+            by_key.entry(values).or_default().push(chunk);
         }
     }
     if let Some(keys) = partition_keys {
@@ -240,6 +284,32 @@ pub async fn publish_tabular(
         }
     }
     publisher.finish().await
+}
+
+/// The columns an MLTable adds to every record of the file `key`: those of
+/// `extract_columns_from_partition_format`, then `Path` with `include_path_column`.
+fn path_columns(
+    table: &MlTable,
+    root: &Location,
+    key: &str,
+) -> Result<Vec<(String, String)>, TabularError> {
+    let mut columns = table
+        .path_columns(key)
+        .ok_or_else(|| TabularError::OffPartitionFormat {
+            key: key.to_owned(),
+            format: table.partition_format.clone().unwrap_or_default(),
+        })?;
+    if table
+        .read
+        .as_ref()
+        .is_some_and(|read| read.include_path_column)
+    {
+        columns.push((
+            PATH_COLUMN.to_owned(),
+            crate::mltable::item_location(root, key),
+        ));
+    }
+    Ok(columns)
 }
 
 /// Refuses a file whose extension names another table format than the job's: the format is
@@ -314,6 +384,7 @@ fn chunks_between(
                 row_groups: Vec::new(),
                 rows,
                 first_row: rows.map(|_| first_row),
+                columns: Vec::new(),
             };
             first_row += rows.unwrap_or(0);
             chunk
@@ -504,6 +575,7 @@ async fn plan_parquet(
                 row_groups: run.iter().map(|(index, _, _)| *index).collect(),
                 rows: Some(rows),
                 first_row: Some(*first_row),
+                columns: Vec::new(),
             });
             *first_row += rows;
             run.clear();
@@ -575,6 +647,7 @@ async fn scan_keys(
                 row_groups: Vec::new(),
                 rows: None,
                 first_row: None,
+                columns: Vec::new(),
             };
             (values, chunk)
         })

@@ -49,7 +49,7 @@ fn run() -> i32 {
     };
     let params = match read_frame::<_, Request>(&mut channel) {
         Ok(None | Some(Request::Shutdown)) => return EXIT_OK,
-        Ok(Some(Request::Init(params))) => params,
+        Ok(Some(Request::Init(params))) => *params,
         Ok(Some(Request::Run { .. })) => {
             eprintln!("fleetrun-runner: unexpected Run before Init request from the agent");
             return EXIT_CHANNEL_ERROR;

@@ -11,7 +11,9 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyModule, PyString, PyTraceback};
 
-use crate::protocol::{InitParams, ReadyInfo, RunContext, ScriptError, StagedTable, Timing};
+use crate::protocol::{
+    InitParams, ReadyInfo, RunContext, ScriptError, StagedTable, TabularInit, Timing,
+};
 use crate::rows::{self, Returned};
 
 /// The `EntryScript` helper, executed as the module `fleetrun`.
@@ -31,8 +33,8 @@ const FALLBACK_MODULE: &str = "entry_script";
 pub struct EntryScript {
     run: Py<PyAny>,
     shutdown: Option<Py<PyAny>>,
-    /// A tabular input's reader (`fleetrun_tabular`), and its CSV separator.
-    tabular: Option<(Py<PyModule>, u8)>,
+    /// A tabular input's reader (`fleetrun_tabular`), and how it reads.
+    tabular: Option<(Py<PyModule>, TabularInit)>,
     /// The separator of a returned DataFrame's values.
     separator: u8,
     /// `fleetrun._context`, when `run` takes a second parameter (the mini-batch context).
@@ -77,7 +79,7 @@ impl EntryScript {
                 let source = std::ffi::CString::new(TABULAR_SOURCE).expect("no NUL");
                 let reader = PyModule::from_code(py, &source, TABULAR_FILE, TABULAR_MODULE)?;
                 reader.call_method1("check", (init.parquet,))?;
-                Some((reader.unbind(), init.separator))
+                Some((reader.unbind(), init.clone()))
             }
             None => None,
         };
@@ -129,7 +131,7 @@ impl EntryScript {
         context: &RunContext,
     ) -> (Result<Returned, ScriptError>, Timing, Option<u64>) {
         let frame = (|| {
-            let Some((reader, separator)) = &self.tabular else {
+            let Some((reader, init)) = &self.tabular else {
                 return Err(PyTypeError::new_err(
                     "a tabular mini-batch reached a runner started for a file input",
                 ));
@@ -141,11 +143,13 @@ impl EntryScript {
                         t.path.as_str(),
                         format!("{:?}", t.format),
                         t.row_groups.clone(),
+                        t.columns.clone(),
                     )
                 })
                 .collect::<Vec<_>>();
-            let separator = char::from(*separator).to_string();
-            reader.bind(py).call_method1("read", (tables, separator))
+            let separator = char::from(init.separator).to_string();
+            let options = (separator, init.encoding.clone(), init.empty_as_string);
+            reader.bind(py).call_method1("read", (tables, options))
         })();
         let frame = match frame {
             Ok(frame) => frame,

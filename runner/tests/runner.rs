@@ -104,7 +104,7 @@ impl Job {
     /// Spawns a runner and sends `Init`.
     fn start(&self, params: &InitParams) -> (Runner, Reply) {
         let mut runner = self.spawn();
-        let reply = runner.request(&Request::Init(params.clone()));
+        let reply = runner.request(&Request::Init(Box::new(params.clone())));
         (runner, reply)
     }
 
@@ -852,7 +852,7 @@ fn without_an_environment_python3_on_path_is_used() {
     let mut runner = job.spawn_with(|cmd| {
         cmd.env("PATH", &path);
     });
-    let Reply::Ready(ready) = runner.request(&Request::Init(job.params(&script))) else {
+    let Reply::Ready(ready) = runner.request(&Request::Init(Box::new(job.params(&script)))) else {
         panic!("expected Ready: {}", job.read("stderr.txt"));
     };
     assert_eq!(ready.python_prefix, prefix);
@@ -933,7 +933,7 @@ fn a_virtualenv_is_honoured_from_environment_virtual_env_or_its_python() {
     let mut runner = job.spawn_with(|cmd| {
         cmd.env("VIRTUAL_ENV", &venv);
     });
-    let Reply::Ready(ready) = runner.request(&Request::Init(job.params(&script))) else {
+    let Reply::Ready(ready) = runner.request(&Request::Init(Box::new(job.params(&script)))) else {
         panic!("expected Ready: {}", job.read("stderr.txt"));
     };
     assert_eq!(ready.python_prefix, venv_str);
@@ -1125,6 +1125,8 @@ fn tabular_chunks_become_one_dataframe_and_returned_frames_keep_their_header() {
     params.tabular = Some(TabularInit {
         separator: b',',
         parquet: true,
+        encoding: None,
+        empty_as_string: false,
     });
     params.append_row_separator = b';';
     let (mut runner, _) = job.ready(&params);
@@ -1132,6 +1134,7 @@ fn tabular_chunks_become_one_dataframe_and_returned_frames_keep_their_header() {
         path: job.path(rel).to_str().unwrap().to_owned(),
         format,
         row_groups,
+        columns: vec![],
     };
     let reply = runner.request(&Request::Run {
         mini_batch: 1,
@@ -1169,6 +1172,8 @@ fn a_tabular_job_without_pandas_names_the_package() {
     params.tabular = Some(fleetrun_common::protocol::TabularInit {
         separator: b',',
         parquet: false,
+        encoding: None,
+        empty_as_string: false,
     });
     // A module of that name that cannot be imported stands in for a missing package.
     job.write(
@@ -1328,6 +1333,8 @@ fn partition_values_are_typed_as_pandas_reads_them() {
     params.tabular = Some(TabularInit {
         separator: b',',
         parquet: false,
+        encoding: None,
+        empty_as_string: false,
     });
     let (mut runner, _) = job.ready(&params);
     let run = |runner: &mut Runner, context: RunContext, tables: Vec<StagedTable>| match runner
@@ -1361,6 +1368,7 @@ fn partition_values_are_typed_as_pandas_reads_them() {
         path: job.path("oj.csv").to_str().unwrap().to_owned(),
         format: ChunkFormat::Csv,
         row_groups: vec![],
+        columns: vec![],
     };
     let tabular = context(&[("Store", "1000"), ("Brand", "dominicks")]);
     assert_eq!(
@@ -1439,7 +1447,7 @@ fn a_real_azureml_core_is_wrapped_not_replaced() {
     let mut runner = job.spawn_with(|cmd| {
         cmd.env("PYTHONPATH", &site);
     });
-    let reply = runner.request(&Request::Init(params));
+    let reply = runner.request(&Request::Init(Box::new(params)));
     assert!(matches!(reply, Reply::Ready(_)), "{reply:?}");
     assert_eq!(
         runner.rows(&["a"]),

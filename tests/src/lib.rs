@@ -241,6 +241,14 @@ impl JobDir {
         out
     }
 
+    /// Replaces the job file's `[input] files = "data"` with `[input]` and `lines`.
+    pub fn input(self, lines: &str) -> JobDir {
+        let toml = std::fs::read_to_string(self.path("job.toml")).unwrap();
+        let toml = toml.replace("[input]\nfiles = \"data\"\n", &format!("[input]\n{lines}"));
+        std::fs::write(self.path("job.toml"), toml).unwrap();
+        self
+    }
+
     /// The `append_row` file's lines.
     pub fn output_lines(&self) -> Vec<String> {
         let text =

@@ -1600,6 +1600,88 @@ fn parquet_and_partitioned_json_lines_on_s3() {
     );
 }
 
+/// An MLTable folder on S3: the submitter reads its `MLTable` from the prefix, workers read
+/// the files its pattern selects, with the columns from the path, and `partition_keys` over
+/// them makes one mini-batch per store and brand (CONTRACT §2b).
+#[test]
+fn an_mltable_folder_on_s3_with_columns_from_the_path() {
+    let script = r#"
+def run(frame, context):
+    values = context.partition_key_value
+    paths = sorted(set(frame["Path"]))
+    return ["%s %d %d %s" % ("/".join(values.values()), len(frame), frame["units"].sum(), " ".join(paths))]
+"#;
+    let mut fleet = Fleet::new(script);
+    let mut files = vec![("gen/MLTable".to_owned(), "oj/MLTable".to_owned())];
+    std::fs::create_dir_all(fleet.path("gen")).unwrap();
+    std::fs::write(
+        fleet.path("gen/MLTable"),
+        "type: mltable\npaths:\n  - pattern: ./sales/**/*.csv\ntransformations:\n  - read_delimited:\n      include_path_column: true\n  - extract_columns_from_partition_format:\n      partition_format: '{Store}/{Brand}/{Week}.csv'\n",
+    )
+    .unwrap();
+    let bucket = fleet.bucket.clone();
+    let mut expected = Vec::new();
+    for (store, brand) in [
+        ("1000", "dominicks"),
+        ("1000", "tropicana"),
+        ("1001", "dominicks"),
+    ] {
+        let mut rows = 0;
+        let mut total = 0;
+        let mut paths = Vec::new();
+        for week in ["w1", "w2"] {
+            let rel = format!("gen/{store}-{brand}-{week}.csv");
+            let mut csv = String::from("units,price\n");
+            for i in 0..25 {
+                csv.push_str(&format!("{},{}.5\n", i + week.len(), i));
+                rows += 1;
+                total += i + week.len();
+            }
+            std::fs::write(fleet.path(&rel), csv).unwrap();
+            let key = format!("oj/sales/{store}/{brand}/{week}.csv");
+            paths.push(format!("s3://{bucket}/{key}"));
+            files.push((rel, key));
+        }
+        expected.push(format!(
+            "{store}/{brand} {rows} {total} {}",
+            paths.join(" ")
+        ));
+    }
+    // Not selected: another extension, and the MLTable file.
+    std::fs::write(fleet.path("gen/notes.txt"), "n\n").unwrap();
+    files.push(("gen/notes.txt".to_owned(), "oj/sales/notes.txt".to_owned()));
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    fleet.upload(&files);
+    fleet.worker("w1", 2);
+    let job = fleet.tabular_job("partition_keys = [\"Store\", \"Brand\"]", "oj/", "out");
+    let out = fleet.submit(&job, &["--wait"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(mini_batches_done(&out), 3);
+    assert_eq!(
+        sorted_lines(&fleet.output("out/parallel_run_step.txt")),
+        expected
+    );
+
+    // An MLTable asking for what fleetrun does not read is refused by the submitter.
+    let s3 = fleet.storage("");
+    fleet.runtime.block_on(async {
+        let text = "paths:\n  - folder: .\ntransformations:\n  - take: 5\n";
+        s3.put("bad/MLTable", Bytes::from(text)).await.unwrap();
+        s3.put("bad/a.csv", Bytes::from_static(b"a\n1\n"))
+            .await
+            .unwrap();
+    });
+    let job = fleet.tabular_job("", "bad/", "out-bad");
+    let out = fleet.submit(&job, &["--wait"]);
+    assert_eq!(code(&out), 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let named = format!("s3://{bucket}/bad/MLTable: transformations.take: not supported");
+    assert!(stderr.contains(&named), "{stderr}");
+}
+
 /// A ParallelRunStep script on two workers: an S3 side input through
 /// `${{side_inputs.labels}}`, an S3 model through `Model.get_model_path`, and files written
 /// to `EntryScript().output_dir` reaching the S3 output. A second job with the same side

@@ -9,14 +9,7 @@ use fleetrun_tests::{JobDir, code, exit_within};
 /// A job whose input is `[input] tabular = "<input>"` (relative to the job folder), with
 /// `extra` lines under `[input]`.
 fn tabular_job(script: &str, settings: &str, input: &str, extra: &str) -> JobDir {
-    let job = JobDir::new(script, settings);
-    let toml = std::fs::read_to_string(job.path("job.toml")).unwrap();
-    let toml = toml.replace(
-        "[input]\nfiles = \"data\"\n",
-        &format!("[input]\ntabular = \"{input}\"\n{extra}"),
-    );
-    std::fs::write(job.path("job.toml"), toml).unwrap();
-    job
+    JobDir::new(script, settings).input(&format!("tabular = \"{input}\"\n{extra}"))
 }
 
 /// The mini-batches the job processed, from its report (one row per attempt).

@@ -281,7 +281,7 @@ impl RunnerProcess {
             pid,
             reaped: None,
         };
-        runner.send(&Request::Init(params)).await?;
+        runner.send(&Request::Init(Box::new(params))).await?;
         let outcome = match tokio::time::timeout(timeout, runner.receive()).await {
             Err(_) => {
                 runner.kill().await;

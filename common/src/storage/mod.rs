@@ -9,6 +9,7 @@
 mod file_name;
 mod local;
 pub mod s3;
+mod selected;
 
 use std::path::PathBuf;
 
@@ -17,6 +18,7 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 
 pub use local::LocalStorage;
+pub use selected::{SelectedStorage, Selection};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {

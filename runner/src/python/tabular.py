@@ -31,24 +31,39 @@ def check(parquet):
             ) from None
 
 
-def read(tables, separator):
-    """``tables``: (path, format, row_groups) of each staged chunk, in order."""
+def read(tables, options):
+    """``tables``: (path, format, row_groups, columns) of each staged chunk, in order, where
+    ``columns`` are (name, value) pairs every row of the chunk gets (an MLTable's columns
+    from the path, as strings). ``options``: (separator, encoding, empty_as_string)."""
     import pandas as pd
 
+    separator, encoding, empty_as_string = options
+    csv_options = {"sep": separator}
+    if encoding:
+        csv_options["encoding"] = encoding
+    if empty_as_string:
+        # An empty field is "", pandas' other missing-value markers stay missing.
+        from pandas._libs.parsers import STR_NA_VALUES
+
+        csv_options["keep_default_na"] = False
+        csv_options["na_values"] = sorted(STR_NA_VALUES - {""})
     frames = []
-    for path, fmt, row_groups in tables:
+    for path, fmt, row_groups, columns in tables:
         if fmt == "Csv":
-            frames.append(pd.read_csv(path, sep=separator))
+            frame = pd.read_csv(path, **csv_options)
         elif fmt == "JsonLines":
             if os.path.getsize(path) == 0:
-                frames.append(pd.DataFrame())
+                frame = pd.DataFrame()
             else:
-                frames.append(pd.read_json(path, lines=True))
+                frame = pd.read_json(path, lines=True, encoding=encoding or "utf-8")
         else:
             import pyarrow.parquet as pq
 
             with pq.ParquetFile(path) as f:
-                frames.append(f.read_row_groups(list(row_groups)).to_pandas())
+                frame = f.read_row_groups(list(row_groups)).to_pandas()
+        for name, value in columns:
+            frame[name] = value
+        frames.append(frame)
     if len(frames) == 1:
         return frames[0]
     return pd.concat(frames, ignore_index=True)

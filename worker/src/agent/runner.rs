@@ -140,9 +140,14 @@ impl Slot {
             output_dir: output_dir.display().to_string(),
             logging_level: spec.logging_level.as_str().to_owned(),
             environment: spec.environment.as_ref().map(|p| p.display().to_string()),
-            tabular: spec.input.tabular().map(|tabular| TabularInit {
-                separator: tabular.separator,
-                parquet: tabular.format == Some(fleetrun_config::TabularFormat::Parquet),
+            tabular: spec.input.tabular().map(|tabular| {
+                let read = spec.mltable.as_ref().and_then(|table| table.read.as_ref());
+                TabularInit {
+                    separator: tabular.separator,
+                    parquet: tabular.format == Some(fleetrun_config::TabularFormat::Parquet),
+                    encoding: read.and_then(|read| read.encoding.clone()),
+                    empty_as_string: read.is_some_and(|read| read.empty_as_string),
+                }
             }),
             append_row_separator: spec.append_row_separator,
             working_dir,

@@ -50,6 +50,7 @@ pub(super) async fn stage_chunks(
             path: path.to_string_lossy().into_owned(),
             format: chunk.format,
             row_groups: chunk.row_groups.clone(),
+            columns: chunk.columns.clone(),
         });
     }
     Ok(tables)
@@ -203,6 +204,7 @@ mod tests {
             row_groups: vec![],
             rows: None,
             first_row: None,
+            columns: Vec::new(),
         }
     }
 

@@ -11,7 +11,7 @@ use fleetrun_common::ledger::{JobRegistry, Ledger, RedisRegistry};
 use fleetrun_common::queue::amqp::AmqpQueue;
 use fleetrun_common::queue::{Queue, QueueOptions};
 use fleetrun_common::storage::s3::{S3Settings, S3Storage};
-use fleetrun_common::storage::{LocalStorage, Storage, StorageError};
+use fleetrun_common::storage::{LocalStorage, SelectedStorage, Storage, StorageError};
 use fleetrun_config::{JobSpec, Location};
 use serde::{Deserialize, Serialize};
 
@@ -180,17 +180,27 @@ pub struct WorkerConfig {
 /// The job's input as storage. A local output folder inside a local input folder (or a
 /// link to it) is left out of the input's listings: the job's own logs and parts are never
 /// its input.
+///
+/// An input folder with an `MLTable` file lists only the files its `paths` select
+/// ([`fleetrun_config::mltable::MlTable::selects`]), never the `MLTable` file itself.
 pub async fn open_input(spec: &JobSpec, s3: &S3Settings) -> Result<Arc<dyn Storage>, StorageError> {
     let root = match &spec.input {
         fleetrun_config::Input::Files(location) => location.clone(),
         fleetrun_config::Input::Tabular(tabular) => tabular_root(&tabular.location).0,
     };
-    match (&root, &spec.output) {
+    let storage = match (&root, &spec.output) {
         (Location::Local(input), Location::Local(output)) => {
-            Ok(Arc::new(LocalStorage::new(input).excluding(output)))
+            Arc::new(LocalStorage::new(input).excluding(output))
         }
-        _ => open_storage(&root, s3).await,
-    }
+        _ => open_storage(&root, s3).await?,
+    };
+    Ok(match spec.mltable.clone() {
+        Some(table) => Arc::new(SelectedStorage::new(
+            storage,
+            Arc::new(move |key: &str| table.selects(key)),
+        )),
+        None => storage,
+    })
 }
 
 /// Where a tabular input's files are read from: the folder (storage root) its chunks' keys
