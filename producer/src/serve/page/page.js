@@ -91,11 +91,15 @@ function eta(job) {
   return "unknown";
 }
 
+function count(n, one, many) {
+  return `${n} ${n === 1 ? one : many}`;
+}
+
 function failures(job) {
   const c = job.counts;
   const parts = [];
   if (c.failed_mini_batches > 0 || c.failed_items > 0) {
-    parts.push(`${c.failed_mini_batches} mini-batches, ${c.failed_items} items`);
+    parts.push(`${count(c.failed_mini_batches, "mini-batch", "mini-batches")}, ${count(c.failed_items, "item", "items")}`);
   }
   if (job.cause) parts.push(job.cause);
   return parts.length ? parts.join(": ") : "none";
