@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs beyond the Rust toolchain and CPython, when missing:
-# RabbitMQ and Redis servers, strace and Debian's docker-compose (one `apt-get update`, then one
-# `apt-get install`), moto's S3 server (>= 5.2.5), PyYAML, pandas and pyarrow (pip; the
+# RabbitMQ and Redis servers, strace, Debian's docker-compose, and Debian's chromium with its
+# chromedriver (the operator page's test drives a headless browser) (one `apt-get update`, then
+# one `apt-get install`), moto's S3 server (>= 5.2.5), PyYAML, pandas and pyarrow (pip; the
 # tabular tests read DataFrames in the runner's Python), and cargo-nextest (the
 # test runner scripts/test.sh uses; built from crates.io, a few minutes).
 set -euo pipefail
@@ -24,6 +25,8 @@ command -v redis-server >/dev/null || packages+=(redis-server)
 command -v strace >/dev/null || packages+=(strace)
 command -v rabbitmq-server >/dev/null || packages+=(rabbitmq-server)
 command -v docker-compose >/dev/null || packages+=(docker-compose)
+command -v chromium >/dev/null || packages+=(chromium)
+command -v chromedriver >/dev/null || packages+=(chromium-driver)
 if [ ${#packages[@]} -gt 0 ]; then
   echo "[install-deps] apt-get install ${packages[*]}" >&2
   apt-get update -qq

@@ -15,7 +15,7 @@ use fleetrun_common::ledger::{JobState, LedgerError, Limits, Status};
 use fleetrun_common::queue::{Consumer, Depth, Queue, QueueError};
 use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_config::{JobSpec, Location, MiniBatchSize};
-use fleetrun_worker::agent::JobContext;
+use fleetrun_worker::agent::{JobContext, held_attempts};
 use fleetrun_worker::job::{self, Fleet, Job, JobError, JobRecord, StopRules};
 use fleetrun_worker::logs::JobLogs;
 use tokio::sync::broadcast;
@@ -26,7 +26,7 @@ use crate::partition::{
     PartitionError, Produced, publish_files, publish_items, publish_partitioned_files,
 };
 use crate::progress::{Figures, Progress};
-use crate::summary::JobSummary;
+use crate::summary::{InFlightBatch, JobSummary};
 use crate::tabular::{publish_tabular, settle_format};
 
 /// How often a waiting submitter or `status --watch` reads the ledger (at once, too, when
@@ -866,6 +866,21 @@ pub async fn summaries(fleet: &Fleet) -> Result<Vec<JobSummary>, FleetError> {
         }
     }
     Ok(summaries)
+}
+
+/// The mini-batches of job `job` in flight, longest running first; `None` when the fleet
+/// does not know the job.
+pub async fn in_flight(fleet: &Fleet, job: &str) -> Result<Option<Vec<InFlightBatch>>, FleetError> {
+    if record(fleet, job).await?.is_none() {
+        return Ok(None);
+    }
+    let held = fleet.ledger.in_flight(job).await?;
+    Ok(Some(
+        held_attempts(&held)
+            .into_iter()
+            .map(InFlightBatch::from)
+            .collect(),
+    ))
 }
 
 pub async fn record(fleet: &Fleet, job: &str) -> Result<Option<JobRecord>, FleetError> {

@@ -6,6 +6,7 @@ use fleetrun_common::events::Counts;
 use fleetrun_common::ledger::{JobState, Status};
 use fleetrun_common::queue::Depth;
 use fleetrun_config::OutputAction;
+use fleetrun_worker::agent::HeldAttempt;
 use fleetrun_worker::job::{JobRecord, output_location};
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +43,9 @@ pub struct JobSummary {
     /// known: the input not fully listed, nothing done yet, the job ended, or no move for a
     /// minute (see `updated_at`).
     pub eta_seconds: Option<f64>,
+    /// When a running job last moved, once it has not moved for a minute (it has no ETA
+    /// then); in seconds since the Unix epoch.
+    pub stalled_since: Option<f64>,
     /// Why it failed or was canceled.
     pub cause: Option<String>,
     /// Where its output file is (or its folder, for `summary_only`): a path or an `s3://`
@@ -65,6 +69,18 @@ pub struct QueueSummary {
     pub dead_lettered: u64,
 }
 
+impl QueueSummary {
+    /// Pool `pool`'s queue, as `depth` counts it.
+    pub fn of(pool: &str, depth: Depth) -> QueueSummary {
+        QueueSummary {
+            pool: pool.to_owned(),
+            ready: depth.ready,
+            unacknowledged: depth.unacked,
+            dead_lettered: depth.dead,
+        }
+    }
+}
+
 impl JobSummary {
     /// The summary of job `job_id` from its record and ledger status at `now` (seconds since
     /// the Unix epoch); `depth` is its pool's queue, when known.
@@ -83,9 +99,10 @@ impl JobSummary {
         };
         let elapsed = (until - record.submitted_at).max(0.001);
         let processed = status.items_succeeded + status.items_failed;
-        let quiet = status
+        let stalled_since = status
             .updated_at
-            .is_some_and(|at| now - at > QUIET_AFTER && status.state == JobState::Running);
+            .filter(|at| now - at > QUIET_AFTER && status.state == JobState::Running);
+        let quiet = stalled_since.is_some();
         let eta_seconds = match status.total {
             Some(total) if status.done > 0 && !ended && !quiet => {
                 let left = total.saturating_sub(status.done) as f64;
@@ -111,15 +128,11 @@ impl JobSummary {
             updated_at: status.updated_at,
             items_per_second: processed as f64 / elapsed,
             eta_seconds,
+            stalled_since,
             cause: status.reason.clone(),
             output: output_location(spec),
             failed_items,
-            queue: depth.map(|d| QueueSummary {
-                pool: record.pool.clone(),
-                ready: d.ready,
-                unacknowledged: d.unacked,
-                dead_lettered: d.dead,
-            }),
+            queue: depth.map(|d| QueueSummary::of(&record.pool, d)),
         }
     }
 
@@ -145,9 +158,9 @@ impl JobSummary {
             c.failed_items,
             self.items_per_second,
         );
-        match (self.eta_seconds, self.updated_at) {
+        match (self.eta_seconds, self.stalled_since) {
             (Some(eta), _) => out.push_str(&format!("eta:           {eta:.0}s\n")),
-            (None, Some(at)) if self.state == JobState::Running && now - at > QUIET_AFTER => {
+            (None, Some(at)) => {
                 out.push_str(&format!(
                     "eta:           unknown: no progress for {:.0}s\n",
                     now - at
@@ -175,6 +188,35 @@ impl JobSummary {
             out.push_str(&format!("failed items:  {failed}\n"));
         }
         out
+    }
+}
+
+/// A mini-batch in flight: who runs it, since when, which attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct InFlightBatch {
+    pub mini_batch: u64,
+    /// The worker node that runs it.
+    pub node: String,
+    /// Its runner process on that node (`processNNN`).
+    pub process: String,
+    /// The attempt's number, from 1.
+    pub attempt: u32,
+    /// When the attempt started, in seconds since the Unix epoch.
+    pub started_at: Option<f64>,
+    /// Its first item (a tabular mini-batch's first chunk).
+    pub first_item: Option<String>,
+}
+
+impl From<HeldAttempt> for InFlightBatch {
+    fn from(held: HeldAttempt) -> InFlightBatch {
+        InFlightBatch {
+            mini_batch: held.index,
+            node: held.node,
+            process: held.process,
+            attempt: held.attempt,
+            started_at: held.since,
+            first_item: (!held.first.is_empty()).then_some(held.first),
+        }
     }
 }
 
@@ -225,6 +267,7 @@ mod tests {
         );
         assert_eq!(s.items_per_second, 1.0);
         assert_eq!(s.eta_seconds, Some(300.0));
+        assert_eq!(s.stalled_since, None);
         assert_eq!(s.exit_code(), 75);
         assert_eq!(s.output, "s3://bkt/out/parallel_run_step.txt");
         let text = s.describe(1100.0);
@@ -242,6 +285,7 @@ mod tests {
             1100.0,
         );
         assert_eq!(s.eta_seconds, None);
+        assert_eq!(s.stalled_since, Some(1030.0));
         let text = s.describe(1100.0);
         assert!(
             text.contains("eta:           unknown: no progress for 70s\n"),

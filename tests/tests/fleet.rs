@@ -23,6 +23,8 @@ use futures::TryStreamExt;
 
 #[path = "fleet/chaos.rs"]
 mod chaos;
+#[path = "fleet/page.rs"]
+mod page;
 #[path = "fleet/resume.rs"]
 mod resume;
 
@@ -171,6 +173,25 @@ impl Fleet {
             cmd.env("FLEETRUN_POOL", &self.pool);
         }
         cmd.envs(self.extra_env.iter().map(|(k, v)| (k, v)));
+    }
+
+    /// `fleetrun serve` on a free loopback port with API token `token`, logging to
+    /// `serve.log`: the process and the base URL it listens on.
+    fn serve(&self, token: &str) -> (KillOnDrop, String) {
+        let mut cmd = command("fleetrun");
+        self.env(&mut cmd);
+        let log = std::fs::File::create(self.path("serve.log")).unwrap();
+        let mut serve = KillOnDrop(
+            cmd.args(["serve", "--listen", "127.0.0.1:0"])
+                .env("FLEETRUN_API_TOKEN", token)
+                .stdout(std::process::Stdio::piped())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        );
+        let first = first_line_within(&mut serve.0, Duration::from_secs(60));
+        let base = first.strip_prefix("Listening on ").unwrap().to_owned();
+        (serve, base)
     }
 
     fn worker(&mut self, node: &str, processes: usize) {
@@ -2478,12 +2499,19 @@ assert call("POST", "/v1/jobs", {"job_id": "a b", "job": job})[0] == 400
 status, body = call("POST", "/v1/jobs", {"job_id": job_id, "job": dict(job, mini_batch_size=7)})
 assert status == 409, (status, body)
 assert call("GET", "/v1/jobs/no-such-job")[0] == 404
+assert call("GET", "/v1/jobs/no-such-job/in-flight")[0] == 404
+status, held = call("GET", "/v1/jobs/" + job_id + "/in-flight")
+assert (status, held) == (200, []), (status, held)
+assert call("GET", "/v1/queue", auth=False)[0] == 401
+status, queue = call("GET", "/v1/queue")
+assert status == 200 and queue["ready"] == 0 and queue["dead_lettered"] == 0, (status, queue)
 assert call("POST", "/v1/jobs/no-such-job/cancel")[0] == 404
 status, listed = call("GET", "/v1/jobs")
 assert status == 200 and job_id in [j["job_id"] for j in listed], listed
 assert call("GET", "/healthz", auth=False)[0] == 200
 status, api = call("GET", "/openapi.json", auth=False)
 assert status == 200 and "/v1/jobs/{id}" in api["paths"], api
+assert "/v1/queue" in api["paths"] and "/v1/jobs/{id}/in-flight" in api["paths"], api
 print("ok")
 "#;
 
@@ -2493,19 +2521,7 @@ fn a_service_submits_over_http_and_polls_to_completed() {
         Fleet::new("def run(mini_batch):\n    return [open(p).read() for p in mini_batch]\n");
     fleet.inputs(20);
     fleet.worker("w1", 2);
-    let mut cmd = command("fleetrun");
-    fleet.env(&mut cmd);
-    let log = std::fs::File::create(fleet.path("serve.log")).unwrap();
-    let mut serve = KillOnDrop(
-        cmd.args(["serve", "--listen", "127.0.0.1:0"])
-            .env("FLEETRUN_API_TOKEN", "t0ken")
-            .stdout(std::process::Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
-    let first = first_line_within(&mut serve.0, Duration::from_secs(60));
-    let base = first.strip_prefix("Listening on ").unwrap().to_owned();
+    let (mut serve, base) = fleet.serve("t0ken");
     let bucket = &fleet.bucket;
     let job = serde_json::json!({
         "name": format!("api-{}", random_suffix()),

@@ -5,7 +5,9 @@
 //! | `POST /v1/jobs` | 201 `{"job_id", "attached": false}`, or 200 with `attached: true` for an id known with the same job; 400 a body that is not `{"job_id"?, "job": {…}}`, 409 an id known with another job, 422 a job that does not validate |
 //! | `GET /v1/jobs` | the serving pool's jobs |
 //! | `GET /v1/jobs/{id}` | the job's summary, 404 unknown |
+//! | `GET /v1/jobs/{id}/in-flight` | the job's mini-batches in flight, 404 unknown |
 //! | `POST /v1/jobs/{id}/cancel` | the job's summary after, 404 unknown |
+//! | `GET /v1/queue` | the serving pool's queue: ready, unacknowledged, dead-lettered |
 //! | `GET /healthz` | 200 when the ledger and the broker answer, 503 otherwise |
 //! | `GET /openapi.json` | this API, generated from its types |
 
@@ -26,7 +28,7 @@ use utoipa::{OpenApi, ToSchema};
 use super::Served;
 use crate::fleet::{self as fleet_cmd, EmptyInput, FleetError};
 use crate::partition::Produced;
-use crate::summary::JobSummary;
+use crate::summary::{InFlightBatch, JobSummary, QueueSummary};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -34,8 +36,15 @@ use crate::summary::JobSummary;
         title = "fleetrun",
         description = "Submit, follow and cancel jobs on a fleet."
     ),
-    paths(submit, list, status, cancel, health),
-    components(schemas(SubmitRequest, Submitted, ErrorBody, JobSummary))
+    paths(submit, list, status, in_flight, cancel, queue, health),
+    components(schemas(
+        SubmitRequest,
+        Submitted,
+        ErrorBody,
+        JobSummary,
+        InFlightBatch,
+        QueueSummary
+    ))
 )]
 pub struct ApiDoc;
 
@@ -44,7 +53,9 @@ pub(super) fn routes() -> Router<Served> {
     Router::new()
         .route("/v1/jobs", post(submit).get(list))
         .route("/v1/jobs/{id}", get(status))
+        .route("/v1/jobs/{id}/in-flight", get(in_flight))
         .route("/v1/jobs/{id}/cancel", post(cancel))
+        .route("/v1/queue", get(queue))
 }
 
 /// The routes open to anyone: health for probes, the API's description.
@@ -111,8 +122,10 @@ impl From<FleetError> for ApiError {
     }
 }
 
-fn not_found(id: &str) -> ApiError {
-    ApiError(StatusCode::NOT_FOUND, format!("no job {id}"))
+/// What was found of job `id` as the answer, or 404.
+fn found<T>(id: &str, what: Option<T>) -> Result<Json<T>, ApiError> {
+    what.map(Json)
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no job {id}")))
 }
 
 /// Submit a job; idempotent on `job_id`, as `fleetrun submit --job-id`.
@@ -185,10 +198,43 @@ async fn status(
     State(served): State<Served>,
     UrlPath(id): UrlPath<String>,
 ) -> Result<Json<JobSummary>, ApiError> {
-    fleet_cmd::summary(&served.fleet, &id)
-        .await?
-        .map(Json)
-        .ok_or_else(|| not_found(&id))
+    found(&id, fleet_cmd::summary(&served.fleet, &id).await?)
+}
+
+/// One job's mini-batches in flight, longest running first: who runs each, since when,
+/// which attempt, its first item.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/in-flight",
+    params(("id" = String, Path, description = "The job's id")),
+    responses(
+        (status = 200, body = [InFlightBatch]),
+        (status = 404, description = "No such job", body = ErrorBody),
+    )
+)]
+async fn in_flight(
+    State(served): State<Served>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Json<Vec<InFlightBatch>>, ApiError> {
+    found(&id, fleet_cmd::in_flight(&served.fleet, &id).await?)
+}
+
+/// The queue of the pool this instance serves: mini-batches ready, unacknowledged
+/// (`null` without the broker's management API) and dead-lettered.
+#[utoipa::path(
+    get,
+    path = "/v1/queue",
+    responses(
+        (status = 200, body = QueueSummary),
+        (status = 503, description = "The broker does not answer", body = ErrorBody),
+    )
+)]
+async fn queue(State(served): State<Served>) -> Result<Json<QueueSummary>, ApiError> {
+    let fleet = &served.fleet;
+    match fleet.queue.depth().await {
+        Ok(depth) => Ok(Json(QueueSummary::of(&fleet.pool, depth))),
+        Err(e) => Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, one_line(&e))),
+    }
 }
 
 /// Cancel a job: workers drop its remaining mini-batches.
@@ -206,10 +252,7 @@ async fn cancel(
     UrlPath(id): UrlPath<String>,
 ) -> Result<Json<JobSummary>, ApiError> {
     fleet_cmd::cancel(&served.fleet, &id, "canceled through the API").await?;
-    fleet_cmd::summary(&served.fleet, &id)
-        .await?
-        .map(Json)
-        .ok_or_else(|| not_found(&id))
+    found(&id, fleet_cmd::summary(&served.fleet, &id).await?)
 }
 
 /// 200 when the ledger and the broker answer, 503 (naming which does not) otherwise.

@@ -1,4 +1,5 @@
-//! `fleetrun serve`: the fleet's HTTP API, for the services that enqueue jobs.
+//! `fleetrun serve`: the fleet's HTTP API, for the services that enqueue jobs, and the
+//! operator page that reads it.
 //!
 //! Stateless: every request is answered from the fleet's ledger, registry and queue, so any
 //! number of instances may stand behind a load balancer. A job submitted here is the job
@@ -9,9 +10,11 @@
 //! # Layout
 //!
 //! - `api`: the routes, their request and response types, and the errors as HTTP answers.
+//! - `page`: the operator page at `/` (its HTML, CSS and JavaScript in `page/`).
 //! - this file: the router, the optional bearer token, serving until shut down.
 
 mod api;
+mod page;
 
 use std::sync::Arc;
 
@@ -55,6 +58,7 @@ fn router(served: Served) -> Router {
     Router::new()
         .merge(guarded)
         .merge(api::open_routes())
+        .merge(page::routes())
         .with_state(served)
 }
 

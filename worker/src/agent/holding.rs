@@ -62,6 +62,47 @@ impl Holding {
     }
 }
 
+/// An attempt in flight, as the ledger notes it (see [`held_attempts`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldAttempt {
+    /// The mini-batch.
+    pub index: u64,
+    pub node: String,
+    /// The runner process (`processNNN`).
+    pub process: String,
+    /// The attempt's number, from 1.
+    pub attempt: u32,
+    /// The mini-batch's first item (a tabular one's first chunk); empty when not noted.
+    pub first: String,
+    /// When the attempt started, in seconds since the Unix epoch; `None` when not noted.
+    pub since: Option<f64>,
+}
+
+/// The attempts in flight (`held`: the ledger's
+/// [`in_flight`](fleetrun_common::ledger::Ledger::in_flight)) that this build can read,
+/// longest running first: what a stalled job's cause and the operator page name.
+pub fn held_attempts(held: &[InFlight]) -> Vec<HeldAttempt> {
+    let mut known: Vec<HeldAttempt> = held
+        .iter()
+        .filter_map(|h| {
+            let holding = serde_json::from_str::<Holding>(&h.holder).ok()?;
+            Some(HeldAttempt {
+                index: h.index,
+                node: holding.node,
+                process: holding.process,
+                attempt: h.spent + 1,
+                first: holding.first,
+                since: (holding.since > 0.0).then_some(holding.since),
+            })
+        })
+        .collect();
+    known.sort_by(|a, b| {
+        let since = |h: &HeldAttempt| h.since.unwrap_or(0.0);
+        since(a).total_cmp(&since(b)).then(a.index.cmp(&b.index))
+    });
+    known
+}
+
 /// The mini-batches in flight as a stalled job's cause names them (`held`: the ledger's
 /// [`in_flight`](fleetrun_common::ledger::Ledger::in_flight), at `now`, seconds since the
 /// epoch): each one's index, first item, node and process, how long it has run and its
@@ -71,32 +112,22 @@ pub(crate) fn describe_in_flight(held: &[InFlight], now: f64) -> String {
     if held.is_empty() {
         return "no mini-batch is in flight: no worker holds one".to_owned();
     }
-    let mut known: Vec<(u64, Holding)> = held
-        .iter()
-        .filter_map(|h| {
-            let mut holding = serde_json::from_str::<Holding>(&h.holder).ok()?;
-            holding.attempt = h.spent + 1;
-            Some((h.index, holding))
-        })
-        .collect();
-    known.sort_by(|a, b| a.1.since.total_cmp(&b.1.since).then(a.0.cmp(&b.0)));
-    let mut named: Vec<String> = known
+    let mut named: Vec<String> = held_attempts(held)
         .iter()
         .take(NAMED)
-        .map(|(index, h)| {
+        .map(|h| {
             let first = if h.first.is_empty() {
                 String::new()
             } else {
                 format!(" (first item {})", h.first)
             };
-            let running = if h.since > 0.0 {
-                format!(" for {:.0}s", (now - h.since).max(0.0))
-            } else {
-                String::new()
-            };
+            let running = h
+                .since
+                .map(|since| format!(" for {:.0}s", (now - since).max(0.0)))
+                .unwrap_or_default();
             format!(
-                "mini-batch {index}{first} on node {} {}{running}, attempt {}",
-                h.node, h.process, h.attempt
+                "mini-batch {}{first} on node {} {}{running}, attempt {}",
+                h.index, h.node, h.process, h.attempt
             )
         })
         .collect();

@@ -56,6 +56,7 @@ mod tabular;
 pub mod workdir;
 
 pub use attempt::{join_rows, record_failed_batch};
+pub use holding::{HeldAttempt, held_attempts};
 use slot::Slot;
 
 /// How often a slot re-reads a job's state from the ledger between its own recordings.
