@@ -56,6 +56,10 @@ pub struct JobSpec {
     /// copy.
     #[serde(default)]
     pub models: BTreeMap<String, Location>,
+    /// Named outputs: folders or S3 prefixes the script's files reach, by name. Each runner
+    /// writes into a local folder of its own, given by `${{outputs.name}}` in `arguments`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub outputs: BTreeMap<String, Location>,
     /// The output folder: the `append_row` file and `logs/` go here.
     pub output: Location,
     /// What becomes of the elements `run()` returns.
@@ -218,6 +222,37 @@ impl Location {
         match self {
             Location::Local(p) => Some(p),
             Location::S3 { .. } => None,
+        }
+    }
+
+    /// Where `self` lies inside `outer`: `Some("")` when it is `outer`, `Some("a/b")` for a
+    /// folder or prefix below it, `None` elsewhere.
+    pub fn within(&self, outer: &Location) -> Option<String> {
+        match (self, outer) {
+            (Location::Local(path), Location::Local(dir)) => {
+                let rel = path.strip_prefix(dir).ok()?;
+                Some(rel.to_string_lossy().into_owned())
+            }
+            (
+                Location::S3 { bucket, prefix },
+                Location::S3 {
+                    bucket: outer_bucket,
+                    prefix: outer_prefix,
+                },
+            ) if bucket == outer_bucket => {
+                let (inner, outer) = (
+                    prefix.trim_end_matches('/'),
+                    outer_prefix.trim_end_matches('/'),
+                );
+                if outer.is_empty() {
+                    return Some(inner.to_owned());
+                }
+                match inner.strip_prefix(outer)? {
+                    "" => Some(String::new()),
+                    rest => Some(rest.strip_prefix('/')?.to_owned()),
+                }
+            }
+            _ => None,
         }
     }
 }
