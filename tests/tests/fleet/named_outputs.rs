@@ -23,6 +23,9 @@ def run(mini_batch):
         name = os.path.basename(p)
         with open(os.path.join(models, "model-" + name), "w") as f:
             f.write("%s by %s\n" % (open(p).read(), EntryScript().node_id))
+    # One name every runner writes: the last writer wins, and is told so.
+    with open(os.path.join(models, "latest.txt"), "w") as f:
+        f.write("%s %s\n" % (EntryScript().node_id, os.path.basename(mini_batch[0])))
     return [os.path.basename(p) for p in mini_batch]
 "#;
     let mut fleet = Fleet::new(script);
@@ -60,6 +63,7 @@ def run(mini_batch):
         .unwrap();
     let mut expected: BTreeSet<String> = (0..20).map(|i| format!("model-f{i:04}.txt")).collect();
     expected.insert("notes.txt".to_owned());
+    expected.insert("latest.txt".to_owned());
     assert_eq!(keys, expected);
     let mut nodes = BTreeSet::new();
     for i in 0..20 {
@@ -70,6 +74,28 @@ def run(mini_batch):
     }
     assert_eq!(lines(&fleet.output("models/notes.txt")), ["mine"]);
     assert_eq!(nodes.len(), 2, "both workers wrote models: {nodes:?}");
+    // Both nodes delivered latest.txt: whichever replaced the other's says so in its log,
+    // which reaches S3 once the node has let the job go.
+    let root = fleet.storage("");
+    let said: Vec<String> = ["w1", "w2"]
+        .iter()
+        .map(|node| {
+            let key = format!("out/logs/sys/node/{node}/_main.txt");
+            wait_for(
+                &format!("{node}'s _main.txt on S3"),
+                Duration::from_secs(30),
+                || fleet.runtime.block_on(root.get(&key)).is_ok(),
+            );
+            String::from_utf8_lossy(&fleet.output(&key)).into_owned()
+        })
+        .filter(|log| log.contains("outputs.model_folder: latest.txt from process"))
+        .collect();
+    assert!(!said.is_empty(), "no node told of replacing latest.txt");
+    assert!(
+        said[0].contains("(the last writer of a name wins)"),
+        "{}",
+        said[0]
+    );
 }
 
 #[test]
