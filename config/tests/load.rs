@@ -776,6 +776,11 @@ fn a_bad_named_output_is_refused_naming_the_field_and_the_rule() {
             r#"job.toml: outputs.m: must be outside the input, and not hold it (got "data/images/models")"#,
         ),
         (
+            "m = \"out\"",
+            "",
+            r#"job.toml: outputs.m: must not be the output folder itself, where fleetrun keeps its own files (EntryScript().output_dir writes there); name a folder in it (got "out")"#,
+        ),
+        (
             "m = \"out/logs/models\"",
             "",
             r#"job.toml: outputs.m: must not lie in logs, which fleetrun keeps in the output folder for itself (got "out/logs/models")"#,

@@ -94,6 +94,11 @@ pub(super) fn outputs(
             return Err(FieldError::rule(&field, rule, text));
         }
         if let Some(rel) = place.within(output) {
+            if rel.is_empty() {
+                let rule = "must not be the output folder itself, where fleetrun keeps its own \
+                            files (EntryScript().output_dir writes there); name a folder in it";
+                return Err(FieldError::rule(&field, rule, text));
+            }
             let first = rel.split('/').next().unwrap_or_default();
             if OUTPUT_RESERVED.contains(&first) || first == append_row_file_name {
                 let rule = format!(
