@@ -360,8 +360,9 @@ impl Converter<'_> {
     }
 
     /// The job's output folder: the folder of `task.append_row_to` (its file the
-    /// `append_row` file), else `out`; named outputs are folders beside it, or where
-    /// `--set outputs.NAME=…` says. Returns each named output's path.
+    /// `append_row` file), else `out`; the other outputs are the job's named outputs
+    /// (`[outputs]`), `out/NAME` or where `--set outputs.NAME=…` says. Returns the path of
+    /// the `append_row_to` output, by name.
     fn output(&mut self, task: &Yaml, outputs: &Yaml) -> Result<BTreeMap<String, String>, Fail> {
         let mut named = BTreeMap::new();
         for name in outputs
@@ -380,6 +381,27 @@ impl Converter<'_> {
             };
             named.insert(name.to_owned(), path);
         }
+        let appended = self.append_row(task, outputs, &named)?;
+        // Every other output is a named output: the script writes to a folder of its runner's
+        // own (`${{outputs.NAME}}` stays in the arguments), whose files reach this path.
+        for (name, path) in &named {
+            if appended.as_deref() != Some(name.as_str()) {
+                let key = format!("outputs.{name}");
+                self.put(&key, Value::String(path.clone()), &key);
+            }
+        }
+        named.retain(|name, _| appended.as_deref() == Some(name.as_str()));
+        Ok(named)
+    }
+
+    /// `task.append_row_to` (the output folder and the `append_row` file), else a
+    /// `summary_only` job with its output in `out`. Returns the output it names.
+    fn append_row(
+        &mut self,
+        task: &Yaml,
+        outputs: &Yaml,
+        named: &BTreeMap<String, String>,
+    ) -> Result<Option<String>, Fail> {
         match task.get("append_row_to").and_then(Yaml::as_str) {
             Some(target) => {
                 let at = "task.append_row_to";
@@ -415,6 +437,7 @@ impl Converter<'_> {
                 if !file.is_empty() {
                     self.put("append_row_file_name", Value::String(file.clone()), at);
                 }
+                Ok(Some(name.to_owned()))
             }
             None => {
                 self.put(
@@ -423,13 +446,15 @@ impl Converter<'_> {
                     "task",
                 );
                 self.put("output.path", Value::String("out".into()), "outputs");
+                Ok(None)
             }
         }
-        Ok(named)
     }
 
     /// `task.program_arguments` (a string, split as a shell would, or a list), with
-    /// `${{inputs.x}}` and `${{outputs.x}}` replaced by their values and paths.
+    /// `${{inputs.x}}` replaced by its value or path and `${{outputs.x}}` by the output
+    /// folder for the `append_row_to` output; a named output's reference stays, for each
+    /// runner to fill in.
     fn arguments(
         &mut self,
         task: &Yaml,
@@ -444,10 +469,11 @@ impl Converter<'_> {
             Some(Yaml::Sequence(items)) => items.iter().map(scalar_text).collect(),
             Some(_) => return Err((self.at(at), "a string or a list".into())),
         };
-        let _ = outputs;
         let mut arguments = Vec::with_capacity(words.len());
         for word in words {
-            arguments.push(Value::String(self.substitute(&word, inputs, named)?));
+            arguments.push(Value::String(
+                self.substitute(&word, inputs, outputs, named)?,
+            ));
         }
         self.put("arguments", Value::Array(arguments), at);
         Ok(())
@@ -457,6 +483,7 @@ impl Converter<'_> {
         &mut self,
         word: &str,
         inputs: &Yaml,
+        outputs: &Yaml,
         named: &BTreeMap<String, String>,
     ) -> Result<String, Fail> {
         let mut out = String::new();
@@ -488,13 +515,16 @@ impl Converter<'_> {
                     scalar_text(&declared)
                 }
             } else if let Some(name) = reference_to("outputs", reference) {
-                let path = named.get(name).ok_or_else(|| {
-                    (
-                        self.at("task.program_arguments"),
-                        format!("{reference} names no output of the job"),
-                    )
-                })?;
-                location(self.base_dir, path.trim_end_matches('/'))
+                match named.get(name) {
+                    Some(path) => location(self.base_dir, path.trim_end_matches('/')),
+                    None if outputs.get(name).is_some() => format!("${{{{outputs.{name}}}}}"),
+                    None => {
+                        return Err((
+                            self.at("task.program_arguments"),
+                            format!("{reference} names no output of the job"),
+                        ));
+                    }
+                }
             } else {
                 return Err((
                     self.at("task.program_arguments"),

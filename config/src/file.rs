@@ -39,6 +39,11 @@ pub struct JobFile {
     /// Models every node gets whole: `[models] name = "path-or-s3-prefix"`.
     #[serde(default)]
     pub models: NamedPaths,
+    /// Folders the script writes files to, by name (AML v2's named outputs):
+    /// `[outputs] name = "folder-or-s3-prefix"`; `${{outputs.name}}` in `arguments` is a
+    /// folder of each runner's own whose files reach it after every mini-batch.
+    #[serde(default)]
+    pub outputs: NamedPaths,
     /// Where results go: `[output] path = "..."`.
     #[serde(default, deserialize_with = "table")]
     pub output: OutputTable,

@@ -57,6 +57,10 @@ pub struct JobSpec {
     /// copy.
     #[serde(default)]
     pub models: BTreeMap<String, Location>,
+    /// Named outputs: folders or S3 prefixes the script's files reach, by name. Each runner
+    /// writes into a local folder of its own, given by `${{outputs.name}}` in `arguments`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub outputs: BTreeMap<String, Location>,
     /// The output folder: the `append_row` file and `logs/` go here.
     pub output: Location,
     /// What becomes of the elements `run()` returns.
@@ -228,32 +232,40 @@ impl Location {
         }
     }
 
-    /// Whether the two are the same place or one holds the other (by whole path components:
-    /// `s3://b/out` holds `s3://b/out/a`, not `s3://b/outer`). Local paths are compared as
-    /// given (absolute, as a job's are).
+    /// Whether the two are the same place or one holds the other ([`Location::within`]: by
+    /// whole path components, `s3://b/out` holds `s3://b/out/a`, not `s3://b/outer`).
     pub fn overlaps(&self, other: &Location) -> bool {
-        match (self, other) {
-            (Location::Local(a), Location::Local(b)) => a.starts_with(b) || b.starts_with(a),
-            (
-                Location::S3 {
-                    bucket: a,
-                    prefix: pa,
-                },
-                Location::S3 {
-                    bucket: b,
-                    prefix: pb,
-                },
-            ) => {
-                let parts = |p: &str| -> Vec<String> {
-                    p.split('/')
-                        .filter(|c| !c.is_empty())
-                        .map(str::to_owned)
-                        .collect()
-                };
-                let (pa, pb) = (parts(pa), parts(pb));
-                a == b && (pa.starts_with(&pb) || pb.starts_with(&pa))
+        self.within(other).is_some() || other.within(self).is_some()
+    }
+
+    /// Where `self` lies inside `outer`: `Some("")` when it is `outer`, `Some("a/b")` for a
+    /// folder or prefix below it, `None` elsewhere.
+    pub fn within(&self, outer: &Location) -> Option<String> {
+        match (self, outer) {
+            (Location::Local(path), Location::Local(dir)) => {
+                let rel = path.strip_prefix(dir).ok()?;
+                Some(rel.to_string_lossy().into_owned())
             }
-            _ => false,
+            (
+                Location::S3 { bucket, prefix },
+                Location::S3 {
+                    bucket: outer_bucket,
+                    prefix: outer_prefix,
+                },
+            ) if bucket == outer_bucket => {
+                let (inner, outer) = (
+                    prefix.trim_end_matches('/'),
+                    outer_prefix.trim_end_matches('/'),
+                );
+                if outer.is_empty() {
+                    return Some(inner.to_owned());
+                }
+                match inner.strip_prefix(outer)? {
+                    "" => Some(String::new()),
+                    rest => Some(rest.strip_prefix('/')?.to_owned()),
+                }
+            }
+            _ => None,
         }
     }
 }

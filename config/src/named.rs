@@ -1,13 +1,12 @@
-//! Named data a job brings along whole (`[side_inputs]`, `[models]`), and the
-//! `${{side_inputs.name}}` / `${{models.name}}` references to them in `arguments` (AML v2's
-//! syntax), replaced by each node with the data's local path.
-
-use std::collections::BTreeMap;
-use std::path::Path;
+//! Named data a job brings along whole (`[side_inputs]`, `[models]`), the folders its
+//! script writes to (`[outputs]`), and the `${{side_inputs.name}}` / `${{models.name}}` /
+//! `${{outputs.name}}` references to them in `arguments` (AML v2's syntax), replaced by each
+//! node with a local path: the staged data's, or a folder of the runner's own for an output.
 
 /// The kinds of named data an argument may refer to, as the reference spells them.
 pub const SIDE_INPUTS: &str = "side_inputs";
 pub const MODELS: &str = "models";
+pub const OUTPUTS: &str = "outputs";
 
 /// One `${{kind.name}}` found in an argument.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,14 +34,10 @@ pub fn references(argument: &str) -> Vec<Reference<'_>> {
     found
 }
 
-/// `argument` with each `${{side_inputs.name}}` / `${{models.name}}` replaced by the local
-/// path `paths` gives for it; a reference `paths` does not know is left as written (the job
-/// file's validation refuses those).
-pub fn substitute(
-    argument: &str,
-    side_inputs: &BTreeMap<String, &Path>,
-    models: &BTreeMap<String, &Path>,
-) -> String {
+/// `argument` with each `${{kind.name}}` replaced by what `path(kind, name)` gives for it; a
+/// reference it does not know is left as written (the job file's validation refuses those
+/// that no step fills in).
+pub fn substitute(argument: &str, path: impl Fn(&str, &str) -> Option<String>) -> String {
     let mut out = String::with_capacity(argument.len());
     let mut rest = argument;
     while let Some(start) = rest.find("${{") {
@@ -50,14 +45,9 @@ pub fn substitute(
         let Some(end) = after.find("}}") else { break };
         let inner = after[..end].trim();
         let (kind, name) = inner.split_once('.').unwrap_or((inner, ""));
-        let table = match kind.trim() {
-            SIDE_INPUTS => Some(side_inputs),
-            MODELS => Some(models),
-            _ => None,
-        };
         out.push_str(&rest[..start]);
-        match table.and_then(|t| t.get(name.trim())) {
-            Some(path) => out.push_str(&path.to_string_lossy()),
+        match path(kind.trim(), name.trim()) {
+            Some(path) => out.push_str(&path),
             None => out.push_str(&rest[start..start + 3 + end + 2]),
         }
         rest = &after[end + 2..];
@@ -68,6 +58,8 @@ pub fn substitute(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     #[test]
@@ -86,12 +78,15 @@ mod tests {
                 }
             ]
         );
-        let side = BTreeMap::from([("labels".to_owned(), Path::new("/c/l.txt"))]);
-        let models = BTreeMap::from([("m".to_owned(), Path::new("/c/m"))]);
-        assert_eq!(substitute(arg, &side, &models), "--labels=/c/l.txt:/c/m");
+        let paths = BTreeMap::from([
+            ((SIDE_INPUTS, "labels"), "/c/l.txt"),
+            ((MODELS, "m"), "/c/m"),
+        ]);
+        let path = |kind: &str, name: &str| paths.get(&(kind, name)).map(|p| p.to_string());
+        assert_eq!(substitute(arg, path), "--labels=/c/l.txt:/c/m");
         assert_eq!(
-            substitute("${{inputs.x}} ${{", &side, &models),
-            "${{inputs.x}} ${{"
+            substitute("${{inputs.x}} ${{outputs.o}} ${{", path),
+            "${{inputs.x}} ${{outputs.o}} ${{"
         );
         assert!(references("plain ${{ unclosed").is_empty());
     }

@@ -54,7 +54,6 @@ impl JobFile {
         let input = input(&self.input, &here)?;
         let side_inputs = named::side_inputs(&self.side_inputs, &here)?;
         let models = named::models(&self.models, &here)?;
-        named::check_references(&self.arguments, &side_inputs, &models)?;
         let output_path = required("output.path", &self.output.path)?;
         let output = location("output.path", output_path, &here)?;
         if same_place(&output, input.location()) {
@@ -66,6 +65,8 @@ impl JobFile {
         }
         let output_action = output_action(required("output_action", &self.output_action)?)?;
         let append_row_file_name = file_name("append_row_file_name", &self.append_row_file_name)?;
+        let outputs = named::outputs(&self.outputs, &here, &input, &output, &append_row_file_name)?;
+        named::check_references(&self.arguments, &side_inputs, &models, &outputs)?;
         let append_row_separator = separator("append_row_separator", &self.append_row_separator)?;
 
         let mini_batch_size = match &self.mini_batch_size {
@@ -135,6 +136,7 @@ impl JobFile {
             input,
             side_inputs,
             models,
+            outputs,
             output,
             output_action,
             append_row_file_name,

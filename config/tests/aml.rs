@@ -119,17 +119,22 @@ fn a_pipelines_parallel_job_maps_onto_the_job_file() {
     assert_eq!(spec.environment_variables["MODE"], "fast");
     assert_eq!(spec.output_action, OutputAction::SummaryOnly);
     assert_eq!(spec.output, Location::Local(dir.path().join("out")));
-    let models = dir.path().join("out/models");
+    // `${{outputs.models}}` is a named output: each runner gets a folder of its own there,
+    // whose files reach `out/models`.
     assert_eq!(
         spec.arguments,
         [
             "--target",
             "Units",
             "--models",
-            models.to_str().unwrap(),
+            "${{outputs.models}}",
             "--allowed_failed_percent",
             "40"
         ]
+    );
+    assert_eq!(
+        spec.outputs["models"],
+        Location::Local(dir.path().join("out/models"))
     );
     assert_eq!(
         spec.allowed_failed_percent, 40.0,
@@ -196,6 +201,8 @@ fn convert_prints_toml_naming_each_yaml_key() {
         "allowed_failed_count = 4  # jobs.train_stores.mini_batch_error_threshold\n",
         "node_count = 3  # jobs.train_stores.resources.instance_count\n",
         "\n[input]\ntabular = \"table\"  # jobs.train_stores.inputs.sales.path\n",
+        "\n[outputs]\nmodels = \"out/models\"  # jobs.train_stores.outputs.models\n",
+        "\"${{outputs.models}}\"",
     ] {
         assert!(toml.contains(line), "{line:?} not in:\n{toml}");
     }
@@ -230,4 +237,24 @@ fn an_append_row_to_output_file_is_the_output_file() {
     assert_eq!(spec.append_row_file_name, "scores.csv");
     // `${{outputs.models}}` is the output folder, as on Azure ML.
     assert!(Path::new(&spec.arguments[3]).ends_with("results"));
+}
+
+#[test]
+fn a_named_output_goes_where_set_outputs_says() {
+    let dir = folder();
+    let yml = dir.path().join("pipeline.yml");
+    let (spec, _) = load_aml(
+        &yml,
+        None,
+        &sets(&["inputs.sales=table", "outputs.models=s3://bucket/models/"]),
+    )
+    .unwrap();
+    assert_eq!(
+        spec.outputs["models"],
+        Location::S3 {
+            bucket: "bucket".into(),
+            prefix: "models/".into()
+        }
+    );
+    assert_eq!(spec.arguments[3], "${{outputs.models}}");
 }

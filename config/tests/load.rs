@@ -172,6 +172,7 @@ path = "./results/../out"
             ),
         ]),
         models: BTreeMap::new(),
+        outputs: BTreeMap::new(),
         partition_format: None,
         output: Location::Local(dir.path("out")),
         output_action: OutputAction::SummaryOnly,
@@ -220,6 +221,7 @@ fn a_minimal_job_file_gets_the_defaults() {
         input: Input::Files(Location::Local(dir.path("data/images"))),
         side_inputs: BTreeMap::new(),
         models: BTreeMap::new(),
+        outputs: BTreeMap::new(),
         partition_format: None,
         output: Location::Local(dir.path("out")),
         output_action: OutputAction::AppendRow,
@@ -720,8 +722,89 @@ fn an_argument_naming_an_unknown_side_input_or_model_is_refused() {
     );
     assert_rejects(
         &dir,
-        r#"arguments = ["${{inputs.x}}"] → arguments: ${{inputs.…}} is not a reference fleetrun knows; use ${{side_inputs.<name>}} or ${{models.<name>}} (got "${{inputs.x}}")"#,
+        r#"arguments = ["${{inputs.x}}"] → arguments: ${{inputs.…}} is not a reference fleetrun knows; use ${{side_inputs.<name>}}, ${{models.<name>}} or ${{outputs.<name>}} (got "${{inputs.x}}")"#,
     );
+}
+
+#[test]
+fn named_outputs_are_resolved_and_referenced_from_arguments() {
+    let dir = JobDir::new();
+    let text = job(&[(
+        "arguments",
+        r#"["--model_folder", "${{outputs.model_folder}}"]"#,
+    )]) + "\n[outputs]\nmodel_folder = \"results/models\"\nscores = \"s3://bucket/scores/\"\n";
+    let spec = dir.load(&text).unwrap();
+    assert_eq!(
+        spec.outputs["model_folder"],
+        Location::Local(dir.path("results/models"))
+    );
+    assert_eq!(
+        spec.outputs["scores"],
+        Location::S3 {
+            bucket: "bucket".into(),
+            prefix: "scores/".into()
+        }
+    );
+    // The reference stays for each runner to fill in with a folder of its own.
+    assert_eq!(spec.arguments[1], "${{outputs.model_folder}}");
+    // Inside the job's output folder, beside what fleetrun keeps there, is fine.
+    let inside = job(&[]) + "\n[outputs]\nmodels = \"out/models\"\n";
+    assert_eq!(
+        dir.load(&inside).unwrap().outputs["models"],
+        Location::Local(dir.path("out/models"))
+    );
+}
+
+#[test]
+fn a_bad_named_output_is_refused_naming_the_field_and_the_rule() {
+    let dir = JobDir::new();
+    let with = |table: &str, arguments: &str| {
+        job(&[("arguments", arguments)]) + "\n[outputs]\n" + table + "\n"
+    };
+    for (table, arguments, message) in [
+        (
+            "\"model-folder\" = \"m\"",
+            "",
+            r#"job.toml: outputs: names must be identifiers: a letter or "_", then letters, digits or "_" (got "model-folder")"#,
+        ),
+        (
+            "m = \"data/images\"",
+            "",
+            r#"job.toml: outputs.m: must be outside the input, and not hold it (got "data/images")"#,
+        ),
+        (
+            "m = \"data/images/models\"",
+            "",
+            r#"job.toml: outputs.m: must be outside the input, and not hold it (got "data/images/models")"#,
+        ),
+        (
+            "m = \"out\"",
+            "",
+            r#"job.toml: outputs.m: must not be the output folder itself, where fleetrun keeps its own files (EntryScript().output_dir writes there); name a folder in it (got "out")"#,
+        ),
+        (
+            "m = \"out/logs/models\"",
+            "",
+            r#"job.toml: outputs.m: must not lie in logs, which fleetrun keeps in the output folder for itself (got "out/logs/models")"#,
+        ),
+        (
+            "m = \"out/parallel_run_step.txt\"",
+            "",
+            r#"job.toml: outputs.m: must not lie in parallel_run_step.txt, which fleetrun keeps in the output folder for itself (got "out/parallel_run_step.txt")"#,
+        ),
+        (
+            "a = \"m\"\nb = \"m/b\"",
+            "",
+            r#"job.toml: outputs.b: must be apart from outputs.a: one holds the other (got "m/b")"#,
+        ),
+        (
+            "m = \"m\"",
+            r#"["${{outputs.model_folder}}"]"#,
+            r#"job.toml: arguments: names outputs.model_folder, which [outputs] does not define (known: m) (got "${{outputs.model_folder}}")"#,
+        ),
+    ] {
+        assert_eq!(dir.error(&with(table, arguments)), message, "{table}");
+    }
 }
 
 #[test]

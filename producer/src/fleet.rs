@@ -219,6 +219,14 @@ pub async fn register(
     fleet: &Fleet,
     job_id: Option<&str>,
 ) -> Result<Registered, FleetError> {
+    if spec.output.as_local().is_none()
+        && let Some((name, location)) = spec.outputs.iter().find(|(_, l)| l.as_local().is_some())
+    {
+        return Err(FleetError::Refused(format!(
+            "outputs.{name}: a job whose output is on S3 runs on workers elsewhere, where the \
+             local folder {location} would be each worker's own; give an s3:// prefix"
+        )));
+    }
     let job = job_id.map_or_else(|| new_job_id(&spec.name), str::to_owned);
     check_output_free(fleet, &job, &spec).await?;
     let mut spec = job::ship_code(spec, &fleet.s3).await?;

@@ -131,4 +131,8 @@ fn a_many_models_pipeline_yaml_runs_unchanged() {
             fs::read_to_string(&model).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
         assert_eq!(text, format!("{total} int str\n"), "{}", model.display());
     }
+    // `${{outputs.models}}` is a named output: each runner wrote into a folder of its own,
+    // and fleetrun delivered the files, recording them as its own.
+    let record = fs::read_to_string(path("out/models/.fleetrun/outputs.json")).unwrap();
+    assert!(record.contains("\"1000/dominicks/total.txt\""), "{record}");
 }

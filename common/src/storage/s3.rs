@@ -179,6 +179,10 @@ fn settings_error(why: String) -> StorageError {
     StorageError::Backend(format!("S3 settings: {why}"))
 }
 
+/// The object metadata that names who wrote an object of a job's named output
+/// (`<job>/<node>/<process>`): an object without it is not fleetrun's.
+pub const WRITER_METADATA: &str = "fleetrun-writer";
+
 /// A bucket and key prefix on S3 as storage.
 #[derive(Debug, Clone)]
 pub struct S3Storage {
@@ -266,6 +270,49 @@ impl S3Storage {
                 stream::iter(items)
             })
             .boxed()
+    }
+
+    /// Who wrote `key`, as the metadata [`S3Storage::put_written_by`] leaves says: `None`
+    /// when there is no such object, `Some(None)` for an object fleetrun did not write so.
+    pub async fn written_by(&self, key: &str) -> Result<Option<Option<String>>, StorageError> {
+        let object_key = self.object_key(key)?;
+        let head = self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(&object_key)
+            .send()
+            .await;
+        match head {
+            Ok(out) => Ok(Some(
+                out.metadata().and_then(|m| m.get(WRITER_METADATA)).cloned(),
+            )),
+            Err(e) => match self.error(key, &e) {
+                StorageError::NotFound(_) => Ok(None),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// [`Storage::put`] with the writer noted in the object's metadata
+    /// ([`WRITER_METADATA`]), where [`S3Storage::written_by`] reads it.
+    pub async fn put_written_by(
+        &self,
+        key: &str,
+        body: Bytes,
+        writer: &str,
+    ) -> Result<(), StorageError> {
+        let object_key = self.object_key(key)?;
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&object_key)
+            .metadata(WRITER_METADATA, writer)
+            .body(ByteStream::from(body))
+            .send()
+            .await
+            .map_err(|e| self.backend(key, &e))?;
+        Ok(())
     }
 
     /// Creates the bucket unless it exists already (in the client's region), for demos,

@@ -169,6 +169,18 @@ impl Slot {
                         ctx.job.spec().append_row_dataframe_header,
                     )
                 });
+                // The script's named-output files reach their place before the mini-batch
+                // is recorded; while the runner runs the next one, only those written
+                // before this one returned.
+                if !ctx.job.spec().outputs.is_empty() {
+                    let busy = self.ahead.as_ref().is_some_and(|a| a.sent.is_some());
+                    let work = super::workdir::job_work_dir(self.cache(), ctx.job.id(), &node);
+                    let folder = super::named::runner_folder(&work, &process);
+                    let before = busy.then(|| super::named::clock(&folder)).flatten();
+                    if !busy || before.is_some() {
+                        super::named::deliver_logged(ctx, &node, &process, before).await;
+                    }
+                }
                 let (shared, ctx, index) = (self.shared.clone(), ctx.clone(), batch.index);
                 let holding = holding.clone();
                 Verdict::Finish(Box::pin(async move {

@@ -330,6 +330,7 @@ impl Slot {
         self.config().metrics.mini_batch("isolated");
         let row = report_row(batch, holding, "isolated", outcome, None, &note);
         super::outdir::sync_logged(ctx).await;
+        super::named::deliver_logged(ctx, &holding.node, &holding.process, None).await;
         if record_outcome(
             &self.shared,
             ctx,

@@ -21,6 +21,8 @@
 //! - `stage`: staging a mini-batch's inputs into the node's cache.
 //! - `workdir`: each runner's working folder, holding the source directory.
 //! - `outdir`: `EntryScript().output_dir`, uploaded to an S3 output.
+//! - `named`: named outputs (`${{outputs.name}}`), delivered after every mini-batch; files
+//!   left in working folders, kept when the job ends.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -46,6 +48,7 @@ mod attempt;
 pub mod environment;
 pub(crate) mod holding;
 mod isolate;
+pub mod named;
 pub mod outdir;
 mod returns;
 mod runner;
@@ -116,6 +119,8 @@ pub struct JobContext {
     last_check: std::sync::Mutex<Instant>,
     /// What of `EntryScript().output_dir` reached an S3 output (see `outdir`).
     pub(crate) output_sync: tokio::sync::Mutex<outdir::Uploaded>,
+    /// The job's named outputs on this node, and the node's working folders (see `named`).
+    pub(crate) named: named::NamedOutputs,
     /// The job's resource monitor on this node (`perf/<node_id>/`).
     pub monitor: crate::monitor::Monitor,
     /// The job's run this context serves (the ledger's `Status::run`): a mini-batch of a
@@ -143,9 +148,17 @@ impl JobContext {
             python: tokio::sync::OnceCell::new(),
             last_check: std::sync::Mutex::new(Instant::now()),
             output_sync: Default::default(),
+            named: Default::default(),
             monitor: Default::default(),
             run: 0,
         }
+    }
+
+    /// Delivers the job's named outputs, and keeps what runners leave in their working
+    /// folders, as `named` says.
+    pub fn with_named(mut self, named: named::NamedOutputs) -> JobContext {
+        self.named = named;
+        self
     }
 
     /// Serves the job's `run` (see [`JobContext::run`]).

@@ -79,13 +79,27 @@ pub async fn sync_logged(ctx: &JobContext) {
     }
 }
 
+/// A file's modification time in nanoseconds.
+pub(super) fn mtime(meta: &std::fs::Metadata) -> i128 {
+    i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec())
+}
+
 fn reserved(key: &str, append_row_file_name: &str) -> bool {
     let first = key.split('/').next().unwrap_or(key);
     matches!(first, "logs" | "_parts" | "_fleetrun" | ".fleetrun") || key == append_row_file_name
 }
 
 /// Every file under `dir`: its `/`-separated relative key, size and mtime.
-fn walk(dir: &Path) -> Vec<(String, u64, i128)> {
+pub(super) fn walk(dir: &Path) -> Vec<(String, u64, i128)> {
+    walk_where(dir, |_, _| true)
+}
+
+/// [`walk`] over the entries `keep` takes (given the folder each is in): a folder left out is
+/// not entered.
+pub(super) fn walk_where(
+    dir: &Path,
+    keep: impl Fn(&Path, &std::fs::DirEntry) -> bool,
+) -> Vec<(String, u64, i128)> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(folder) = stack.pop() {
@@ -93,6 +107,9 @@ fn walk(dir: &Path) -> Vec<(String, u64, i128)> {
             continue;
         };
         for entry in entries.flatten() {
+            if !keep(&folder, &entry) {
+                continue;
+            }
             let Ok(meta) = entry.metadata() else {
                 continue;
             };
@@ -102,9 +119,7 @@ fn walk(dir: &Path) -> Vec<(String, u64, i128)> {
             } else if let Ok(rel) = path.strip_prefix(dir)
                 && let Some(key) = rel.to_str()
             {
-                let mtime =
-                    i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec());
-                out.push((key.to_owned(), meta.len(), mtime));
+                out.push((key.to_owned(), meta.len(), mtime(&meta)));
             }
         }
     }

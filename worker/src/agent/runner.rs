@@ -1,7 +1,6 @@
 //! A slot's runner process: starting it (its environment, its GPU), warming it before work
 //! arrives, killing it.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -117,13 +116,23 @@ impl Slot {
             env_remove,
         };
         let spec = ctx.job.spec();
-        // The node's cache folder holds the staging folder and the working folders.
-        let cache = self.config().staging_dir.parent().unwrap_or(Path::new("/"));
+        let cache = self.cache();
         let working_dir = match super::workdir::make(cache, ctx.job.id(), &node, &name, spec) {
             Ok(dir) => Some(dir.display().to_string()),
             Err(e) => {
                 warn!(job = %ctx.job.id(), process = %name, error = %e, "Cannot make the runner's working folder; it starts in the worker's.");
                 None
+            }
+        };
+        let work = super::workdir::job_work_dir(cache, ctx.job.id(), &node);
+        let arguments = match super::named::arguments(
+            spec,
+            &super::named::runner_folder(&work, &name),
+        ) {
+            Ok(arguments) => arguments,
+            Err(e) => {
+                warn!(job = %ctx.job.id(), process = %name, error = %e, "Cannot make the runner's named-output folders.");
+                spec.arguments.clone()
             }
         };
         let output_dir = super::outdir::local_output_dir(ctx);
@@ -133,7 +142,7 @@ impl Slot {
         let params = InitParams {
             entry_script: local_path_string(&spec.entry_script),
             source_directory: spec.source_directory.as_ref().map(local_path_string),
-            arguments: spec.arguments.clone(),
+            arguments,
             node_id: node.clone(),
             process_name: name.clone(),
             log_dir: ctx.logs.dir().display().to_string(),

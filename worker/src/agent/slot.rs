@@ -69,6 +69,12 @@ impl Slot {
         &self.shared.agent.config
     }
 
+    /// The node's cache folder: it holds the staging folder and the working folders.
+    pub(super) fn cache(&self) -> &std::path::Path {
+        let staging = &self.config().staging_dir;
+        staging.parent().unwrap_or(staging)
+    }
+
     pub(super) async fn run(mut self, drain: CancellationToken, abort: CancellationToken) {
         if let Some(job) = self.config().warm_job.clone() {
             tokio::select! {

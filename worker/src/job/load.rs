@@ -124,9 +124,12 @@ impl FleetJobs {
         });
         let processes = job_processes(&self.config, &spec);
         let writer = parts::writer_name(&self.config.node_id);
+        let work = agent::workdir::job_work_dir(&self.config.cache_dir, job, &self.config.node_id);
+        let named = agent::named::NamedOutputs::open(&spec, work, &self.fleet.s3).await?;
         let handle = Job::new(job, spec, record.submitted_at, &self.fleet, output, &writer);
         let ctx = Arc::new(
             JobContext::new(handle, input, logs)
+                .with_named(named)
                 // `fleetrun run` is the job's one node; fleet nodes take one of its places.
                 .with_seats(processes, !self.config.sole_node)
                 .for_run(run),

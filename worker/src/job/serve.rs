@@ -97,6 +97,7 @@ pub async fn serve(
         if let Ok(Some(status)) = fleet.ledger.status(ctx.job.id()).await {
             note_end(&ctx, &status);
         }
+        agent::named::finish(&ctx, &config.node_id).await;
         ctx.logs.flush();
         agent::outdir::sync_logged(&ctx).await;
         upload_logs(&ctx, &config.node_id).await;

@@ -95,11 +95,18 @@ pub(super) async fn stage_side(
             .collect()
     };
     let (side, models) = (paths(&spec.side_inputs), paths(&spec.models));
-    let (side, models) = (path_refs(&side), path_refs(&models));
+    let path = |kind: &str, name: &str| {
+        let table = match kind {
+            named::SIDE_INPUTS => &side,
+            named::MODELS => &models,
+            _ => return None,
+        };
+        Some(table.get(name)?.to_string_lossy().into_owned())
+    };
     spec.arguments = spec
         .arguments
         .iter()
-        .map(|a| named::substitute(a, &side, &models))
+        .map(|a| named::substitute(a, path))
         .collect();
     let cap = unused_cap();
     let evict_root = root.clone();
@@ -107,13 +114,6 @@ pub(super) async fn stage_side(
         .await
         .map_err(|e| JobError::io(&root)(io::Error::other(e)))?;
     Ok((spec, held))
-}
-
-fn path_refs(table: &BTreeMap<String, PathBuf>) -> BTreeMap<String, &Path> {
-    table
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_path()))
-        .collect()
 }
 
 /// Where shipped side inputs and models live, under the job's output location.

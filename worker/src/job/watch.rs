@@ -100,6 +100,7 @@ pub(super) async fn watch_job(
                 ctx.stop.cancel();
                 if state.is_terminal() {
                     ctx.monitor.stop().await;
+                    agent::named::finish(&ctx, &node).await;
                     ctx.logs.flush();
                     agent::outdir::sync_logged(&ctx).await;
                     upload_logs(&ctx, &node).await;

@@ -1,0 +1,134 @@
+//! Named outputs (`[outputs]`, `${{outputs.name}}`) in `fleetrun run`: every file the script
+//! writes there reaches the named folder whole, what fleetrun did not write there is kept, and
+//! files left in working folders are kept in the logs, with a word.
+
+use fleetrun_tests::{JobDir, code};
+
+/// Writes one file per mini-batch into its named output, in two pieces with a pause between
+/// (a copy taken mid-write would be half a file), a file of a name the user already has
+/// there, and a scratch file in its working folder.
+const WRITES_MODELS: &str = r#"
+import os
+import sys
+import time
+
+models = sys.argv[sys.argv.index("--models") + 1]
+
+def run(mini_batch):
+    first = os.path.basename(mini_batch[0])
+    with open(os.path.join(models, "model-" + first), "w") as f:
+        f.write("head:" + first + ";")
+        f.flush()
+        time.sleep(0.05)
+        f.write("tail:" + ",".join(os.path.basename(p) for p in mini_batch) + "\n")
+    with open(os.path.join(models, "taken.txt"), "w") as f:
+        f.write("the script's\n")
+    with open("scratch-" + first, "w") as f:
+        f.write("left behind\n")
+    return [os.path.basename(p) for p in mini_batch]
+"#;
+
+const SETTINGS: &str = "mini_batch_size = 3\nprocess_count_per_node = 2\n\
+     arguments = [\"--models\", \"${{outputs.models}}\"]\n\
+     [outputs]\nmodels = \"models\"\n";
+
+fn model_files(job: &JobDir) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(job.path("models"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("model-"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn every_file_written_to_a_named_output_lands_there_whole() {
+    let job = JobDir::new(WRITES_MODELS, SETTINGS);
+    job.inputs(30);
+    std::fs::create_dir_all(job.path("models")).unwrap();
+    std::fs::write(job.path("models/keep.txt"), "mine\n").unwrap();
+    std::fs::write(job.path("models/taken.txt"), "the user's\n").unwrap();
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0);
+
+    // One file per mini-batch, each whole: its head and the names of its three files.
+    let expected: Vec<String> = (0..10)
+        .map(|b| format!("model-f{:04}.txt", b * 3))
+        .collect();
+    assert_eq!(model_files(&job), expected);
+    for b in 0..10 {
+        let first = format!("f{:04}.txt", b * 3);
+        let names: Vec<String> = (0..3).map(|i| format!("f{:04}.txt", b * 3 + i)).collect();
+        assert_eq!(
+            std::fs::read_to_string(job.path(&format!("models/model-{first}"))).unwrap(),
+            format!("head:{first};tail:{}\n", names.join(","))
+        );
+    }
+    // What fleetrun did not write is kept as it was; the script's file of that name is in
+    // the logs, and the node's log says so.
+    assert_eq!(
+        std::fs::read_to_string(job.path("models/keep.txt")).unwrap(),
+        "mine\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(job.path("models/taken.txt")).unwrap(),
+        "the user's\n"
+    );
+    let main = job.log("sys/node/0/_main.txt");
+    assert!(
+        main.contains("outputs.models: taken.txt from process") && main.contains("not delivered"),
+        "{main}"
+    );
+    let kept_outputs = job.path("out/logs/user/outputs/models/0");
+    let kept: Vec<_> = std::fs::read_dir(&kept_outputs)
+        .unwrap()
+        .map(|e| e.unwrap().path().join("taken.txt"))
+        .filter(|p| p.exists())
+        .collect();
+    assert!(!kept.is_empty(), "the script's taken.txt is kept");
+    assert_eq!(std::fs::read_to_string(&kept[0]).unwrap(), "the script's\n");
+    // No copy was left half-way.
+    let leftovers: Vec<_> = std::fs::read_dir(job.path("models"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+
+    // The scratch files left in the working folders are kept in the logs, counted.
+    assert!(
+        main.contains(
+            "10 files the script left in its working folders were kept in logs/user/working_dir/0/"
+        ),
+        "{main}"
+    );
+    let mut scratch = Vec::new();
+    for process in std::fs::read_dir(job.path("out/logs/user/working_dir/0")).unwrap() {
+        for file in std::fs::read_dir(process.unwrap().path()).unwrap() {
+            scratch.push(file.unwrap().file_name().to_string_lossy().into_owned());
+        }
+    }
+    scratch.sort();
+    let expected: Vec<String> = (0..10)
+        .map(|b| format!("scratch-f{:04}.txt", b * 3))
+        .collect();
+    assert_eq!(scratch, expected);
+
+    // A re-run replaces what fleetrun delivered before, and still not the user's files.
+    std::fs::write(job.path("data/g00/f0000.txt"), "changed").unwrap();
+    let again = job.run(&[]);
+    assert_eq!(code(&again), 0);
+    assert_eq!(
+        model_files(&job),
+        (0..10)
+            .map(|b| format!("model-f{:04}.txt", b * 3))
+            .collect::<Vec<_>>()
+    );
+    let main = job.log("sys/node/0/_main.txt");
+    assert!(!main.contains("model-f0000.txt from"), "{main}");
+    assert_eq!(
+        std::fs::read_to_string(job.path("models/taken.txt")).unwrap(),
+        "the user's\n"
+    );
+}
