@@ -104,6 +104,7 @@ pub fn convert(
         ignored: Vec::new(),
         parent_inputs,
         sets: &mut sets,
+        data_input: None,
     };
     out.job(&node).map_err(|(at, m)| fail(&at, m))?;
     let (lines, ignored) = (out.lines, out.ignored);
@@ -222,6 +223,8 @@ struct Converter<'a> {
     ignored: Vec<String>,
     parent_inputs: Yaml,
     sets: &'a mut Sets,
+    /// The input `input_data` names: the partitioned one.
+    data_input: Option<String>,
 }
 
 type Fail = (String, String);
@@ -305,6 +308,7 @@ impl Converter<'_> {
                 format!("expected ${{{{inputs.NAME}}}}, got {reference:?}"),
             )
         })?;
+        self.data_input = Some(name.to_owned());
         let declared = inputs.get(name).cloned().unwrap_or(Yaml::Null);
         let kind = declared
             .get("type")
@@ -319,6 +323,17 @@ impl Converter<'_> {
             self.put("input.files", Value::String(path), &input_at);
         }
         Ok(())
+    }
+
+    /// Input `name` at `path`, other than the partitioned one (a model, a folder of
+    /// reference files): a side input, staged whole on every node as Azure downloads or
+    /// mounts it there; the argument is its `${{side_inputs.name}}`.
+    fn side_input(&mut self, name: &str, path: String) -> String {
+        let key = format!("side_inputs.{name}");
+        if !self.lines.iter().any(|line| line.key == key) {
+            self.put(&key, Value::String(path), &format!("inputs.{name}.path"));
+        }
+        format!("${{{{side_inputs.{name}}}}}")
     }
 
     /// The path of input `name`: `--set inputs.name=…`, else its own path when it is one
@@ -505,7 +520,11 @@ impl Converter<'_> {
                 let declared = self.parent_value(&declared);
                 if declared.is_mapping() {
                     let path = self.input_path(name, &declared)?;
-                    location(self.base_dir, &path)
+                    if self.data_input.as_deref() == Some(name) {
+                        location(self.base_dir, &path)
+                    } else {
+                        self.side_input(name, path)
+                    }
                 } else if declared.is_null() {
                     return Err((
                         self.at("task.program_arguments"),

@@ -258,3 +258,35 @@ fn a_named_output_goes_where_set_outputs_says() {
     );
     assert_eq!(spec.arguments[3], "${{outputs.models}}");
 }
+
+/// An input other than `input_data` that the arguments name (a model, reference files) is
+/// a side input: staged whole on every node, its local path in the argument, as Azure
+/// downloads or mounts it (a path relative to the YAML would not be found from the
+/// runner's working folder).
+#[test]
+fn an_input_the_arguments_name_is_a_side_input() {
+    let dir = folder();
+    fs::create_dir_all(dir.path().join("model")).unwrap();
+    fs::write(dir.path().join("model/MLmodel"), "flavors: {}\n").unwrap();
+    let yml = dir.path().join("pipeline.yml");
+    let with_model = PIPELINE
+        .replace(
+            "      target: \"Units\"\n",
+            "      target: \"Units\"\n      score_model:\n        type: uri_folder\n        path: ./model\n        mode: download\n",
+        )
+        .replace(
+            "--target ${{inputs.target}}",
+            "--model ${{inputs.score_model}} --again ${{inputs.score_model}} --target ${{inputs.target}}",
+        );
+    fs::write(&yml, with_model).unwrap();
+    let (spec, _) = load_aml(&yml, None, &sets(&["inputs.sales=table"])).unwrap();
+    assert_eq!(
+        spec.side_inputs.get("score_model"),
+        Some(&Location::Local(dir.path().join("model")))
+    );
+    let model = "${{side_inputs.score_model}}";
+    assert_eq!(
+        spec.arguments[..5],
+        ["--model", model, "--again", model, "--target"]
+    );
+}
