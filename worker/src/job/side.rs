@@ -353,6 +353,10 @@ async fn fill(listing: &Listing, root: &Path, digest: &str, entry: &Path) -> Res
         rand::random::<u32>()
     ));
     let result = async {
+        // The entry itself first: an empty folder is staged as one.
+        tokio::fs::create_dir_all(&partial)
+            .await
+            .map_err(JobError::io(&partial))?;
         for (rel, _, _) in &listing.files {
             check_key(rel)?;
             let target = partial.join(rel);
@@ -369,10 +373,19 @@ async fn fill(listing: &Listing, root: &Path, digest: &str, entry: &Path) -> Res
                         .map_err(JobError::io(&from))?;
                 }
                 Source::S3 { storage, prefix } => {
-                    let body = storage.get(&join_key(prefix, rel)).await?;
-                    tokio::fs::write(&target, &body)
+                    // A piece at a time: a model of gigabytes never sits in memory.
+                    use futures::StreamExt;
+                    use tokio::io::AsyncWriteExt;
+                    let mut pieces = storage.get_pieces(&join_key(prefix, rel)).await?;
+                    let mut file = tokio::fs::File::create(&target)
                         .await
                         .map_err(JobError::io(&target))?;
+                    while let Some(piece) = pieces.next().await {
+                        file.write_all(&piece?)
+                            .await
+                            .map_err(JobError::io(&target))?;
+                    }
+                    file.flush().await.map_err(JobError::io(&target))?;
                 }
             }
             tokio::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o444))
@@ -476,6 +489,29 @@ mod tests {
             model.display().to_string()
         );
         fleetrun_config::load_str(&text, "job.toml", dir, &[]).unwrap()
+    }
+
+    /// An empty folder (a model folder not yet filled, say) is staged as an empty folder.
+    #[tokio::test]
+    async fn an_empty_folder_is_staged_as_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let labels = dir.path().join("labels.txt");
+        std::fs::write(&labels, "cat\n").unwrap();
+        let model = dir.path().join("model");
+        std::fs::create_dir_all(&model).unwrap();
+        let cache = dir.path().join("cache");
+        let spec = spec_with(&labels, &model);
+        let (staged, _held) = stage_side(spec, &cache, &S3Settings::default())
+            .await
+            .unwrap();
+        let model_dir = staged.models["m"].as_local().unwrap();
+        assert!(model_dir.is_dir());
+        let entries: Vec<_> = std::fs::read_dir(model_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|name| name != COMPLETE)
+            .collect();
+        assert!(entries.is_empty(), "{entries:?}");
     }
 
     #[tokio::test]
