@@ -422,6 +422,20 @@ impl S3Storage {
         }
         Some(key.to_owned())
     }
+
+    /// The whole object's body, not yet read.
+    async fn body(&self, key: &str) -> Result<ByteStream, StorageError> {
+        let object_key = self.object_key(key)?;
+        let out = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(&object_key)
+            .send()
+            .await
+            .map_err(|e| self.error(key, &e))?;
+        Ok(out.body)
+    }
 }
 
 fn status<E>(e: &SdkError<E, HttpResponse>) -> Option<u16> {
@@ -450,31 +464,14 @@ impl Storage for S3Storage {
     }
 
     async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
-        let object_key = self.object_key(key)?;
-        let out = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(&object_key)
-            .send()
-            .await
-            .map_err(|e| self.error(key, &e))?;
-        collect(out.body, key).await
+        collect(self.body(key).await?, key).await
     }
 
     async fn get_pieces(&self, key: &str) -> Result<super::Pieces, StorageError> {
-        let object_key = self.object_key(key)?;
-        let out = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(&object_key)
-            .send()
-            .await
-            .map_err(|e| self.error(key, &e))?;
+        let body = self.body(key).await?;
         let key = key.to_owned();
         // The SDK reads the body as it is asked for it: one piece (its HTTP frame) at a time.
-        Ok(stream::unfold(Some(out.body), move |body| {
+        Ok(stream::unfold(Some(body), move |body| {
             let key = key.clone();
             async move {
                 let mut body = body?;
