@@ -8,7 +8,11 @@
 #      every workspace member copied into the build stage;
 #   4. deploy/k8s/*.yaml are valid YAML with apiVersion and kind, and the KEDA trigger
 #      watches the queue of the pool the workers serve (fleetrun.<pool>.batches);
-#   5. the broker and ledger settings the fleet relies on are present.
+#      docker-compose.yml's workers: stop_grace_period = FLEETRUN_DRAIN_TIMEOUT + 30 s;
+#   5. the broker and ledger settings the fleet relies on are present;
+#   6. the alert rules and the scrape configuration pass `promtool check` (Debian's
+#      prometheus package, installed with apt-get when missing), and the Grafana dashboard
+#      is JSON whose every panel has a PromQL query on the provisioned data source.
 #
 #   scripts/check-deploy.sh        # exit 0 when every check passed
 set -euo pipefail
@@ -21,6 +25,11 @@ if ! command -v docker-compose >/dev/null; then
     say "installing docker-compose (Debian package)"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null
+fi
+if ! command -v promtool >/dev/null; then
+    say "installing prometheus (Debian package, for promtool)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
 fi
 if ! python3 -c 'import yaml' 2>/dev/null; then
     say "installing PyYAML"
@@ -169,6 +178,15 @@ elif queue == f"fleetrun.{pool}.batches":
 else:
     bad(f"deploy/k8s: KEDA watches {queue}, but the workers serve fleetrun.{pool}.batches")
 
+# docker-compose: the same grace rule for the workers
+worker = (compose.get("services") or {}).get("worker") or {}
+drain = str((worker.get("environment") or {}).get("FLEETRUN_DRAIN_TIMEOUT", ""))
+grace = str(worker.get("stop_grace_period", ""))
+m = re.fullmatch(r"(?:(\d+)m)?(?:(\d+)s)?", grace)
+seconds = int(m.group(1) or 0) * 60 + int(m.group(2) or 0) if grace and m else None
+(ok if drain.isdigit() and seconds == int(drain) + 30 else bad)(
+    f"docker-compose.yml: worker stop_grace_period ({grace}) = FLEETRUN_DRAIN_TIMEOUT ({drain}) + 30 s")
+
 # 5. broker and ledger settings
 def setting(path, key, sep):
     if not os.path.isfile(path):
@@ -187,14 +205,51 @@ else:
     bad(f"rabbitmq.conf: consumer_timeout should be a whole number of ms, >= 1 h (is {timeout})")
 plugins_file = "deploy/rabbitmq/enabled_plugins"
 plugins = open(plugins_file).read() if os.path.isfile(plugins_file) else ""
-(ok if re.fullmatch(r"\s*\[[\w,\s]*rabbitmq_management[\w,\s]*\]\.\s*", plugins) else bad)(
-    "enabled_plugins: an Erlang list ending in '.', with rabbitmq_management")
+for plugin in ("rabbitmq_management", "rabbitmq_prometheus"):
+    (ok if re.fullmatch(r"\s*\[[\w,\s]*\b" + plugin + r"\b[\w,\s]*\]\.\s*", plugins) else bad)(
+        f"enabled_plugins: an Erlang list ending in '.', with {plugin}")
 (ok if setting("deploy/redis/redis.conf", "appendonly", " ") == "yes" else bad)(
     "redis.conf: appendonly yes")
 (ok if setting("deploy/redis/redis.conf", "appendfsync", " ") == "always" else bad)(
     "redis.conf: appendfsync always (a recording Redis acknowledged survives its kill)")
+
+# 6. the dashboard and what compose gives it
+dash_path = "deploy/grafana/fleetrun.json"
+try:
+    dash = json.load(open(dash_path))
+    sources = yaml.safe_load(open("deploy/grafana/provisioning/datasources/prometheus.yml"))
+    uids = {d.get("uid") for d in sources.get("datasources", [])}
+    problems = []
+    for p in dash.get("panels", []):
+        targets = p.get("targets") or []
+        if not targets or not all(t.get("expr") for t in targets):
+            problems.append(f"panel {p.get('title')!r} has no query")
+        for d in [p.get("datasource")] + [t.get("datasource") for t in targets]:
+            if not (isinstance(d, dict) and d.get("uid") in uids):
+                problems.append(f"panel {p.get('title')!r} names a data source not provisioned: {d}")
+    for p in problems:
+        bad(f"{dash_path}: {p}")
+    if not problems:
+        ok(f"{dash_path}: {len(dash['panels'])} panels, each with a query on a provisioned data source")
+except Exception as e:
+    bad(f"{dash_path}: {e}")
+services = compose.get("services") or {}
+for name in ("prometheus", "grafana"):
+    (ok if name in services else bad)(f"docker-compose.yml: a {name} service")
 PY
 )" || bad "the Python checks crashed"
+
+# --- 6. alert rules and scrape configuration -------------------------------------------------
+if promtool check rules deploy/prometheus/alerts.yml >/dev/null; then
+    ok "deploy/prometheus/alerts.yml: promtool check rules"
+else
+    bad "promtool check rules deploy/prometheus/alerts.yml"
+fi
+if promtool check config deploy/prometheus/prometheus.yml >/dev/null; then
+    ok "deploy/prometheus/prometheus.yml: promtool check config"
+else
+    bad "promtool check config deploy/prometheus/prometheus.yml"
+fi
 
 while read -r verdict what; do
     [ -z "$verdict" ] && continue
