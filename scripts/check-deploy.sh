@@ -6,9 +6,12 @@
 #   3. deploy/Dockerfile passes a small lint: known instructions, FROM first, JSON forms
 #      that parse, COPY --from naming a stage, COPY sources present in the build context,
 #      every workspace member copied into the build stage;
-#   4. deploy/k8s/*.yaml are valid YAML with apiVersion and kind, and the KEDA trigger
-#      watches the queue of the pool the workers serve (fleetrun.<pool>.batches);
-#      docker-compose.yml's workers: stop_grace_period = FLEETRUN_DRAIN_TIMEOUT + 30 s;
+#   4. every file under deploy/k8s (the GPU overlay's too) is valid YAML with apiVersion and
+#      kind; deploy/k8s and deploy/k8s/gpu, kustomized (patches merged here), have a
+#      Deployment without replicas: that KEDA scales on the seconds of work left of the
+#      workers' pool, with a floor while a job is active; terminationGracePeriodSeconds =
+#      FLEETRUN_DRAIN_TIMEOUT + 30 (compose: stop_grace_period); the overlay has one runner
+#      per GPU, a node selector and a toleration;
 #   5. the broker and ledger settings the fleet relies on are present;
 #   6. the alert rules and the scrape configuration pass `promtool check` (Debian's
 #      prometheus package, installed with apt-get when missing), and the Grafana dashboard
@@ -150,12 +153,13 @@ for p in problems:
 if not problems:
     ok(f"{path}: {len(logical)} instructions, {froms} stages, lint clean")
 
-# 4. Kubernetes manifests
-pool = None
-queue = None
-for path in sorted(glob.glob("deploy/k8s/*.yaml")):
+# 4. Kubernetes manifests: every file under deploy/k8s (the GPU overlay's included)
+def load_docs(path):
+    return [d for d in yaml.safe_load_all(open(path)) if d is not None]
+manifests = {}
+for path in sorted(glob.glob("deploy/k8s/**/*.yaml", recursive=True)):
     try:
-        docs = [d for d in yaml.safe_load_all(open(path)) if d is not None]
+        docs = load_docs(path)
     except yaml.YAMLError as e:
         bad(f"{path}: not valid YAML: {e}")
         continue
@@ -164,19 +168,104 @@ for path in sorted(glob.glob("deploy/k8s/*.yaml")):
         bad(f"{path}: documents {missing} lack apiVersion or kind")
     else:
         ok(f"{path}: valid YAML, {len(docs)} objects ({', '.join(d['kind'] for d in docs)})")
-    for d in docs:
-        if d.get("kind") == "ConfigMap" and "FLEETRUN_POOL" in (d.get("data") or {}):
-            pool = d["data"]["FLEETRUN_POOL"]
-        if d.get("kind") == "ScaledObject":
-            for t in d["spec"].get("triggers", []):
-                if t.get("type") == "rabbitmq":
-                    queue = t["metadata"].get("queueName")
-if pool is None or queue is None:
-    bad("deploy/k8s: a worker ConfigMap with FLEETRUN_POOL and a rabbitmq KEDA trigger")
-elif queue == f"fleetrun.{pool}.batches":
-    ok(f"deploy/k8s: KEDA watches {queue}, the queue of pool {pool!r}")
-else:
-    bad(f"deploy/k8s: KEDA watches {queue}, but the workers serve fleetrun.{pool}.batches")
+    manifests[path] = docs
+
+def kustomized(folder):
+    """The objects `kubectl apply -k folder` applies, patches merged (maps merged, lists of
+    named items merged by name, other lists replaced; null deletes), or None."""
+    kpath = os.path.join(folder, "kustomization.yaml")
+    if kpath not in manifests:
+        bad(f"{folder}: no kustomization.yaml")
+        return None
+    k = manifests[kpath][0]
+    objects = []
+    for res in k.get("resources", []):
+        target = os.path.normpath(os.path.join(folder, res))
+        if os.path.isdir(target):
+            sub = kustomized(target)
+            if sub is None:
+                return None
+            objects += sub
+        elif target in manifests:
+            objects += [json.loads(json.dumps(d)) for d in manifests[target]]
+        else:
+            bad(f"{kpath}: resource {res} does not exist")
+            return None
+    def merge(a, b):
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key, v in b.items():
+                if v is None:
+                    a.pop(key, None)
+                else:
+                    a[key] = merge(a.get(key), v)
+            return a
+        if isinstance(a, list) and isinstance(b, list) and all(isinstance(x, dict) and "name" in x for x in a + b):
+            for item in b:
+                same = next((x for x in a if x["name"] == item["name"]), None)
+                if same is None:
+                    a.append(item)
+                else:
+                    merge(same, item)
+            return a
+        return b
+    for patch in k.get("patches", []):
+        ppath = os.path.normpath(os.path.join(folder, patch["path"]))
+        if ppath not in manifests:
+            bad(f"{kpath}: patch {patch['path']} does not exist")
+            return None
+        for p in manifests[ppath]:
+            target = next((o for o in objects if o["kind"] == p["kind"] and o["metadata"]["name"] == p["metadata"]["name"]), None)
+            if target is None:
+                bad(f"{ppath}: patches {p['kind']}/{p['metadata']['name']}, which {folder} does not have")
+                return None
+            merge(target, json.loads(json.dumps(p)))
+    return objects
+
+def env_of(container, config):
+    env = dict(config)
+    for e in container.get("env") or []:
+        if "value" in e:
+            env[e["name"]] = str(e["value"])
+    return env
+
+for folder in ("deploy/k8s", "deploy/k8s/gpu"):
+    objects = kustomized(folder)
+    if objects is None:
+        continue
+    kinds = {}
+    for o in objects:
+        kinds.setdefault(o["kind"], []).append(o)
+    config = next((c.get("data") or {} for c in kinds.get("ConfigMap", []) if "FLEETRUN_POOL" in (c.get("data") or {})), {})
+    pool = config.get("FLEETRUN_POOL")
+    for so in kinds.get("ScaledObject", []):
+        target = so["spec"]["scaleTargetRef"]["name"]
+        deploy = next((d for d in kinds.get("Deployment", []) if d["metadata"]["name"] == target), None)
+        if deploy is None:
+            bad(f"{folder}: ScaledObject {so['metadata']['name']} scales {target}, which is not there")
+            continue
+        (bad if "replicas" in deploy["spec"] else ok)(
+            f"{folder}: Deployment {target} leaves its replica count to KEDA (no replicas:)")
+        queries = [t["metadata"].get("query", "") for t in so["spec"].get("triggers", []) if t.get("type") == "prometheus"]
+        signal = [q for q in queries if "fleetrun_pool_work_seconds_left" in q]
+        floor = [q for q in queries if "fleetrun_pool_jobs_active" in q]
+        (ok if signal and floor else bad)(
+            f"{folder}: KEDA scales on the seconds of work left and keeps a worker while a job is active")
+        wrong = [q for q in queries if f'pool="{pool}"' not in q]
+        (bad if wrong or not pool else ok)(
+            f"{folder}: KEDA's queries name the workers' pool {pool!r}" + (f" (not: {wrong})" if wrong else ""))
+        pod = deploy["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        env = env_of(container, config)
+        grace, drain = pod.get("terminationGracePeriodSeconds"), env.get("FLEETRUN_DRAIN_TIMEOUT")
+        (ok if drain and drain.isdigit() and grace == int(drain) + 30 else bad)(
+            f"{folder}: terminationGracePeriodSeconds ({grace}) = FLEETRUN_DRAIN_TIMEOUT ({drain}) + 30")
+        limits = (container.get("resources") or {}).get("limits") or {}
+        if folder.endswith("gpu"):
+            gpus = limits.get("nvidia.com/gpu")
+            (ok if gpus is not None and env.get("FLEETRUN_MAX_PROCESSES") == str(gpus) else bad)(
+                f"{folder}: one runner per GPU (nvidia.com/gpu {gpus}, FLEETRUN_MAX_PROCESSES {env.get('FLEETRUN_MAX_PROCESSES')})")
+            (ok if pod.get("nodeSelector") and pod.get("tolerations") else bad)(
+                f"{folder}: GPU nodes only (a nodeSelector and a toleration)")
 
 # docker-compose: the same grace rule for the workers
 worker = (compose.get("services") or {}).get("worker") or {}
