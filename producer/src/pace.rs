@@ -39,11 +39,6 @@ impl Window {
         }
     }
 
-    /// The stretch of time the rates are measured over.
-    pub fn span(&self) -> Duration {
-        self.span
-    }
-
     /// Notes the counts of `sample.at`, and forgets what is older than the window needs.
     pub fn note(&mut self, sample: Sample) {
         if self
