@@ -854,11 +854,25 @@ pub async fn summary(fleet: &Fleet, job: &str) -> Result<Option<JobSummary>, Fle
     )))
 }
 
-/// The jobs of this fleet's pool the registry holds (running ones, and ended ones until
-/// they are retired), in the registry's order.
-pub async fn summaries(fleet: &Fleet) -> Result<Vec<JobSummary>, FleetError> {
-    let mut summaries = Vec::new();
-    for job in fleet.registry.jobs().await? {
+/// A job of this fleet's pool as the registry and the ledger know it.
+pub struct PoolJob {
+    pub id: String,
+    pub record: JobRecord,
+    pub status: Status,
+}
+
+impl PoolJob {
+    /// Its summary at `now` (seconds since the Unix epoch), without its pool's queue.
+    pub fn summary(&self, now: f64) -> JobSummary {
+        JobSummary::new(&self.id, &self.record, &self.status, None, now)
+    }
+}
+
+/// The jobs among `ids` (the registry's, in its order) that are this fleet's pool's and
+/// that the ledger knows.
+pub async fn pool_jobs(fleet: &Fleet, ids: Vec<String>) -> Result<Vec<PoolJob>, FleetError> {
+    let mut jobs = Vec::new();
+    for job in ids {
         // One record this build cannot read (written by another version) hides no other.
         let record = match record(fleet, &job).await {
             Ok(Some(record)) if record.pool == fleet.pool => record,
@@ -869,11 +883,22 @@ pub async fn summaries(fleet: &Fleet) -> Result<Vec<JobSummary>, FleetError> {
             }
         };
         if let Some(status) = fleet.ledger.status(&job).await? {
-            let now = job::unix_now();
-            summaries.push(JobSummary::new(&job, &record, &status, None, now));
+            jobs.push(PoolJob {
+                id: job,
+                record,
+                status,
+            });
         }
     }
-    Ok(summaries)
+    Ok(jobs)
+}
+
+/// The jobs of this fleet's pool the registry holds (running ones, and ended ones until
+/// they are retired), in the registry's order.
+pub async fn summaries(fleet: &Fleet) -> Result<Vec<JobSummary>, FleetError> {
+    let jobs = pool_jobs(fleet, fleet.registry.jobs().await?).await?;
+    let now = job::unix_now();
+    Ok(jobs.iter().map(|j| j.summary(now)).collect())
 }
 
 /// The mini-batches of job `job` in flight, longest running first; `None` when the fleet

@@ -162,6 +162,11 @@ enum Command {
         /// Where to listen (port 0: any free port).
         #[arg(long, env = "FLEETRUN_LISTEN", default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
+        /// Also serve the pool's jobs as Prometheus metrics at `/metrics` on this address
+        /// (port 0: any free port), among them each job's expected seconds of work left
+        /// (`fleetrun_job_work_seconds_left`), the autoscaling signal.
+        #[arg(long, env = "FLEETRUN_METRICS_ADDR")]
+        metrics_addr: Option<std::net::SocketAddr>,
         #[command(flatten)]
         fleet: FleetArgs,
     },
@@ -283,14 +288,28 @@ fn main() -> ExitCode {
                 wait(fleet, job, timeout, shown, interrupt).await
             })
         }
-        Command::Serve { listen, fleet } => on_fleet(fleet, |fleet, interrupt| async move {
+        Command::Serve {
+            listen,
+            metrics_addr,
+            fleet,
+        } => on_fleet(fleet, |fleet, interrupt| async move {
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
             say!("Listening on http://{}", listener.local_addr()?);
+            let metrics = match metrics_addr {
+                Some(addr) => {
+                    let metrics = tokio::net::TcpListener::bind(addr)
+                        .await
+                        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+                    say!("Metrics on http://{}/metrics", metrics.local_addr()?);
+                    Some(metrics)
+                }
+                None => None,
+            };
             let token = std::env::var("FLEETRUN_API_TOKEN").ok();
             let shutdown = interrupt.token().clone();
-            fleetrun_producer::serve::run(fleet, listener, token, shutdown).await?;
+            fleetrun_producer::serve::run(fleet, listener, metrics, token, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }),
         Command::Resume {

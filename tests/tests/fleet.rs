@@ -16,8 +16,8 @@ use fleetrun_common::storage::s3::{S3Settings, S3Storage};
 use fleetrun_common::testing::random_suffix;
 use fleetrun_tests::{
     KillOnDrop, POISONED, PrivateRabbitMq, PrivateRedis, RUN_LIMIT, assert_failed_alone, code,
-    command, exit_within, expected_lines, first_line_within, kill, output_within, pyenv_python,
-    services, wait_for,
+    command, exit_within, expected_lines, first_line_within, kill, lines_within, output_within,
+    pyenv_python, services, wait_for,
 };
 use futures::TryStreamExt;
 
@@ -25,6 +25,8 @@ use futures::TryStreamExt;
 mod chaos;
 #[path = "fleet/named_outputs.rs"]
 mod named_outputs;
+#[path = "fleet/observability.rs"]
+mod observability;
 #[path = "fleet/page.rs"]
 mod page;
 #[path = "fleet/resume.rs"]
@@ -180,20 +182,37 @@ impl Fleet {
     /// `fleetrun serve` on a free loopback port with API token `token`, logging to
     /// `serve.log`: the process and the base URL it listens on.
     fn serve(&self, token: &str) -> (KillOnDrop, String) {
+        let (serve, mut urls) = self.serve_with(token, &[]);
+        (serve, urls.remove(0))
+    }
+
+    /// `fleetrun serve` with arguments `args` besides its listener: the process and the
+    /// URLs of the lines it prints first (its base URL, then its metrics' with
+    /// `--metrics-addr`).
+    fn serve_with(&self, token: &str, args: &[&str]) -> (KillOnDrop, Vec<String>) {
         let mut cmd = command("fleetrun");
         self.env(&mut cmd);
         let log = std::fs::File::create(self.path("serve.log")).unwrap();
         let mut serve = KillOnDrop(
             cmd.args(["serve", "--listen", "127.0.0.1:0"])
+                .args(args)
                 .env("FLEETRUN_API_TOKEN", token)
                 .stdout(std::process::Stdio::piped())
                 .stderr(log)
                 .spawn()
                 .unwrap(),
         );
-        let first = first_line_within(&mut serve.0, Duration::from_secs(60));
-        let base = first.strip_prefix("Listening on ").unwrap().to_owned();
-        (serve, base)
+        let printed = if args.contains(&"--metrics-addr") {
+            2
+        } else {
+            1
+        };
+        let lines = lines_within(&mut serve.0, printed, Duration::from_secs(60));
+        let urls = lines
+            .iter()
+            .map(|l| l.split(" on ").nth(1).unwrap().to_owned())
+            .collect();
+        (serve, urls)
     }
 
     fn worker(&mut self, node: &str, processes: usize) {
