@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fleetrun_common::events::JobEvent;
 use fleetrun_common::ledger::{JobState, LedgerError, Limits, Status};
-use fleetrun_common::queue::{Consumer, Depth, Queue, QueueError};
+use fleetrun_common::queue::{Consumer, DeadLetterHold, Depth, Queue, QueueError};
 use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_config::{JobSpec, Location, MiniBatchSize};
 use fleetrun_worker::agent::{JobContext, held_attempts};
@@ -696,6 +696,10 @@ impl Queue for Discard {
 
     async fn depth(&self) -> Result<Depth, QueueError> {
         Ok(Depth::default())
+    }
+
+    async fn hold_dead(&self, _limit: usize) -> Result<Box<dyn DeadLetterHold>, QueueError> {
+        Err(QueueError::Closed)
     }
 }
 
