@@ -4,6 +4,7 @@
 //! # Layout
 //!
 //! - [`partition`]: lists an input and publishes mini-batch messages as it goes.
+//! - [`dlq`]: the operators' tools on the pool's dead-letter queue.
 //! - [`fleet`]: submitting to, following and canceling jobs on a fleet.
 //! - [`local`]: runs a whole job on this machine on the embedded seams.
 //! - [`progress`]: the terminal's view of a running job.
@@ -12,6 +13,7 @@
 //! - [`tabular`]: cuts a tabular input (CSV, JSON Lines, Parquet) into byte-range chunks.
 //! - [`exit`]: the exit codes of `fleetrun`, in one table.
 
+pub mod dlq;
 pub mod exit;
 pub mod fleet;
 pub mod local;

@@ -23,6 +23,8 @@ use futures::TryStreamExt;
 
 #[path = "fleet/chaos.rs"]
 mod chaos;
+#[path = "fleet/dlq.rs"]
+mod dlq;
 #[path = "fleet/named_outputs.rs"]
 mod named_outputs;
 #[path = "fleet/page.rs"]
