@@ -10,7 +10,7 @@ use fleetrun_common::report::one_line;
 use fleetrun_producer::fleet::{self as fleet_cmd, EmptyInput, FleetError};
 use fleetrun_producer::local::{Interrupt, JobReport, RunError, RunOptions, run_local};
 use fleetrun_producer::{dlq, exit};
-use fleetrun_worker::job::{Fleet, FleetArgs};
+use fleetrun_worker::job::{Fleet, FleetArgs, NewPool, SettingsError};
 use tokio::signal::unix::{SignalKind, signal};
 
 /// `println!` that ends quietly when stdout is closed (`fleetrun run job.toml | head -1`):
@@ -102,6 +102,11 @@ enum Command {
         /// job's summary once it ended (as `status --json`).
         #[arg(long)]
         json: bool,
+        /// Submit to a pool no worker has started yet (its queues are declared now, and its
+        /// workers take the job once they start); without it such a pool is refused (exit
+        /// 2), since it is most often a misspelled --pool.
+        #[arg(long)]
+        create_pool: bool,
         #[command(flatten)]
         fleet: FleetArgs,
     },
@@ -162,6 +167,10 @@ enum Command {
         /// Where to listen (port 0: any free port).
         #[arg(long, env = "FLEETRUN_LISTEN", default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
+        /// Serve a pool no worker has started yet (else refused, exit 2), so that jobs
+        /// posted before its first worker starts wait for it.
+        #[arg(long)]
+        create_pool: bool,
         #[command(flatten)]
         fleet: FleetArgs,
     },
@@ -245,6 +254,7 @@ fn main() -> ExitCode {
             quiet,
             allow_empty_input,
             json,
+            create_pool,
             fleet,
         } => {
             let empty = empty_input(allow_empty_input);
@@ -253,9 +263,13 @@ fn main() -> ExitCode {
             };
             note_settings_from_arguments(&job, &spec);
             let shown = Shown::new(json, quiet);
-            on_fleet(fleet, |fleet, interrupt| async move {
-                submit(spec, fleet, job_id, empty, wait, shown, interrupt).await
-            })
+            on_pool(
+                fleet,
+                new_pool(create_pool),
+                |fleet, interrupt| async move {
+                    submit(spec, fleet, job_id, empty, wait, shown, interrupt).await
+                },
+            )
         }
         Command::Convert {
             yaml,
@@ -288,16 +302,24 @@ fn main() -> ExitCode {
                 wait(fleet, job, timeout, shown, interrupt).await
             })
         }
-        Command::Serve { listen, fleet } => on_fleet(fleet, |fleet, interrupt| async move {
-            let listener = tokio::net::TcpListener::bind(listen)
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
-            say!("Listening on http://{}", listener.local_addr()?);
-            let token = std::env::var("FLEETRUN_API_TOKEN").ok();
-            let shutdown = interrupt.token().clone();
-            fleetrun_producer::serve::run(fleet, listener, token, shutdown).await?;
-            Ok(ExitCode::SUCCESS)
-        }),
+        Command::Serve {
+            listen,
+            create_pool,
+            fleet,
+        } => on_pool(
+            fleet,
+            new_pool(create_pool),
+            |fleet, interrupt| async move {
+                let listener = tokio::net::TcpListener::bind(listen)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+                say!("Listening on http://{}", listener.local_addr()?);
+                let token = std::env::var("FLEETRUN_API_TOKEN").ok();
+                let shutdown = interrupt.token().clone();
+                fleetrun_producer::serve::run(fleet, listener, token, shutdown).await?;
+                Ok(ExitCode::SUCCESS)
+            },
+        ),
         Command::Resume {
             job,
             force,
@@ -638,8 +660,18 @@ fn print_report(r: &JobReport) {
     }
 }
 
-/// Runs a fleet command: resolves the settings, connects, maps errors to exit code 1.
+/// Runs a fleet command on a pool a worker has started: resolves the settings, connects,
+/// maps errors to exit code 1 (2 for an unknown pool).
 fn on_fleet<F, Fut>(args: FleetArgs, command: F) -> ExitCode
+where
+    F: FnOnce(Fleet, Interrupt) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<ExitCode>>,
+{
+    on_pool(args, NewPool::Refuse, command)
+}
+
+/// [`on_fleet`] that may declare a pool no worker has started, with `new`.
+fn on_pool<F, Fut>(args: FleetArgs, new: NewPool, command: F) -> ExitCode
 where
     F: FnOnce(Fleet, Interrupt) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<ExitCode>>,
@@ -647,13 +679,30 @@ where
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     let result = runtime.block_on(async {
         let args = args.resolve()?;
-        let fleet = Fleet::connect(&args).await?;
+        let fleet = Fleet::connect_pool(&args, new).await?;
         command(fleet, on_signals()?).await
     });
     result.unwrap_or_else(|e: anyhow::Error| {
         eprintln!("error: {}", one_line(e.as_ref()));
-        ExitCode::from(exit::ERROR)
+        let unknown_pool = matches!(
+            e.downcast_ref::<SettingsError>(),
+            Some(SettingsError::UnknownPool { .. })
+        );
+        ExitCode::from(if unknown_pool {
+            exit::REFUSED
+        } else {
+            exit::ERROR
+        })
     })
+}
+
+/// Whether `--create-pool` was given.
+fn new_pool(create: bool) -> NewPool {
+    if create {
+        NewPool::Create
+    } else {
+        NewPool::Refuse
+    }
 }
 
 async fn submit(
