@@ -281,3 +281,109 @@ async fn replayable(
         Forgot::NotRunning(state) => Err(refusal(state)),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use fleetrun_common::ledger::{Limits, Outcome};
+    use fleetrun_common::queue::Disposition;
+
+    use super::*;
+
+    fn fleet() -> Fleet {
+        crate::fleet::embedded_fleet()
+    }
+
+    /// Publishes `body` and rejects it into the dead-letter queue.
+    async fn dead_letter(fleet: &Fleet, body: Vec<u8>) {
+        fleet.queue.publish(body).await.unwrap();
+        let mut consumer = fleet.queue.consume(1).await.unwrap();
+        let delivery = consumer.next().await.unwrap();
+        delivery.settle(Disposition::DeadLetter).await.unwrap();
+    }
+
+    /// Job `job` with mini-batch 0 of its 2 recorded failed, as the recorder counts a dead
+    /// letter, and that mini-batch in the dead-letter queue.
+    async fn failed_job(fleet: &Fleet, job: &str) {
+        let limits = Limits {
+            error_threshold: 10,
+            ..Limits::NONE
+        };
+        fleet.ledger.create(job, limits).await.unwrap();
+        fleet.ledger.seal(job, 2).await.unwrap();
+        let outcome = Outcome::all_failed(1);
+        fleet.ledger.record(job, 0, outcome, None).await.unwrap();
+        dead_letter(fleet, MiniBatch::new(job, 0, vec!["a.txt".into()]).encode()).await;
+    }
+
+    fn only(settled: &[Settled]) -> (&str, &str, Option<&str>) {
+        assert_eq!(settled.len(), 1, "{settled:?}");
+        let one = &settled[0];
+        (one.id.as_str(), one.action, one.why.as_deref())
+    }
+
+    #[tokio::test]
+    async fn a_running_jobs_dead_letter_goes_back_to_work_with_its_failure_taken_back() {
+        let fleet = fleet();
+        failed_job(&fleet, "run").await;
+        let settled = replay(&fleet, &Select::Ids(vec!["run:0".into()]))
+            .await
+            .unwrap();
+        assert_eq!(only(&settled), ("run:0", "replayed", None));
+        let status = fleet.ledger.status("run").await.unwrap().unwrap();
+        assert_eq!(
+            (status.done, status.batches_failed, status.items_failed),
+            (0, 0, 0)
+        );
+        let depth = fleet.queue.depth().await.unwrap();
+        assert_eq!((depth.ready, depth.dead), (1, 0));
+    }
+
+    #[tokio::test]
+    async fn a_dead_letter_of_a_job_that_ended_is_refused_and_stays() {
+        let fleet = fleet();
+        for (job, to, hint) in [
+            ("failed", JobState::Failed, "`fleetrun resume failed`"),
+            ("done", JobState::Completed, "`fleetrun retry done`"),
+        ] {
+            failed_job(&fleet, job).await;
+            let from = [JobState::Running];
+            fleet.ledger.transition(job, &from, to, None).await.unwrap();
+            let settled = replay(&fleet, &Select::Job(job.into())).await.unwrap();
+            let (_, action, why) = only(&settled);
+            assert_eq!(action, "refused");
+            assert!(why.unwrap().contains(hint), "{why:?}");
+        }
+        let depth = fleet.queue.depth().await.unwrap();
+        assert_eq!((depth.ready, depth.dead), (0, 2));
+        let settled = purge(&fleet, &Select::Job("done".into())).await.unwrap();
+        assert_eq!(only(&settled), ("done:0", "purged", None));
+        let left = list(&fleet, None).await.unwrap();
+        assert_eq!(
+            left.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(),
+            ["failed:0"]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unknown_job_or_an_undecodable_message_goes_back_as_it_is() {
+        let fleet = fleet();
+        let stranger = MiniBatch::new("stranger", 3, vec!["x".into()]).encode();
+        dead_letter(&fleet, stranger.clone()).await;
+        dead_letter(&fleet, b"\xc1 garbage".to_vec()).await;
+        let views = list(&fleet, None).await.unwrap();
+        assert_eq!(views[0].id, "stranger:3");
+        assert!(views[1].id.starts_with("raw-"), "{}", views[1].id);
+        assert_eq!(views[1].bytes, 9);
+        let settled = replay(&fleet, &Select::All).await.unwrap();
+        assert!(
+            settled.iter().all(|s| s.action == "replayed"),
+            "{settled:?}"
+        );
+        let mut consumer = fleet.queue.consume(2).await.unwrap();
+        let first = consumer.next().await.unwrap();
+        assert_eq!(&first.body[..], &stranger[..]);
+        let second = consumer.next().await.unwrap();
+        assert_eq!(&second.body[..], b"\xc1 garbage");
+        assert_eq!(fleet.queue.depth().await.unwrap().dead, 0);
+    }
+}
