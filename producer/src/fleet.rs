@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fleetrun_common::events::JobEvent;
 use fleetrun_common::ledger::{JobState, LedgerError, Limits, Status};
-use fleetrun_common::queue::{Consumer, Depth, Queue, QueueError};
+use fleetrun_common::queue::{Consumer, DeadLetterHold, Depth, Queue, QueueError};
 use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_config::{JobSpec, Location, MiniBatchSize};
 use fleetrun_worker::agent::{JobContext, held_attempts};
@@ -697,6 +697,10 @@ impl Queue for Discard {
     async fn depth(&self) -> Result<Depth, QueueError> {
         Ok(Depth::default())
     }
+
+    async fn hold_dead(&self, _limit: usize) -> Result<Box<dyn DeadLetterHold>, QueueError> {
+        Err(QueueError::Closed)
+    }
 }
 
 /// Settles what the input is before the job is registered: its folder's `MLTable` file
@@ -923,6 +927,22 @@ pub async fn record(fleet: &Fleet, job: &str) -> Result<Option<JobRecord>, Fleet
     }
 }
 
+/// A fleet on the embedded seams, in the pool `local`, for tests.
+#[cfg(test)]
+pub(crate) fn embedded_fleet() -> Fleet {
+    use fleetrun_common::events::MemoryEvents;
+    use fleetrun_common::ledger::{MemoryLedger, MemoryRegistry};
+    use fleetrun_common::queue::MemoryQueue;
+    Fleet {
+        events: Arc::new(MemoryEvents::new()),
+        queue: Arc::new(MemoryQueue::new(Default::default())),
+        ledger: Arc::new(MemoryLedger::new()),
+        registry: Arc::new(MemoryRegistry::new()),
+        s3: fleetrun_common::storage::s3::S3Settings::default(),
+        pool: "local".to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1039,14 +1059,7 @@ mod tests {
         )
         .unwrap();
         let spec = fleetrun_config::load(&job_file, &[]).unwrap();
-        let fleet = Fleet {
-            events: Arc::new(MemoryEvents::new()),
-            queue: Arc::new(MemoryQueue::new(Default::default())),
-            ledger: Arc::new(MemoryLedger::new()),
-            registry: Arc::new(MemoryRegistry::new()),
-            s3: S3Settings::default(),
-            pool: "local".to_owned(),
-        };
+        let fleet = embedded_fleet();
         let registered = register(spec, &fleet, Some("wake-1")).await.unwrap();
         let record = &registered.record;
         let handle = registered.job(&fleet).await.unwrap();

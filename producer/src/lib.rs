@@ -4,6 +4,7 @@
 //! # Layout
 //!
 //! - [`partition`]: lists an input and publishes mini-batch messages as it goes.
+//! - [`dlq`]: the operators' tools on the pool's dead-letter queue.
 //! - [`fleet`]: submitting to, following and canceling jobs on a fleet.
 //! - [`local`]: runs a whole job on this machine on the embedded seams.
 //! - [`progress`]: the terminal's view of a running job.
@@ -14,6 +15,7 @@
 //! - [`work_left`]: a job's expected seconds of work left, the autoscaling signal.
 //! - [`exit`]: the exit codes of `fleetrun`, in one table.
 
+pub mod dlq;
 pub mod exit;
 pub mod fleet;
 pub mod local;

@@ -7,7 +7,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{Acker, Consumer, Delivery, Depth, Disposition, Queue, QueueError, QueueOptions};
+use super::{
+    Acker, Consumer, DeadLetter, DeadLetterHold, Delivery, Depth, Disposition, Queue, QueueError,
+    QueueOptions,
+};
 
 /// An in-process queue. Cheap to clone; clones share the queue.
 ///
@@ -23,8 +26,8 @@ struct Shared {
     state: Mutex<State>,
     /// One permit per ready message.
     ready: Semaphore,
-    /// One permit per dead-lettered message.
-    dead: Semaphore,
+    /// One permit per message in the recorders' inbox.
+    inbox: Semaphore,
     /// One permit per free place, when bounded.
     space: Option<Semaphore>,
 }
@@ -32,10 +35,13 @@ struct Shared {
 #[derive(Default)]
 struct State {
     ready: VecDeque<Message>,
-    dead: VecDeque<Message>,
-    unacked: u64,
-    /// Dead letters delivered to a consumer of the dead-letter queue and not yet settled.
+    /// The dead-letter queue, for operators.
+    dead: VecDeque<DeadLetter>,
+    /// Dead letters an operator's tool holds.
     dead_held: u64,
+    /// The recorders' copy of each dead letter.
+    inbox: VecDeque<Message>,
+    unacked: u64,
 }
 
 struct Message {
@@ -61,7 +67,7 @@ impl MemoryQueue {
                 options,
                 state: Mutex::new(State::default()),
                 ready: Semaphore::new(0),
-                dead: Semaphore::new(0),
+                inbox: Semaphore::new(0),
                 space: capacity.map(Semaphore::new),
             }),
         }
@@ -90,20 +96,37 @@ impl Shared {
                     .delivery_limit
                     .is_some_and(|l| message.returns > l);
                 if over {
-                    message.dead_reason = Some("delivery_limit");
-                    state.dead.push_back(message);
-                    self.dead.add_permits(1);
+                    let deliveries = message.returns;
+                    self.dead_letter(&mut state, message, "delivery_limit", deliveries);
                 } else {
                     state.ready.push_back(message);
                     self.ready.add_permits(1);
                 }
             }
             Disposition::DeadLetter => {
-                message.dead_reason = Some("rejected");
-                state.dead.push_back(message);
-                self.dead.add_permits(1);
+                let deliveries = message.returns + 1;
+                self.dead_letter(&mut state, message, "rejected", deliveries);
             }
         }
+    }
+
+    /// Dead-letters `message`: into the dead-letter queue, and a copy into the inbox.
+    fn dead_letter(
+        &self,
+        state: &mut State,
+        mut message: Message,
+        reason: &'static str,
+        deliveries: u32,
+    ) {
+        message.dead_reason = Some(reason);
+        state.dead.push_back(DeadLetter {
+            body: message.body.clone(),
+            reason: Some(reason.to_owned()),
+            deliveries: Some(deliveries),
+            dead_at: Some(crate::ledger::unix_now()),
+        });
+        state.inbox.push_back(message);
+        self.inbox.add_permits(1);
     }
 }
 
@@ -151,6 +174,65 @@ impl Queue for MemoryQueue {
             dead: state.dead.len() as u64 + state.dead_held,
         })
     }
+
+    async fn hold_dead(&self, limit: usize) -> Result<Box<dyn DeadLetterHold>, QueueError> {
+        let mut state = self.shared.lock();
+        let take = limit.min(state.dead.len());
+        let letters: Vec<DeadLetter> = state.dead.drain(..take).collect();
+        state.dead_held += letters.len() as u64;
+        Ok(Box::new(MemoryDeadHold {
+            shared: self.shared.clone(),
+            removed: vec![false; letters.len()],
+            letters,
+        }))
+    }
+}
+
+/// Dead letters taken from the front of the dead-letter queue; put back there.
+struct MemoryDeadHold {
+    shared: Arc<Shared>,
+    letters: Vec<DeadLetter>,
+    removed: Vec<bool>,
+}
+
+impl MemoryDeadHold {
+    fn put_back(&mut self) {
+        let mut state = self.shared.lock();
+        state.dead_held -= self.letters.len() as u64;
+        let kept = std::mem::take(&mut self.letters)
+            .into_iter()
+            .zip(std::mem::take(&mut self.removed))
+            .filter(|(_, removed)| !removed)
+            .map(|(letter, _)| letter);
+        for letter in kept.rev() {
+            state.dead.push_front(letter);
+        }
+    }
+}
+
+#[async_trait]
+impl DeadLetterHold for MemoryDeadHold {
+    fn letters(&self) -> &[DeadLetter] {
+        &self.letters
+    }
+
+    async fn remove(&mut self, i: usize) -> Result<(), QueueError> {
+        if let Some(removed) = self.removed.get_mut(i) {
+            *removed = true;
+        }
+        Ok(())
+    }
+
+    async fn release(mut self: Box<Self>) -> Result<(), QueueError> {
+        self.put_back();
+        Ok(())
+    }
+}
+
+impl Drop for MemoryDeadHold {
+    fn drop(&mut self) {
+        self.put_back();
+    }
 }
 
 struct MemoryConsumer {
@@ -180,7 +262,7 @@ impl Consumer for MemoryConsumer {
             .await
             .map_err(|_| QueueError::Closed)?;
         let source = if self.dead_letters {
-            &self.shared.dead
+            &self.shared.inbox
         } else {
             &self.shared.ready
         };
@@ -192,15 +274,11 @@ impl Consumer for MemoryConsumer {
         let message = {
             let mut state = self.shared.lock();
             let message = if self.dead_letters {
-                state.dead.pop_front()
-            } else {
-                state.ready.pop_front()
-            };
-            if self.dead_letters {
-                state.dead_held += 1;
+                state.inbox.pop_front()
             } else {
                 state.unacked += 1;
-            }
+                state.ready.pop_front()
+            };
             message.expect("a permit stands for a message")
         };
         if !self.dead_letters
@@ -229,7 +307,7 @@ impl Consumer for MemoryConsumer {
 struct MemoryAcker {
     shared: Arc<Shared>,
     message: Option<Message>,
-    /// Settles a dead letter (which only an ack removes; anything else puts it back).
+    /// Settles a copy in the inbox (which only an ack removes; anything else puts it back).
     dead_letter: bool,
     _permit: OwnedSemaphorePermit,
 }
@@ -240,11 +318,9 @@ impl MemoryAcker {
             return false;
         };
         if self.dead_letter {
-            let mut state = self.shared.lock();
-            state.dead_held -= 1;
             if disposition != Disposition::Ack {
-                state.dead.push_front(message);
-                self.shared.dead.add_permits(1);
+                self.shared.lock().inbox.push_front(message);
+                self.shared.inbox.add_permits(1);
             }
         } else {
             self.shared.give_back(message, disposition);
