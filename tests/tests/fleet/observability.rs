@@ -297,6 +297,12 @@ fn every_dashboard_panel_returns_data_from_prometheus_scraping_a_fleet() {
     );
 
     // Every alert rule has been evaluated, without error.
+    let alerts = std::fs::read_to_string(repo_file("deploy/prometheus/alerts.yml"))
+        .unwrap()
+        .lines()
+        .filter(|line| line.trim_start().starts_with("- alert:"))
+        .count();
+    assert!(alerts >= 7, "{alerts} alert rules");
     wait_for("the alert rules evaluated", Duration::from_secs(30), || {
         let rules = prometheus.api("rules", &[]);
         let all: Vec<&Value> = rules["groups"]
@@ -305,6 +311,6 @@ fn every_dashboard_panel_returns_data_from_prometheus_scraping_a_fleet() {
             .iter()
             .flat_map(|g| g["rules"].as_array().unwrap())
             .collect();
-        all.len() == 6 && all.iter().all(|r| r["health"] == "ok")
+        all.len() == alerts && all.iter().all(|r| r["health"] == "ok")
     });
 }
