@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fleetrun_common::queue::amqp::AmqpQueue;
-use fleetrun_common::queue::{Queue, QueueOptions};
+use fleetrun_common::queue::{Depth, Queue, QueueOptions};
 use fleetrun_common::storage::Storage;
 use fleetrun_common::storage::s3::{S3Settings, S3Storage};
 use fleetrun_common::testing::random_suffix;
@@ -29,6 +29,8 @@ mod named_outputs;
 mod page;
 #[path = "fleet/resume.rs"]
 mod resume;
+#[path = "fleet/sharing.rs"]
+mod sharing;
 
 fn management_url() -> String {
     std::env::var("FLEETRUN_TEST_AMQP_MANAGEMENT_URL")
@@ -238,7 +240,15 @@ impl Fleet {
         self.runtime.block_on(s3.get(key)).unwrap().to_vec()
     }
 
-    fn queue(&self) -> Arc<dyn Queue> {
+    /// The pool's queue: the lanes the broker holds for it, and its dead letters.
+    fn pool_depth(&self, queue: &AmqpQueue) -> Depth {
+        self.runtime.block_on(async {
+            let lanes = queue.lanes().await.unwrap();
+            queue.depth(&lanes).await.unwrap()
+        })
+    }
+
+    fn queue(&self) -> Arc<AmqpQueue> {
         let (url, pool, mgmt) = (
             self.amqp_url.clone(),
             self.pool.clone(),
@@ -252,7 +262,7 @@ impl Fleet {
                 AmqpQueue::connect(&url, &pool, options, mgmt.as_deref())
                     .await
                     .unwrap(),
-            ) as Arc<dyn Queue>
+            )
         })
     }
 }
@@ -565,7 +575,7 @@ fn threshold_stops_every_worker_and_leaves_nothing_queued() {
         "the job's mini-batches to leave the queue",
         Duration::from_secs(30),
         || {
-            let d = fleet.runtime.block_on(queue.depth()).unwrap();
+            let d = fleet.pool_depth(&queue);
             d.ready == 0 && d.unacked == Some(0)
         },
     );
@@ -605,13 +615,15 @@ fn malformed_message_is_dead_lettered_and_workers_keep_serving() {
     let mut fleet = Fleet::new(ECHO);
     fleet.inputs(20);
     let queue = fleet.queue();
+    // Ahead of the job's own mini-batches, in its queue.
+    let id = format!("malformed-{}", fleet.pool);
     fleet
         .runtime
-        .block_on(queue.publish(b"\xc1 not a mini-batch".to_vec()))
+        .block_on(queue.publish(&id, b"\xc1 not a mini-batch".to_vec()))
         .unwrap();
     fleet.worker("w1", 1);
     let job = fleet.s3_job("mini_batch_size = 4");
-    let out = fleet.submit(&job, &["--wait"]);
+    let out = fleet.submit(&job, &["--wait", "--job-id", &id]);
     assert_eq!(code(&out), 0);
     assert_eq!(
         lines(&fleet.output("out/parallel_run_step.txt")),
@@ -620,7 +632,7 @@ fn malformed_message_is_dead_lettered_and_workers_keep_serving() {
     wait_for(
         "the dead-letter queue to show the message",
         Duration::from_secs(30),
-        || fleet.runtime.block_on(queue.depth()).unwrap().dead == 1,
+        || fleet.pool_depth(&queue).dead == 1,
     );
 }
 
@@ -655,7 +667,7 @@ fn cancel_stops_a_job_and_drops_its_mini_batches() {
         "the canceled job's mini-batches to leave the queue",
         Duration::from_secs(30),
         || {
-            let d = fleet.runtime.block_on(queue.depth()).unwrap();
+            let d = fleet.pool_depth(&queue);
             d.ready == 0 && d.unacked == Some(0)
         },
     );
@@ -2097,7 +2109,7 @@ fn small_default_jobs_all_finish(
             "the idle pool's queue to empty",
             Duration::from_secs(60),
             || {
-                let depth = fleet.runtime.block_on(queue.depth()).unwrap();
+                let depth = fleet.pool_depth(&queue);
                 last = Some(depth);
                 depth.unacked == Some(0) && depth.ready == 0
             },

@@ -10,6 +10,12 @@ use crate::queue::{Disposition, Queue, QueueOptions};
 const PATIENCE: Duration = Duration::from_secs(20);
 /// How long a case waits to be sure nothing more arrives.
 const QUIET: Duration = Duration::from_millis(300);
+/// The lane most cases use (a job's id).
+const LANE: &str = "job-a";
+
+fn lanes() -> Vec<String> {
+    vec![LANE.to_owned()]
+}
 
 /// Generates one `#[tokio::test]` per case for the queue built by `$make`, an async closure
 /// taking [`QueueOptions`] and returning `Arc<dyn Queue>`.
@@ -22,7 +28,7 @@ macro_rules! queue_conformance {
             delivery_limit_dead_letters, dead_letter_disposition_is_immediate,
             prefetch_bounds_unsettled, pause_gives_back_what_was_not_handed_out,
             a_next_dropped_midway_leaves_nothing_held,
-            depth_counts_ready_and_unacked);
+            depth_counts_ready_and_unacked, lanes_are_apart, a_closed_lane_drops_what_it_held);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -54,9 +60,9 @@ where
 {
     let q = make(QueueOptions::default()).await;
     for i in 0..5u8 {
-        q.publish(vec![i]).await.unwrap();
+        q.publish(LANE, vec![i]).await.unwrap();
     }
-    let mut c = q.consume(10).await.unwrap();
+    let mut c = q.consume(LANE, 10).await.unwrap();
     for i in 0..5u8 {
         let d = next(&mut c).await;
         assert_eq!(&d.body[..], &[i]);
@@ -71,8 +77,8 @@ where
     Fut: Future<Output = Arc<dyn Queue>>,
 {
     let q = make(QueueOptions::default()).await;
-    q.publish(b"m".to_vec()).await.unwrap();
-    let mut c = q.consume(1).await.unwrap();
+    q.publish(LANE, b"m".to_vec()).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     let d = next(&mut c).await;
     assert_eq!(d.attempt, 1);
     assert!(d.dead_reason.is_none());
@@ -88,8 +94,8 @@ where
         delivery_limit: Some(10),
     })
     .await;
-    q.publish(b"m".to_vec()).await.unwrap();
-    let mut c = q.consume(1).await.unwrap();
+    q.publish(LANE, b"m".to_vec()).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     for attempt in 1..=3 {
         let d = next(&mut c).await;
         assert_eq!(d.attempt, attempt);
@@ -112,8 +118,8 @@ where
         delivery_limit: Some(2),
     })
     .await;
-    q.publish(b"m".to_vec()).await.unwrap();
-    let mut c = q.consume(1).await.unwrap();
+    q.publish(LANE, b"m".to_vec()).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     let d = next(&mut c).await;
     assert!(d.settle(Disposition::Requeue).await.unwrap());
     for _ in 0..4 {
@@ -125,7 +131,7 @@ where
     assert_eq!(d.attempt, 2);
     assert!(d.settle(Disposition::Ack).await.unwrap());
     nothing_more(&mut c).await;
-    assert_eq!(q.depth().await.unwrap().dead, 0);
+    assert_eq!(q.depth(&lanes()).await.unwrap().dead, 0);
 }
 
 /// A consumer that dies holding a message (its delivery dropped, its channel gone) costs the
@@ -139,15 +145,15 @@ where
         delivery_limit: Some(10),
     })
     .await;
-    q.publish(b"m".to_vec()).await.unwrap();
+    q.publish(LANE, b"m".to_vec()).await.unwrap();
     {
-        let mut c = q.consume(1).await.unwrap();
+        let mut c = q.consume(LANE, 1).await.unwrap();
         let d = next(&mut c).await;
         assert_eq!(d.attempt, 1);
         drop(d);
         drop(c);
     }
-    let mut c = q.consume(1).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     let d = next(&mut c).await;
     assert_eq!(&d.body[..], b"m");
     assert_eq!(d.attempt, 2);
@@ -164,8 +170,8 @@ where
         delivery_limit: Some(2),
     })
     .await;
-    q.publish(b"poison".to_vec()).await.unwrap();
-    let mut c = q.consume(1).await.unwrap();
+    q.publish(LANE, b"poison".to_vec()).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     for attempt in 1..=3 {
         let d = next(&mut c).await;
         assert_eq!(d.attempt, attempt);
@@ -177,7 +183,7 @@ where
     assert_eq!(&d.body[..], b"poison");
     assert_eq!(d.dead_reason.as_deref(), Some("delivery_limit"));
     d.settle(Disposition::Ack).await.unwrap();
-    assert_eq!(q.depth().await.unwrap().dead, 0);
+    assert_eq!(q.depth(&lanes()).await.unwrap().dead, 0);
 }
 
 pub async fn dead_letter_disposition_is_immediate<F, Fut>(make: F)
@@ -189,15 +195,15 @@ where
         delivery_limit: Some(5),
     })
     .await;
-    q.publish(b"garbage".to_vec()).await.unwrap();
-    let mut c = q.consume(1).await.unwrap();
+    q.publish(LANE, b"garbage".to_vec()).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     next(&mut c)
         .await
         .settle(Disposition::DeadLetter)
         .await
         .unwrap();
     nothing_more(&mut c).await;
-    let depth = q.depth().await.unwrap();
+    let depth = q.depth(&lanes()).await.unwrap();
     assert_eq!((depth.ready, depth.dead), (0, 1));
     let mut dead = q.consume_dead(1).await.unwrap();
     let d = next(&mut dead).await;
@@ -212,9 +218,9 @@ where
 {
     let q = make(QueueOptions::default()).await;
     for i in 0..3u8 {
-        q.publish(vec![i]).await.unwrap();
+        q.publish(LANE, vec![i]).await.unwrap();
     }
-    let mut c = q.consume(2).await.unwrap();
+    let mut c = q.consume(LANE, 2).await.unwrap();
     let a = next(&mut c).await;
     let b = next(&mut c).await;
     // A third delivery waits for a settlement.
@@ -236,12 +242,12 @@ where
 {
     let q = make(QueueOptions::default()).await;
     for i in 0..3u8 {
-        q.publish(vec![i]).await.unwrap();
+        q.publish(LANE, vec![i]).await.unwrap();
     }
-    let mut paused = q.consume(3).await.unwrap();
+    let mut paused = q.consume(LANE, 3).await.unwrap();
     let first = next(&mut paused).await;
     paused.pause().await.unwrap();
-    let mut other = q.consume(3).await.unwrap();
+    let mut other = q.consume(LANE, 3).await.unwrap();
     let mut taken = Vec::new();
     for _ in 0..2 {
         let d = next(&mut other).await;
@@ -257,7 +263,7 @@ where
     // What was handed out before the pause is settled as usual.
     first.settle(Disposition::Ack).await.unwrap();
     other.pause().await.unwrap();
-    q.publish(vec![3]).await.unwrap();
+    q.publish(LANE, vec![3]).await.unwrap();
     let d = next(&mut paused).await;
     assert_eq!((d.body[0], d.attempt), (3, 1));
     d.settle(Disposition::Ack).await.unwrap();
@@ -272,16 +278,16 @@ where
     Fut: Future<Output = Arc<dyn Queue>>,
 {
     let q = make(QueueOptions::default()).await;
-    let mut dropping = q.consume(3).await.unwrap();
+    let mut dropping = q.consume(LANE, 3).await.unwrap();
     for _ in 0..3 {
         // Polled once, then dropped: whatever it had started is left midway.
         let _ = tokio::time::timeout(Duration::ZERO, dropping.next()).await;
     }
     for i in 0..3u8 {
-        q.publish(vec![i]).await.unwrap();
+        q.publish(LANE, vec![i]).await.unwrap();
     }
     dropping.pause().await.unwrap();
-    let mut other = q.consume(3).await.unwrap();
+    let mut other = q.consume(LANE, 3).await.unwrap();
     let mut taken = Vec::new();
     for _ in 0..3 {
         let d = next(&mut other).await;
@@ -300,9 +306,9 @@ where
 {
     let q = make(QueueOptions::default()).await;
     for i in 0..3u8 {
-        q.publish(vec![i]).await.unwrap();
+        q.publish(LANE, vec![i]).await.unwrap();
     }
-    let mut c = q.consume(1).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     let d = next(&mut c).await;
     // One is held; a broker may already have pushed the next one to the consumer (it is
     // then unacknowledged too), but nothing is lost or counted twice.
@@ -316,7 +322,7 @@ where
 async fn wait_depth(q: &dyn Queue, want: impl Fn(u64, u64) -> bool) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        let depth = q.depth().await.unwrap();
+        let depth = q.depth(&lanes()).await.unwrap();
         if want(depth.ready, depth.unacked.unwrap_or(0)) {
             return;
         }
@@ -326,4 +332,58 @@ async fn wait_depth(q: &dyn Queue, want: impl Fn(u64, u64) -> bool) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Each lane is a queue of its own: a consumer of one never sees another's messages, a
+/// lane's ready count is its own, and the depth sums the lanes asked for.
+pub async fn lanes_are_apart<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions::default()).await;
+    assert_eq!(q.ready("job-never-seen").await.unwrap(), 0);
+    for i in 0..3u8 {
+        q.publish("job-a", vec![i]).await.unwrap();
+    }
+    q.publish("job-b", vec![10]).await.unwrap();
+    assert_eq!(q.ready("job-a").await.unwrap(), 3);
+    assert_eq!(q.ready("job-b").await.unwrap(), 1);
+    let both = ["job-a".to_owned(), "job-b".to_owned()];
+    assert_eq!(q.depth(&both).await.unwrap().ready, 4);
+    let mut b = q.consume("job-b", 3).await.unwrap();
+    let d = next(&mut b).await;
+    assert_eq!(&d.body[..], &[10]);
+    d.settle(Disposition::Ack).await.unwrap();
+    nothing_more(&mut b).await;
+    b.pause().await.unwrap();
+    assert_eq!(q.ready("job-a").await.unwrap(), 3);
+    let mut a = q.consume("job-a", 3).await.unwrap();
+    for i in 0..3u8 {
+        let d = next(&mut a).await;
+        assert_eq!(&d.body[..], &[i]);
+        d.settle(Disposition::Ack).await.unwrap();
+    }
+    wait_depth(&*q, |ready, unacked| ready == 0 && unacked == 0).await;
+}
+
+/// Closing a lane drops what waits in it; a later publish makes it again.
+pub async fn a_closed_lane_drops_what_it_held<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions::default()).await;
+    for i in 0..2u8 {
+        q.publish(LANE, vec![i]).await.unwrap();
+    }
+    q.close_lane(LANE).await.unwrap();
+    assert_eq!(q.ready(LANE).await.unwrap(), 0);
+    q.close_lane("job-never-seen").await.unwrap();
+    q.publish(LANE, vec![7]).await.unwrap();
+    let mut c = q.consume(LANE, 3).await.unwrap();
+    let d = next(&mut c).await;
+    assert_eq!(&d.body[..], &[7]);
+    d.settle(Disposition::Ack).await.unwrap();
+    nothing_more(&mut c).await;
 }

@@ -6,7 +6,7 @@ use super::*;
 
 impl Fleet {
     /// `fleetrun ARGS` to its end: its exit code, stdout and stderr.
-    fn fleetrun(&self, args: &[&str]) -> (i32, String, String) {
+    pub(super) fn fleetrun(&self, args: &[&str]) -> (i32, String, String) {
         let mut cmd = command("fleetrun");
         self.env(&mut cmd);
         let out = output_within(cmd.args(args), RUN_LIMIT);
@@ -22,7 +22,7 @@ impl Fleet {
     }
 
     /// The job's `status --json`.
-    fn status_json(&self, job: &str) -> serde_json::Value {
+    pub(super) fn status_json(&self, job: &str) -> serde_json::Value {
         let (_, out, _) = self.fleetrun(&["status", job, "--json"]);
         serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out:?}"))
     }
@@ -31,7 +31,7 @@ impl Fleet {
     fn queue_drained(&self) {
         let queue = self.queue();
         wait_for("the queue to be drained", Duration::from_secs(60), || {
-            let d = self.runtime.block_on(queue.depth()).unwrap();
+            let d = self.pool_depth(&queue);
             d.ready == 0 && d.unacked == Some(0)
         });
     }
