@@ -372,6 +372,8 @@ async fn publish_to(
 ) -> Result<(), FleetError> {
     let job = &registered.job;
     let spec = &registered.record.spec;
+    // Made before the first publish, so that publishes in flight together keep their order.
+    queue.open_lane(job).await?;
     let input = job::open_input(spec, &fleet.s3).await?;
     // Stop publishing as soon as the job stops (threshold, cancel); meanwhile tell the
     // ledger how far publication has come.
@@ -684,6 +686,10 @@ pub(crate) struct Discard;
 
 #[async_trait::async_trait]
 impl Queue for Discard {
+    async fn open_lane(&self, _lane: &str) -> Result<(), QueueError> {
+        Ok(())
+    }
+
     async fn publish(&self, _lane: &str, _body: Vec<u8>) -> Result<(), QueueError> {
         Ok(())
     }

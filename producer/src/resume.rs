@@ -123,6 +123,10 @@ pub struct Unfinished {
 
 #[async_trait]
 impl Queue for Unfinished {
+    async fn open_lane(&self, lane: &str) -> Result<(), QueueError> {
+        self.queue.open_lane(lane).await
+    }
+
     async fn publish(&self, lane: &str, body: Vec<u8>) -> Result<(), QueueError> {
         match MiniBatch::decode(&body) {
             Ok(batch) if self.done.contains(&batch.index) => Ok(()),

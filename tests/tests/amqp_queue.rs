@@ -62,6 +62,15 @@ struct Scoped {
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, QueueError>> + Send + 'a>>;
 
 impl Queue for Scoped {
+    fn open_lane<'s, 'l, 'f>(&'s self, lane: &'l str) -> BoxFuture<'f, ()>
+    where
+        's: 'f,
+        'l: 'f,
+        Self: 'f,
+    {
+        self.queue.open_lane(lane)
+    }
+
     fn publish<'s, 'l, 'f>(&'s self, lane: &'l str, body: Vec<u8>) -> BoxFuture<'f, ()>
     where
         's: 'f,

@@ -689,6 +689,10 @@ impl Events for AmqpQueue {
 
 #[async_trait]
 impl Queue for AmqpQueue {
+    async fn open_lane(&self, lane: &str) -> Result<(), QueueError> {
+        self.shared.lane(lane).await.map(drop)
+    }
+
     async fn publish(&self, lane: &str, body: Vec<u8>) -> Result<(), QueueError> {
         let queue = self.shared.lane(lane).await?;
         match self.shared.publish(&queue, &body, 0).await {

@@ -130,6 +130,11 @@ impl Shared {
 
 #[async_trait]
 impl Queue for MemoryQueue {
+    async fn open_lane(&self, lane: &str) -> Result<(), QueueError> {
+        self.shared.lock().lanes.entry(lane.to_owned()).or_default();
+        Ok(())
+    }
+
     async fn publish(&self, lane: &str, body: Vec<u8>) -> Result<(), QueueError> {
         if let Some(space) = &self.shared.space {
             space

@@ -56,6 +56,10 @@ pub struct Depth {
 
 #[async_trait]
 pub trait Queue: Send + Sync {
+    /// Makes `lane` if it does not exist (idempotent). A publisher opens its lane before it
+    /// publishes: a lane a publish must make first does not keep the order of publishes in
+    /// flight together.
+    async fn open_lane(&self, lane: &str) -> Result<(), QueueError>;
     /// Publishes one message to `lane` (made if it does not exist); returns once the queue
     /// holds it (confirmed, durable).
     async fn publish(&self, lane: &str, body: Vec<u8>) -> Result<(), QueueError>;

@@ -28,7 +28,8 @@ macro_rules! queue_conformance {
             delivery_limit_dead_letters, dead_letter_disposition_is_immediate,
             prefetch_bounds_unsettled, pause_gives_back_what_was_not_handed_out,
             a_next_dropped_midway_leaves_nothing_held,
-            depth_counts_ready_and_unacked, lanes_are_apart, a_closed_lane_drops_what_it_held);
+            depth_counts_ready_and_unacked, lanes_are_apart, a_closed_lane_drops_what_it_held,
+            an_open_lane_keeps_the_order_of_publishes_in_flight);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -386,4 +387,25 @@ where
     assert_eq!(&d.body[..], &[7]);
     d.settle(Disposition::Ack).await.unwrap();
     nothing_more(&mut c).await;
+}
+
+/// Publishes in flight together reach an opened lane in the order they were made (a
+/// publisher pipelines its mini-batches).
+pub async fn an_open_lane_keeps_the_order_of_publishes_in_flight<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions::default()).await;
+    q.open_lane(LANE).await.unwrap();
+    let publishes: futures::stream::FuturesOrdered<_> =
+        (0..20u8).map(|i| q.publish(LANE, vec![i])).collect();
+    let published: Vec<_> = futures::StreamExt::collect(publishes).await;
+    assert!(published.iter().all(Result::is_ok), "{published:?}");
+    let mut c = q.consume(LANE, 20).await.unwrap();
+    for i in 0..20u8 {
+        let d = next(&mut c).await;
+        assert_eq!(&d.body[..], &[i]);
+        d.settle(Disposition::Ack).await.unwrap();
+    }
 }
