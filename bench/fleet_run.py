@@ -36,7 +36,7 @@ def main(job: str) -> int:
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     try:
         return subprocess.call(
-            [os.path.join(RELEASE, "fleetrun"), "submit", job, "--wait", "--quiet"], env=env)
+            [os.path.join(RELEASE, "fleetrun"), "submit", job, "--wait", "--quiet", "--create-pool"], env=env)
     finally:
         worker.terminate()
         worker.wait()

@@ -6,9 +6,16 @@
 #   3. deploy/Dockerfile passes a small lint: known instructions, FROM first, JSON forms
 #      that parse, COPY --from naming a stage, COPY sources present in the build context,
 #      every workspace member copied into the build stage;
-#   4. deploy/k8s/*.yaml are valid YAML with apiVersion and kind, and the KEDA trigger
-#      watches the queue of the pool the workers serve (fleetrun.<pool>.batches);
-#   5. the broker and ledger settings the fleet relies on are present.
+#   4. every file under deploy/k8s (the GPU overlay's too) is valid YAML with apiVersion and
+#      kind; deploy/k8s and deploy/k8s/gpu, kustomized (patches merged here), have a
+#      Deployment without replicas: that KEDA scales on the seconds of work left of the
+#      workers' pool, with a floor while a job is active; terminationGracePeriodSeconds =
+#      FLEETRUN_DRAIN_TIMEOUT + 30 (compose: stop_grace_period); the overlay has one runner
+#      per GPU, a node selector and a toleration;
+#   5. the broker and ledger settings the fleet relies on are present;
+#   6. the alert rules and the scrape configuration pass `promtool check` (Debian's
+#      prometheus package, installed with apt-get when missing), and the Grafana dashboard
+#      is JSON whose every panel has a PromQL query on the provisioned data source.
 #
 #   scripts/check-deploy.sh        # exit 0 when every check passed
 set -euo pipefail
@@ -21,6 +28,11 @@ if ! command -v docker-compose >/dev/null; then
     say "installing docker-compose (Debian package)"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null
+fi
+if ! command -v promtool >/dev/null; then
+    say "installing prometheus (Debian package, for promtool)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
 fi
 if ! python3 -c 'import yaml' 2>/dev/null; then
     say "installing PyYAML"
@@ -141,12 +153,13 @@ for p in problems:
 if not problems:
     ok(f"{path}: {len(logical)} instructions, {froms} stages, lint clean")
 
-# 4. Kubernetes manifests
-pool = None
-queue = None
-for path in sorted(glob.glob("deploy/k8s/*.yaml")):
+# 4. Kubernetes manifests: every file under deploy/k8s (the GPU overlay's included)
+def load_docs(path):
+    return [d for d in yaml.safe_load_all(open(path)) if d is not None]
+manifests = {}
+for path in sorted(glob.glob("deploy/k8s/**/*.yaml", recursive=True)):
     try:
-        docs = [d for d in yaml.safe_load_all(open(path)) if d is not None]
+        docs = load_docs(path)
     except yaml.YAMLError as e:
         bad(f"{path}: not valid YAML: {e}")
         continue
@@ -155,19 +168,113 @@ for path in sorted(glob.glob("deploy/k8s/*.yaml")):
         bad(f"{path}: documents {missing} lack apiVersion or kind")
     else:
         ok(f"{path}: valid YAML, {len(docs)} objects ({', '.join(d['kind'] for d in docs)})")
-    for d in docs:
-        if d.get("kind") == "ConfigMap" and "FLEETRUN_POOL" in (d.get("data") or {}):
-            pool = d["data"]["FLEETRUN_POOL"]
-        if d.get("kind") == "ScaledObject":
-            for t in d["spec"].get("triggers", []):
-                if t.get("type") == "rabbitmq":
-                    queue = t["metadata"].get("queueName")
-if pool is None or queue is None:
-    bad("deploy/k8s: a worker ConfigMap with FLEETRUN_POOL and a rabbitmq KEDA trigger")
-elif queue == f"fleetrun.{pool}.batches":
-    ok(f"deploy/k8s: KEDA watches {queue}, the queue of pool {pool!r}")
-else:
-    bad(f"deploy/k8s: KEDA watches {queue}, but the workers serve fleetrun.{pool}.batches")
+    manifests[path] = docs
+
+def kustomized(folder):
+    """The objects `kubectl apply -k folder` applies, patches merged (maps merged, lists of
+    named items merged by name, other lists replaced; null deletes), or None."""
+    kpath = os.path.join(folder, "kustomization.yaml")
+    if kpath not in manifests:
+        bad(f"{folder}: no kustomization.yaml")
+        return None
+    k = manifests[kpath][0]
+    objects = []
+    for res in k.get("resources", []):
+        target = os.path.normpath(os.path.join(folder, res))
+        if os.path.isdir(target):
+            sub = kustomized(target)
+            if sub is None:
+                return None
+            objects += sub
+        elif target in manifests:
+            objects += [json.loads(json.dumps(d)) for d in manifests[target]]
+        else:
+            bad(f"{kpath}: resource {res} does not exist")
+            return None
+    def merge(a, b):
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key, v in b.items():
+                if v is None:
+                    a.pop(key, None)
+                else:
+                    a[key] = merge(a.get(key), v)
+            return a
+        if isinstance(a, list) and isinstance(b, list) and all(isinstance(x, dict) and "name" in x for x in a + b):
+            for item in b:
+                same = next((x for x in a if x["name"] == item["name"]), None)
+                if same is None:
+                    a.append(item)
+                else:
+                    merge(same, item)
+            return a
+        return b
+    for patch in k.get("patches", []):
+        ppath = os.path.normpath(os.path.join(folder, patch["path"]))
+        if ppath not in manifests:
+            bad(f"{kpath}: patch {patch['path']} does not exist")
+            return None
+        for p in manifests[ppath]:
+            target = next((o for o in objects if o["kind"] == p["kind"] and o["metadata"]["name"] == p["metadata"]["name"]), None)
+            if target is None:
+                bad(f"{ppath}: patches {p['kind']}/{p['metadata']['name']}, which {folder} does not have")
+                return None
+            merge(target, json.loads(json.dumps(p)))
+    return objects
+
+def env_of(container, config):
+    env = dict(config)
+    for e in container.get("env") or []:
+        if "value" in e:
+            env[e["name"]] = str(e["value"])
+    return env
+
+for folder in ("deploy/k8s", "deploy/k8s/gpu"):
+    objects = kustomized(folder)
+    if objects is None:
+        continue
+    kinds = {}
+    for o in objects:
+        kinds.setdefault(o["kind"], []).append(o)
+    config = next((c.get("data") or {} for c in kinds.get("ConfigMap", []) if "FLEETRUN_POOL" in (c.get("data") or {})), {})
+    pool = config.get("FLEETRUN_POOL")
+    for so in kinds.get("ScaledObject", []):
+        target = so["spec"]["scaleTargetRef"]["name"]
+        deploy = next((d for d in kinds.get("Deployment", []) if d["metadata"]["name"] == target), None)
+        if deploy is None:
+            bad(f"{folder}: ScaledObject {so['metadata']['name']} scales {target}, which is not there")
+            continue
+        (bad if "replicas" in deploy["spec"] else ok)(
+            f"{folder}: Deployment {target} leaves its replica count to KEDA (no replicas:)")
+        queries = [t["metadata"].get("query", "") for t in so["spec"].get("triggers", []) if t.get("type") == "prometheus"]
+        signal = [q for q in queries if "fleetrun_pool_work_seconds_left" in q]
+        floor = [q for q in queries if "fleetrun_pool_jobs_active" in q]
+        (ok if signal and floor else bad)(
+            f"{folder}: KEDA scales on the seconds of work left and keeps a worker while a job is active")
+        wrong = [q for q in queries if f'pool="{pool}"' not in q]
+        (bad if wrong or not pool else ok)(
+            f"{folder}: KEDA's queries name the workers' pool {pool!r}" + (f" (not: {wrong})" if wrong else ""))
+        pod = deploy["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        env = env_of(container, config)
+        grace, drain = pod.get("terminationGracePeriodSeconds"), env.get("FLEETRUN_DRAIN_TIMEOUT")
+        (ok if drain and drain.isdigit() and grace == int(drain) + 30 else bad)(
+            f"{folder}: terminationGracePeriodSeconds ({grace}) = FLEETRUN_DRAIN_TIMEOUT ({drain}) + 30")
+        limits = (container.get("resources") or {}).get("limits") or {}
+        if folder.endswith("gpu"):
+            gpus = limits.get("nvidia.com/gpu")
+            (ok if gpus is not None and env.get("FLEETRUN_MAX_PROCESSES") == str(gpus) else bad)(
+                f"{folder}: one runner per GPU (nvidia.com/gpu {gpus}, FLEETRUN_MAX_PROCESSES {env.get('FLEETRUN_MAX_PROCESSES')})")
+            (ok if pod.get("nodeSelector") and pod.get("tolerations") else bad)(
+                f"{folder}: GPU nodes only (a nodeSelector and a toleration)")
+
+# docker-compose: the same grace rule for the workers
+worker = (compose.get("services") or {}).get("worker") or {}
+drain = str((worker.get("environment") or {}).get("FLEETRUN_DRAIN_TIMEOUT", ""))
+grace = str(worker.get("stop_grace_period", ""))
+m = re.fullmatch(r"(?:(\d+)m)?(?:(\d+)s)?", grace)
+seconds = int(m.group(1) or 0) * 60 + int(m.group(2) or 0) if grace and m else None
+(ok if drain.isdigit() and seconds == int(drain) + 30 else bad)(
+    f"docker-compose.yml: worker stop_grace_period ({grace}) = FLEETRUN_DRAIN_TIMEOUT ({drain}) + 30 s")
 
 # 5. broker and ledger settings
 def setting(path, key, sep):
@@ -187,14 +294,51 @@ else:
     bad(f"rabbitmq.conf: consumer_timeout should be a whole number of ms, >= 1 h (is {timeout})")
 plugins_file = "deploy/rabbitmq/enabled_plugins"
 plugins = open(plugins_file).read() if os.path.isfile(plugins_file) else ""
-(ok if re.fullmatch(r"\s*\[[\w,\s]*rabbitmq_management[\w,\s]*\]\.\s*", plugins) else bad)(
-    "enabled_plugins: an Erlang list ending in '.', with rabbitmq_management")
+for plugin in ("rabbitmq_management", "rabbitmq_prometheus"):
+    (ok if re.fullmatch(r"\s*\[[\w,\s]*\b" + plugin + r"\b[\w,\s]*\]\.\s*", plugins) else bad)(
+        f"enabled_plugins: an Erlang list ending in '.', with {plugin}")
 (ok if setting("deploy/redis/redis.conf", "appendonly", " ") == "yes" else bad)(
     "redis.conf: appendonly yes")
 (ok if setting("deploy/redis/redis.conf", "appendfsync", " ") == "always" else bad)(
     "redis.conf: appendfsync always (a recording Redis acknowledged survives its kill)")
+
+# 6. the dashboard and what compose gives it
+dash_path = "deploy/grafana/fleetrun.json"
+try:
+    dash = json.load(open(dash_path))
+    sources = yaml.safe_load(open("deploy/grafana/provisioning/datasources/prometheus.yml"))
+    uids = {d.get("uid") for d in sources.get("datasources", [])}
+    problems = []
+    for p in dash.get("panels", []):
+        targets = p.get("targets") or []
+        if not targets or not all(t.get("expr") for t in targets):
+            problems.append(f"panel {p.get('title')!r} has no query")
+        for d in [p.get("datasource")] + [t.get("datasource") for t in targets]:
+            if not (isinstance(d, dict) and d.get("uid") in uids):
+                problems.append(f"panel {p.get('title')!r} names a data source not provisioned: {d}")
+    for p in problems:
+        bad(f"{dash_path}: {p}")
+    if not problems:
+        ok(f"{dash_path}: {len(dash['panels'])} panels, each with a query on a provisioned data source")
+except Exception as e:
+    bad(f"{dash_path}: {e}")
+services = compose.get("services") or {}
+for name in ("prometheus", "grafana"):
+    (ok if name in services else bad)(f"docker-compose.yml: a {name} service")
 PY
 )" || bad "the Python checks crashed"
+
+# --- 6. alert rules and scrape configuration -------------------------------------------------
+if promtool check rules deploy/prometheus/alerts.yml >/dev/null; then
+    ok "deploy/prometheus/alerts.yml: promtool check rules"
+else
+    bad "promtool check rules deploy/prometheus/alerts.yml"
+fi
+if promtool check config deploy/prometheus/prometheus.yml >/dev/null; then
+    ok "deploy/prometheus/prometheus.yml: promtool check config"
+else
+    bad "promtool check config deploy/prometheus/prometheus.yml"
+fi
 
 while read -r verdict what; do
     [ -z "$verdict" ] && continue

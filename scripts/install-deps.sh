@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs beyond the Rust toolchain and CPython, when missing:
-# RabbitMQ and Redis servers, strace, Debian's docker-compose, and Debian's chromium with its
-# chromedriver (the operator page's test drives a headless browser) (one `apt-get update`, then
+# RabbitMQ and Redis servers, strace, Debian's docker-compose, Debian's chromium with its
+# chromedriver (the operator page's test drives a headless browser), and Debian's prometheus
+# with promtool (the dashboard's test and check-deploy.sh) (one `apt-get update`, then
 # one `apt-get install`), moto's S3 server (>= 5.2.5), PyYAML, pandas and pyarrow (pip; the
 # tabular tests read DataFrames in the runner's Python), and cargo-nextest (the
 # test runner scripts/test.sh uses; built from crates.io, a few minutes).
@@ -27,6 +28,9 @@ command -v rabbitmq-server >/dev/null || packages+=(rabbitmq-server)
 command -v docker-compose >/dev/null || packages+=(docker-compose)
 command -v chromium >/dev/null || packages+=(chromium)
 command -v chromedriver >/dev/null || packages+=(chromium-driver)
+# The dashboard test evaluates every Grafana panel on a real Prometheus; check-deploy.sh runs
+# its promtool.
+command -v prometheus >/dev/null && command -v promtool >/dev/null || packages+=(prometheus)
 if [ ${#packages[@]} -gt 0 ]; then
   echo "[install-deps] apt-get install ${packages[*]}" >&2
   apt-get update -qq

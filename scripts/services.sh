@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs (when missing), starts and stops the real servers the `services` test tier and the
 # fleet demo use, all on loopback:
-#   RabbitMQ  amqp://guest:guest@127.0.0.1:5673/%2f   (management API on 127.0.0.1:15673)
+#   RabbitMQ  amqp://guest:guest@127.0.0.1:5673/%2f   (management API on 127.0.0.1:15673,
+#                                                     Prometheus metrics on 127.0.0.1:15693)
 #   Redis     redis://127.0.0.1:6390/                 (append-only persistence on)
 #   S3        http://127.0.0.1:5055                   (moto_server)
 #
@@ -17,6 +18,7 @@ set -euo pipefail
 STATE=${FLEETRUN_SERVICES_DIR:-/tmp/fleetrun-services}
 AMQP_PORT=5673
 MGMT_PORT=15673
+PROMETHEUS_PORT=15693
 REDIS_PORT=6390
 S3_PORT=5055
 
@@ -26,6 +28,7 @@ print_env() {
   cat <<ENV
 export FLEETRUN_TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f
 export FLEETRUN_TEST_AMQP_MANAGEMENT_URL=http://guest:guest@127.0.0.1:$MGMT_PORT
+export FLEETRUN_TEST_RABBITMQ_PROMETHEUS=127.0.0.1:$PROMETHEUS_PORT
 export FLEETRUN_TEST_REDIS_URL=redis://127.0.0.1:$REDIS_PORT/
 export FLEETRUN_TEST_S3_ENDPOINT=http://127.0.0.1:$S3_PORT
 ENV
@@ -94,6 +97,7 @@ start_rabbitmq() {
     listens_as "$AMQP_PORT" "$pid" || refuse_foreign RabbitMQ "$AMQP_PORT"
     listens_as "$MGMT_PORT" "$pid" || refuse_foreign "RabbitMQ management API" "$MGMT_PORT"
     say "RabbitMQ already running on 127.0.0.1:$AMQP_PORT (started here: node fleetrun@localhost, pid $pid)"
+    enable_rabbitmq_prometheus "$pid"
     return 0
   fi
   mkdir -p /etc/rabbitmq
@@ -106,10 +110,12 @@ CONF
 listeners.tcp.default = 127.0.0.1:$AMQP_PORT
 management.tcp.ip = 127.0.0.1
 management.tcp.port = $MGMT_PORT
+prometheus.tcp.ip = 127.0.0.1
+prometheus.tcp.port = $PROMETHEUS_PORT
 # An hour: mini-batches in tests are short; the fleet's own setting is in deploy/.
 consumer_timeout = 3600000
 CONF
-  echo '[rabbitmq_management].' > /etc/rabbitmq/enabled_plugins
+  echo '[rabbitmq_management,rabbitmq_prometheus].' > /etc/rabbitmq/enabled_plugins
   say "starting RabbitMQ on 127.0.0.1:$AMQP_PORT"
   rabbitmq-server -detached
   # -detached returns before the node registers; await_startup needs it registered.
@@ -119,6 +125,21 @@ CONF
   done
   wait_port RabbitMQ "$AMQP_PORT"
   wait_port "RabbitMQ management" "$MGMT_PORT"
+  wait_port "RabbitMQ Prometheus metrics" "$PROMETHEUS_PORT"
+}
+
+# Turns on the Prometheus plugin of a node started here by an earlier version of this script,
+# without a restart, on the port a fresh start gives it.
+enable_rabbitmq_prometheus() {
+  local pid=$1
+  if port_open "$PROMETHEUS_PORT"; then
+    listens_as "$PROMETHEUS_PORT" "$pid" || refuse_foreign "RabbitMQ Prometheus metrics" "$PROMETHEUS_PORT"
+    return 0
+  fi
+  say "enabling rabbitmq_prometheus on 127.0.0.1:$PROMETHEUS_PORT"
+  rabbitmqctl -n fleetrun@localhost eval "application:load(rabbitmq_prometheus), application:set_env(rabbitmq_prometheus, tcp_config, [{port, $PROMETHEUS_PORT}, {ip, \"127.0.0.1\"}])." >/dev/null
+  rabbitmq-plugins -n fleetrun@localhost enable rabbitmq_prometheus >/dev/null
+  wait_port "RabbitMQ Prometheus metrics" "$PROMETHEUS_PORT"
 }
 
 start_redis() {

@@ -80,6 +80,11 @@ pub struct TabularInit {
     /// CSV: an empty field is `""`, not missing (an MLTable's `empty_as_string`).
     #[serde(default)]
     pub empty_as_string: bool,
+    /// Columns of the files taken out of the DataFrame `run()` is given (an MLTable's
+    /// `drop_columns`, less the columns it takes from the path, which never reach the runner):
+    /// a name that is not a column of a mini-batch's rows fails the mini-batch.
+    #[serde(default)]
+    pub drop_columns: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -230,7 +230,12 @@ struct Converter<'a> {
 type Fail = (String, String);
 
 impl Converter<'_> {
+    /// The YAML key `key` of the job: `jobs.<name>.<key>` in a pipeline; the job's own key
+    /// (`jobs.<name>`) for an empty `key`.
     fn at(&self, key: &str) -> String {
+        if key.is_empty() {
+            return self.prefix.trim_end_matches('.').to_owned();
+        }
         format!("{}{key}", self.prefix)
     }
 
@@ -260,8 +265,14 @@ impl Converter<'_> {
             .map(|p| p.trim_end_matches('.').to_owned())
             .or_else(|| node.get("name").and_then(Yaml::as_str).map(str::to_owned))
             .unwrap_or_else(|| "parallel-job".to_owned());
+        // A pipeline's job is named by its key under `jobs`.
         let from = if self.prefix.is_empty() { "name" } else { "" };
         self.put("name", Value::String(job_name(&name)), from);
+        if !self.prefix.is_empty()
+            && let Some(line) = self.lines.last_mut()
+        {
+            line.from.push_str(" (the job's key)");
+        }
 
         let task = node.get("task").cloned().unwrap_or(Yaml::Null);
         if let Some(environment) = task.get("environment") {

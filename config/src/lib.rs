@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub mod aml;
+mod did_you_mean;
 mod error;
 pub mod file;
 mod load;
@@ -27,6 +28,7 @@ pub mod named;
 mod partition_format;
 mod validate;
 
+pub use did_you_mean::did_you_mean;
 pub use error::{ConfigError, FieldError};
 pub use file::JobFile;
 pub use load::arguments::SETTINGS as ARGUMENT_SETTINGS;

@@ -1,12 +1,13 @@
 //! An `MLTable` folder as an input (Azure ML's table): the `MLTable` YAML file at the input's
 //! root says which files of the folder are the input (`paths`: `file`, `folder`, `pattern`)
-//! and how they are read (`read_delimited`, `read_parquet`, `read_json_lines`), and may name
-//! columns taken from each file's path (`extract_columns_from_partition_format`).
+//! and how they are read (`read_delimited`, `read_parquet`, `read_json_lines`), may name
+//! columns taken from each file's path (`extract_columns_from_partition_format`) and columns
+//! `run()` is not given (`drop_columns`).
 //!
 //! [`MlTable::parse`] is pure: the submitter reads the file from the input's storage (a local
 //! folder or an S3 prefix) and keeps what it parsed in the job's spec
 //! ([`crate::JobSpec::mltable`]). Whatever fleetrun does not read is refused by its key
-//! (`transformations.drop_columns: not supported`), never ignored.
+//! (`transformations.keep_columns: not supported`), never ignored.
 
 use serde::{Deserialize, Serialize};
 use yaml_serde::Value as Yaml;
@@ -46,6 +47,10 @@ pub struct MlTable {
     /// `extract_columns_from_partition_format`: `{Store}/{Brand}/data.csv`, matched against
     /// the end of each file's path.
     pub partition_format: Option<String>,
+    /// `drop_columns`: columns of the files or of the path that `run()` is not given, in
+    /// their order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drop_columns: Vec<String>,
 }
 
 /// One entry of `paths`.
@@ -95,6 +100,7 @@ impl MlTable {
             paths,
             read: None,
             partition_format: None,
+            drop_columns: Vec::new(),
         };
         let steps = match doc.get("transformations") {
             None | Some(Yaml::Null) => &[][..],
@@ -113,6 +119,10 @@ impl MlTable {
                 _ => return Err(refuse("transformations", "each is one name: settings")),
             };
             let key = format!("transformations.{name}");
+            if !table.drop_columns.is_empty() && name != "drop_columns" {
+                let rule = "comes after drop_columns; fleetrun drops columns last (move drop_columns to the end)";
+                return Err(refuse(key, rule));
+            }
             match name {
                 "read_delimited" | "read_parquet" | "read_json_lines" => {
                     if table.read.is_some() {
@@ -122,6 +132,14 @@ impl MlTable {
                 }
                 "extract_columns_from_partition_format" => {
                     table.partition_format = Some(partition_format(&key, settings)?);
+                }
+                "drop_columns" => {
+                    for column in column_names(&key, settings)? {
+                        if table.drop_columns.contains(&column) {
+                            return Err(refuse(key, format!("names {column} twice")));
+                        }
+                        table.drop_columns.push(column);
+                    }
                 }
                 _ => return Err(refuse(key, "not supported")),
             }
@@ -152,6 +170,36 @@ impl MlTable {
             .and_then(|format| PartitionFormat::parse(format).ok())
             .map(|format| format.keys().map(str::to_owned).collect())
             .unwrap_or_default()
+    }
+
+    /// Every column the table takes from the path: those of the partition format, then `Path`
+    /// with `include_path_column`.
+    pub fn all_path_column_names(&self) -> Vec<String> {
+        let mut names = self.path_column_names();
+        if self
+            .read
+            .as_ref()
+            .is_some_and(|read| read.include_path_column)
+        {
+            names.push(PATH_COLUMN.to_owned());
+        }
+        names
+    }
+
+    /// The columns of the files that `drop_columns` names: those it names that are not
+    /// taken from the path. Each must be a column of the rows read.
+    pub fn dropped_file_columns(&self) -> Vec<String> {
+        let from_path = self.all_path_column_names();
+        self.drop_columns
+            .iter()
+            .filter(|name| !from_path.contains(name))
+            .cloned()
+            .collect()
+    }
+
+    /// Whether `drop_columns` names the column `name`.
+    pub fn drops(&self, name: &str) -> bool {
+        self.drop_columns.iter().any(|dropped| dropped == name)
     }
 
     /// The values of the path columns for the file `key`, in their order: `None` when its
@@ -234,6 +282,22 @@ fn relative(at: &str, path: &str) -> Result<String, MlTableError> {
         .filter(|part| !part.is_empty() && *part != ".")
         .collect();
     Ok(parts.join("/"))
+}
+
+/// `drop_columns: [a, b]` or `drop_columns: a`, as the mltable package takes them.
+fn column_names(at: &str, settings: &Yaml) -> Result<Vec<String>, MlTableError> {
+    let names = match settings {
+        Yaml::String(name) => vec![name],
+        Yaml::Sequence(names) => names
+            .iter()
+            .map(|name| match name {
+                Yaml::String(name) => Ok(name),
+                _ => Err(refuse(at, "each column is a name")),
+            })
+            .collect::<Result<_, _>>()?,
+        _ => return Err(refuse(at, "expected a column name or a list of them")),
+    };
+    Ok(names.into_iter().cloned().collect())
 }
 
 /// Encodings whose bytes keep `\n`, `"` and the delimiter as ASCII, so records can be cut by
@@ -516,11 +580,55 @@ mod tests {
     }
 
     #[test]
+    fn dropped_columns_of_the_path_and_of_the_files() {
+        let table = MlTable::parse(
+            "paths:\n  - pattern: ./**/*.csv\ntransformations:\n  - read_delimited:\n      include_path_column: true\n  - extract_columns_from_partition_format:\n      partition_format: '{Store}/{Brand}/{file_name}.{extension}'\n  - drop_columns: [Path, file_name, extension, Advert]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            table.drop_columns,
+            ["Path", "file_name", "extension", "Advert"]
+        );
+        assert_eq!(
+            table.all_path_column_names(),
+            ["Store", "Brand", "file_name", "extension", "Path"]
+        );
+        assert_eq!(table.dropped_file_columns(), ["Advert"]);
+        assert!(table.drops("Path") && !table.drops("Store"));
+        let one = MlTable::parse(
+            "paths:\n  - folder: .\ntransformations:\n  - read_delimited: {}\n  - drop_columns: Path\n  - drop_columns: []\n",
+        )
+        .unwrap();
+        assert_eq!(one.drop_columns, ["Path"]);
+        assert_eq!(
+            one.dropped_file_columns(),
+            ["Path"],
+            "without include_path_column, Path can only be a column of the files"
+        );
+    }
+
+    #[test]
     fn what_fleetrun_does_not_read_is_refused_by_key() {
         let cases = [
             (
-                "paths:\n  - folder: .\ntransformations:\n  - drop_columns: [a]\n",
-                "transformations.drop_columns: not supported",
+                "paths:\n  - folder: .\ntransformations:\n  - keep_columns: [a]\n",
+                "transformations.keep_columns: not supported",
+            ),
+            (
+                "paths:\n  - folder: .\ntransformations:\n  - drop_columns: [a, b, a]\n",
+                "transformations.drop_columns: names a twice",
+            ),
+            (
+                "paths:\n  - folder: .\ntransformations:\n  - drop_columns: {a: 1}\n",
+                "transformations.drop_columns: expected a column name or a list",
+            ),
+            (
+                "paths:\n  - folder: .\ntransformations:\n  - drop_columns: [[a]]\n",
+                "transformations.drop_columns: each column is a name",
+            ),
+            (
+                "paths:\n  - folder: .\ntransformations:\n  - read_delimited: {}\n  - drop_columns: a\n  - extract_columns_from_partition_format: '{a}/x.csv'\n",
+                "transformations.extract_columns_from_partition_format: comes after drop_columns",
             ),
             (
                 "paths:\n  - folder: .\ntraits:\n  index_columns: [a]\n",

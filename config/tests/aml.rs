@@ -197,6 +197,7 @@ fn convert_prints_toml_naming_each_yaml_key() {
     .unwrap();
     let toml = converted.to_toml("pipeline.yml");
     for line in [
+        "name = \"train-stores\"  # jobs.train_stores (the job's key)\n",
         "run_max_try = 3  # jobs.train_stores.retry_settings.max_retries\n",
         "allowed_failed_count = 4  # jobs.train_stores.mini_batch_error_threshold\n",
         "node_count = 3  # jobs.train_stores.resources.instance_count\n",

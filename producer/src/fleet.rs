@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fleetrun_common::events::JobEvent;
 use fleetrun_common::ledger::{JobState, LedgerError, Limits, Status};
-use fleetrun_common::queue::{Consumer, Depth, Queue, QueueError};
+use fleetrun_common::queue::{Consumer, DeadLetterHold, Depth, Queue, QueueError};
 use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_config::{JobSpec, Location, MiniBatchSize};
 use fleetrun_worker::agent::{JobContext, held_attempts};
@@ -713,6 +713,10 @@ impl Queue for Discard {
     async fn close_lane(&self, _lane: &str) -> Result<(), QueueError> {
         Ok(())
     }
+
+    async fn hold_dead(&self, _limit: usize) -> Result<Box<dyn DeadLetterHold>, QueueError> {
+        Err(QueueError::Closed)
+    }
 }
 
 /// The pool's queue: the mini-batches of its unfinished jobs, and its dead letters.
@@ -876,11 +880,25 @@ pub async fn summary(fleet: &Fleet, job: &str) -> Result<Option<JobSummary>, Fle
     )))
 }
 
-/// The jobs of this fleet's pool the registry holds (running ones, and ended ones until
-/// they are retired), in the registry's order.
-pub async fn summaries(fleet: &Fleet) -> Result<Vec<JobSummary>, FleetError> {
-    let mut summaries = Vec::new();
-    for job in fleet.registry.jobs().await? {
+/// A job of this fleet's pool as the registry and the ledger know it.
+pub struct PoolJob {
+    pub id: String,
+    pub record: JobRecord,
+    pub status: Status,
+}
+
+impl PoolJob {
+    /// Its summary at `now` (seconds since the Unix epoch), without its pool's queue.
+    pub fn summary(&self, now: f64) -> JobSummary {
+        JobSummary::new(&self.id, &self.record, &self.status, None, now)
+    }
+}
+
+/// The jobs among `ids` (the registry's, in its order) that are this fleet's pool's and
+/// that the ledger knows.
+pub async fn pool_jobs(fleet: &Fleet, ids: Vec<String>) -> Result<Vec<PoolJob>, FleetError> {
+    let mut jobs = Vec::new();
+    for job in ids {
         // One record this build cannot read (written by another version) hides no other.
         let record = match record(fleet, &job).await {
             Ok(Some(record)) if record.pool == fleet.pool => record,
@@ -891,11 +909,22 @@ pub async fn summaries(fleet: &Fleet) -> Result<Vec<JobSummary>, FleetError> {
             }
         };
         if let Some(status) = fleet.ledger.status(&job).await? {
-            let now = job::unix_now();
-            summaries.push(JobSummary::new(&job, &record, &status, None, now));
+            jobs.push(PoolJob {
+                id: job,
+                record,
+                status,
+            });
         }
     }
-    Ok(summaries)
+    Ok(jobs)
+}
+
+/// The jobs of this fleet's pool the registry holds (running ones, and ended ones until
+/// they are retired), in the registry's order.
+pub async fn summaries(fleet: &Fleet) -> Result<Vec<JobSummary>, FleetError> {
+    let jobs = pool_jobs(fleet, fleet.registry.jobs().await?).await?;
+    let now = job::unix_now();
+    Ok(jobs.iter().map(|j| j.summary(now)).collect())
 }
 
 /// The mini-batches of job `job` in flight, longest running first; `None` when the fleet
@@ -917,6 +946,22 @@ pub async fn record(fleet: &Fleet, job: &str) -> Result<Option<JobRecord>, Fleet
     match fleet.registry.record(job).await? {
         Some(bytes) => Ok(Some(JobRecord::decode(&bytes)?)),
         None => Ok(None),
+    }
+}
+
+/// A fleet on the embedded seams, in the pool `local`, for tests.
+#[cfg(test)]
+pub(crate) fn embedded_fleet() -> Fleet {
+    use fleetrun_common::events::MemoryEvents;
+    use fleetrun_common::ledger::{MemoryLedger, MemoryRegistry};
+    use fleetrun_common::queue::MemoryQueue;
+    Fleet {
+        events: Arc::new(MemoryEvents::new()),
+        queue: Arc::new(MemoryQueue::new(Default::default())),
+        ledger: Arc::new(MemoryLedger::new()),
+        registry: Arc::new(MemoryRegistry::new()),
+        s3: fleetrun_common::storage::s3::S3Settings::default(),
+        pool: "local".to_owned(),
     }
 }
 
@@ -1036,14 +1081,7 @@ mod tests {
         )
         .unwrap();
         let spec = fleetrun_config::load(&job_file, &[]).unwrap();
-        let fleet = Fleet {
-            events: Arc::new(MemoryEvents::new()),
-            queue: Arc::new(MemoryQueue::new(Default::default())),
-            ledger: Arc::new(MemoryLedger::new()),
-            registry: Arc::new(MemoryRegistry::new()),
-            s3: S3Settings::default(),
-            pool: "local".to_owned(),
-        };
+        let fleet = embedded_fleet();
         let registered = register(spec, &fleet, Some("wake-1")).await.unwrap();
         let record = &registered.record;
         let handle = registered.job(&fleet).await.unwrap();

@@ -4,21 +4,27 @@
 //! # Layout
 //!
 //! - [`partition`]: lists an input and publishes mini-batch messages as it goes.
+//! - [`dlq`]: the operators' tools on the pool's dead-letter queue.
 //! - [`fleet`]: submitting to, following and canceling jobs on a fleet.
 //! - [`local`]: runs a whole job on this machine on the embedded seams.
 //! - [`progress`]: the terminal's view of a running job.
+//! - [`pace`]: a job's recent rate, measured over a window of its counts.
 //! - [`serve`]: `fleetrun serve`, the fleet's HTTP API.
 //! - [`summary`]: a job's state as `status`, `jobs` and `wait` show it, as text or JSON.
 //! - [`tabular`]: cuts a tabular input (CSV, JSON Lines, Parquet) into byte-range chunks.
+//! - [`work_left`]: a job's expected seconds of work left, the autoscaling signal.
 //! - [`exit`]: the exit codes of `fleetrun`, in one table.
 
+pub mod dlq;
 pub mod exit;
 pub mod fleet;
 pub mod local;
 pub mod mltable;
+pub mod pace;
 pub mod partition;
 pub mod progress;
 pub mod resume;
 pub mod serve;
 pub mod summary;
 pub mod tabular;
+pub mod work_left;

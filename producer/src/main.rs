@@ -7,10 +7,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use fleetrun_common::ledger::{JobState, LedgerError};
 use fleetrun_common::report::one_line;
-use fleetrun_producer::exit;
 use fleetrun_producer::fleet::{self as fleet_cmd, EmptyInput, FleetError};
 use fleetrun_producer::local::{Interrupt, JobReport, RunError, RunOptions, run_local};
-use fleetrun_worker::job::{Fleet, FleetArgs};
+use fleetrun_producer::{dlq, exit};
+use fleetrun_worker::job::{Fleet, FleetArgs, NewPool, SettingsError};
 use tokio::signal::unix::{SignalKind, signal};
 
 /// `println!` that ends quietly when stdout is closed (`fleetrun run job.toml | head -1`):
@@ -102,6 +102,11 @@ enum Command {
         /// job's summary once it ended (as `status --json`).
         #[arg(long)]
         json: bool,
+        /// Submit to a pool no worker has started yet (its queues are declared now, and its
+        /// workers take the job once they start); without it such a pool is refused (exit
+        /// 2), since it is most often a misspelled --pool.
+        #[arg(long)]
+        create_pool: bool,
         #[command(flatten)]
         fleet: FleetArgs,
     },
@@ -162,6 +167,15 @@ enum Command {
         /// Where to listen (port 0: any free port).
         #[arg(long, env = "FLEETRUN_LISTEN", default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
+        /// Also serve the pool's jobs as Prometheus metrics at `/metrics` on this address
+        /// (port 0: any free port), among them each job's expected seconds of work left
+        /// (`fleetrun_job_work_seconds_left`), the autoscaling signal.
+        #[arg(long, env = "FLEETRUN_METRICS_ADDR")]
+        metrics_addr: Option<std::net::SocketAddr>,
+        /// Serve a pool no worker has started yet (else refused, exit 2), so that jobs
+        /// posted before its first worker starts wait for it.
+        #[arg(long)]
+        create_pool: bool,
         #[command(flatten)]
         fleet: FleetArgs,
     },
@@ -190,6 +204,11 @@ enum Command {
         follow: Follow,
         #[command(flatten)]
         fleet: FleetArgs,
+    },
+    /// The pool's dead-letter queue: list, show, replay or purge what it holds.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
     },
     /// Cancel a job: workers drop its remaining mini-batches.
     Cancel {
@@ -240,6 +259,7 @@ fn main() -> ExitCode {
             quiet,
             allow_empty_input,
             json,
+            create_pool,
             fleet,
         } => {
             let empty = empty_input(allow_empty_input);
@@ -248,9 +268,13 @@ fn main() -> ExitCode {
             };
             note_settings_from_arguments(&job, &spec);
             let shown = Shown::new(json, quiet);
-            on_fleet(fleet, |fleet, interrupt| async move {
-                submit(spec, fleet, job_id, empty, wait, shown, interrupt).await
-            })
+            on_pool(
+                fleet,
+                new_pool(create_pool),
+                |fleet, interrupt| async move {
+                    submit(spec, fleet, job_id, empty, wait, shown, interrupt).await
+                },
+            )
         }
         Command::Convert {
             yaml,
@@ -283,16 +307,35 @@ fn main() -> ExitCode {
                 wait(fleet, job, timeout, shown, interrupt).await
             })
         }
-        Command::Serve { listen, fleet } => on_fleet(fleet, |fleet, interrupt| async move {
-            let listener = tokio::net::TcpListener::bind(listen)
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
-            say!("Listening on http://{}", listener.local_addr()?);
-            let token = std::env::var("FLEETRUN_API_TOKEN").ok();
-            let shutdown = interrupt.token().clone();
-            fleetrun_producer::serve::run(fleet, listener, token, shutdown).await?;
-            Ok(ExitCode::SUCCESS)
-        }),
+        Command::Serve {
+            listen,
+            metrics_addr,
+            create_pool,
+            fleet,
+        } => on_pool(
+            fleet,
+            new_pool(create_pool),
+            |fleet, interrupt| async move {
+                let listener = tokio::net::TcpListener::bind(listen)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+                say!("Listening on http://{}", listener.local_addr()?);
+                let metrics = match metrics_addr {
+                    Some(addr) => {
+                        let metrics = tokio::net::TcpListener::bind(addr)
+                            .await
+                            .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+                        say!("Metrics on http://{}/metrics", metrics.local_addr()?);
+                        Some(metrics)
+                    }
+                    None => None,
+                };
+                let token = std::env::var("FLEETRUN_API_TOKEN").ok();
+                let shutdown = interrupt.token().clone();
+                fleetrun_producer::serve::run(fleet, listener, metrics, token, shutdown).await?;
+                Ok(ExitCode::SUCCESS)
+            },
+        ),
         Command::Resume {
             job,
             force,
@@ -321,6 +364,7 @@ fn main() -> ExitCode {
                 submitted(fleet, retried, follow.wait, shown, interrupt).await
             })
         }
+        Command::Dlq { command } => dead_letters(command),
         Command::Cancel { job, json, fleet } => on_fleet(fleet, |fleet, _| async move {
             let status = fleet_cmd::cancel(&fleet, &job, "canceled by the user").await?;
             if json {
@@ -331,6 +375,84 @@ fn main() -> ExitCode {
             }
             Ok(ExitCode::SUCCESS)
         }),
+    }
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// One line per dead letter, oldest first: its id, why it was dead-lettered, its
+    /// deliveries, its run and first items (or its size, when it does not decode).
+    List {
+        /// Only the dead letters of this job.
+        #[arg(long)]
+        job: Option<String>,
+        /// Print a JSON list for programs.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        fleet: FleetArgs,
+    },
+    /// One dead letter in full: its mini-batch's items or chunks, partition, run and
+    /// headers. Exits 2 when no dead letter has the id.
+    Show {
+        /// `<job>:<index>`, or `raw-<digest>` for one that does not decode (as `list` shows).
+        id: String,
+        /// Print JSON for programs (a list: dead letters of one mini-batch share its id).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        fleet: FleetArgs,
+    },
+    /// Put dead letters back to work: each is published again with a fresh delivery
+    /// budget (its failure taken back from its Running job's counts), then removed. One of
+    /// a job that ended is refused, saying what to run instead. Exits 2 when any is refused
+    /// or none matched.
+    Replay {
+        #[command(flatten)]
+        select: Selection,
+        /// Print JSON for programs: what became of each.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        fleet: FleetArgs,
+    },
+    /// Remove dead letters for good (their failures stay counted). Asks first on a
+    /// terminal; elsewhere refused (exit 2) without --yes.
+    Purge {
+        #[command(flatten)]
+        select: Selection,
+        /// Do not ask.
+        #[arg(long)]
+        yes: bool,
+        /// Print JSON for programs: what was removed.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        fleet: FleetArgs,
+    },
+}
+
+/// Which dead letters `dlq replay` and `dlq purge` act on: ids, a job's, or all.
+#[derive(clap::Args, Debug, Clone)]
+#[group(required = true, multiple = false)]
+struct Selection {
+    /// Dead letters by id, as `dlq list` shows them.
+    ids: Vec<String>,
+    /// Every dead letter of this job.
+    #[arg(long)]
+    job: Option<String>,
+    /// Every dead letter of the pool.
+    #[arg(long)]
+    all: bool,
+}
+
+impl Selection {
+    fn select(self) -> dlq::Select {
+        match (self.job, self.all) {
+            (Some(job), _) => dlq::Select::Job(job),
+            (None, true) => dlq::Select::All,
+            (None, false) => dlq::Select::Ids(self.ids),
+        }
     }
 }
 
@@ -554,8 +676,18 @@ fn print_report(r: &JobReport) {
     }
 }
 
-/// Runs a fleet command: resolves the settings, connects, maps errors to exit code 1.
+/// Runs a fleet command on a pool a worker has started: resolves the settings, connects,
+/// maps errors to exit code 1 (2 for an unknown pool).
 fn on_fleet<F, Fut>(args: FleetArgs, command: F) -> ExitCode
+where
+    F: FnOnce(Fleet, Interrupt) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<ExitCode>>,
+{
+    on_pool(args, NewPool::Refuse, command)
+}
+
+/// [`on_fleet`] that may declare a pool no worker has started, with `new`.
+fn on_pool<F, Fut>(args: FleetArgs, new: NewPool, command: F) -> ExitCode
 where
     F: FnOnce(Fleet, Interrupt) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<ExitCode>>,
@@ -563,13 +695,30 @@ where
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     let result = runtime.block_on(async {
         let args = args.resolve()?;
-        let fleet = Fleet::connect(&args).await?;
+        let fleet = Fleet::connect_pool(&args, new).await?;
         command(fleet, on_signals()?).await
     });
     result.unwrap_or_else(|e: anyhow::Error| {
         eprintln!("error: {}", one_line(e.as_ref()));
-        ExitCode::from(exit::ERROR)
+        let unknown_pool = matches!(
+            e.downcast_ref::<SettingsError>(),
+            Some(SettingsError::UnknownPool { .. })
+        );
+        ExitCode::from(if unknown_pool {
+            exit::REFUSED
+        } else {
+            exit::ERROR
+        })
     })
+}
+
+/// Whether `--create-pool` was given.
+fn new_pool(create: bool) -> NewPool {
+    if create {
+        NewPool::Create
+    } else {
+        NewPool::Refuse
+    }
 }
 
 async fn submit(
@@ -722,6 +871,147 @@ async fn follow(
         say!("Output: {output}");
     }
     Ok(ExitCode::from(report.exit_code()))
+}
+
+/// `fleetrun dlq …`.
+fn dead_letters(command: DlqCommand) -> ExitCode {
+    match command {
+        DlqCommand::List { job, json, fleet } => on_fleet(fleet, |fleet, _| async move {
+            let views: Vec<_> = dlq::list(&fleet, job.as_deref())
+                .await?
+                .into_iter()
+                .map(dlq::DeadLetterView::brief)
+                .collect();
+            if json {
+                print_json(&views);
+            } else if views.is_empty() {
+                say!("No dead letters.");
+            }
+            for view in views.iter().filter(|_| !json) {
+                say!("{}", view.line());
+            }
+            Ok(ExitCode::SUCCESS)
+        }),
+        DlqCommand::Show { id, json, fleet } => on_fleet(fleet, |fleet, _| async move {
+            let views: Vec<_> = dlq::list(&fleet, None)
+                .await?
+                .into_iter()
+                .filter(|view| view.id == id)
+                .collect();
+            if views.is_empty() {
+                eprintln!(
+                    "error: no dead letter {id} in the pool's dead-letter queue (`fleetrun dlq list` shows them)"
+                );
+                return Ok(ExitCode::from(exit::REFUSED));
+            }
+            if json {
+                print_json(&views);
+                return Ok(ExitCode::SUCCESS);
+            }
+            for view in views {
+                show_dead_letter(&view);
+            }
+            Ok(ExitCode::SUCCESS)
+        }),
+        DlqCommand::Replay {
+            select,
+            json,
+            fleet,
+        } => on_fleet(fleet, |fleet, _| async move {
+            let settled = dlq::replay(&fleet, &select.select()).await?;
+            Ok(settled_exit(&settled, json))
+        }),
+        DlqCommand::Purge {
+            select,
+            yes,
+            json,
+            fleet,
+        } => {
+            use std::io::IsTerminal;
+            if !yes {
+                if !io::stdin().is_terminal() {
+                    eprintln!(
+                        "error: dlq purge removes dead letters for good; pass --yes to do it without a terminal to ask on"
+                    );
+                    return ExitCode::from(exit::REFUSED);
+                }
+                eprint!("Remove the chosen dead letters for good? [y/N] ");
+                let mut answer = String::new();
+                if io::stdin().read_line(&mut answer).is_err()
+                    || !answer.trim().eq_ignore_ascii_case("y")
+                {
+                    eprintln!("Nothing removed.");
+                    return ExitCode::from(exit::REFUSED);
+                }
+            }
+            on_fleet(fleet, |fleet, _| async move {
+                let settled = dlq::purge(&fleet, &select.select()).await?;
+                Ok(settled_exit(&settled, json))
+            })
+        }
+    }
+}
+
+/// One dead letter in full, for people.
+fn show_dead_letter(view: &dlq::DeadLetterView) {
+    say!("Dead letter {}", view.id);
+    let unknown = || "unknown".to_owned();
+    say!(
+        "  reason:      {}",
+        view.reason.clone().unwrap_or_else(unknown)
+    );
+    say!(
+        "  deliveries:  {}",
+        view.deliveries.map_or_else(unknown, |n| n.to_string())
+    );
+    say!(
+        "  dead since:  {}",
+        view.dead_at
+            .map_or_else(unknown, |t| format!("{t:.0} (Unix seconds)"))
+    );
+    say!("  size:        {} bytes", view.bytes);
+    if let Some(why) = &view.undecodable {
+        say!("  decodes:     no: {why}");
+        return;
+    }
+    say!("  job:         {}", view.job.clone().unwrap_or_default());
+    say!("  mini-batch:  {}", view.mini_batch.unwrap_or_default());
+    say!("  run:         {}", view.run.unwrap_or_default());
+    say!(
+        "  wire:        version {}",
+        view.wire_version.unwrap_or_default()
+    );
+    for (name, value) in &view.partition {
+        say!("  partition:   {name} = {value}");
+    }
+    for item in &view.items {
+        say!("  item:        {item}");
+    }
+    for chunk in &view.chunks {
+        say!("  chunk:       {chunk}");
+    }
+}
+
+/// What `dlq replay` and `dlq purge` say and exit with: 2 when any was refused or none
+/// matched.
+fn settled_exit(settled: &[dlq::Settled], json: bool) -> ExitCode {
+    if json {
+        print_json(&settled);
+    } else if settled.is_empty() {
+        eprintln!("No dead letter matched.");
+    }
+    for one in settled.iter().filter(|_| !json) {
+        match &one.why {
+            Some(why) => say!("{} {}: {why}", one.id, one.action),
+            None => say!("{} {}", one.id, one.action),
+        };
+    }
+    let refused = settled.iter().any(|one| one.action == "refused");
+    if refused || settled.is_empty() {
+        ExitCode::from(exit::REFUSED)
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 /// `fleetrun status JOB`: once, or every 2 s until it ends; exits with its state's code.

@@ -79,9 +79,18 @@ async fn check_paths(
 }
 
 /// Keys over Parquet rows are not read yet; keys over columns from the path are, whatever
-/// the format.
+/// the format. A key may not name a dropped column: Azure's mltable gives it no value (every
+/// row's is null), so it would group nothing.
 fn check_partition_keys(spec: &JobSpec, table: &MlTable, file: &str) -> Result<(), FleetError> {
-    let (Some(keys), Some(read)) = (&spec.partition_keys, &table.read) else {
+    let Some(keys) = &spec.partition_keys else {
+        return Ok(());
+    };
+    if let Some(key) = keys.iter().find(|key| table.drops(key)) {
+        return Err(FleetError::Refused(format!(
+            "partition_keys: {key} is a column {file} drops (drop_columns), so no row has a value for it; remove it from partition_keys or from drop_columns"
+        )));
+    }
+    let Some(read) = &table.read else {
         return Ok(());
     };
     let from_path = table.path_column_names();

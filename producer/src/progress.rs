@@ -6,12 +6,13 @@
 //! those of the last [`WINDOW`], so a job that slows down or stalls says so at once, and
 //! the ETA is never 0 while a mini-batch is left.
 
-use std::collections::VecDeque;
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use fleetrun_common::ledger::Status;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::pace::{Sample, Window};
 
 /// How often the plain form prints.
 const PLAIN_EVERY: Duration = Duration::from_secs(10);
@@ -26,9 +27,8 @@ pub struct Progress {
     name: String,
     /// What an item is: `items` (files) or `rows` (a tabular input).
     unit: &'static str,
-    /// The figures of the updates within the last [`WINDOW`] (and the one before them),
-    /// oldest first.
-    recent: VecDeque<Sample>,
+    /// The figures of the updates within the last [`WINDOW`].
+    recent: Window,
 }
 
 /// The figures one update shows.
@@ -36,13 +36,6 @@ pub struct Figures<'a> {
     pub status: &'a Status,
     /// Mini-batches published so far.
     pub created: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Sample {
-    at: Instant,
-    done: u64,
-    processed: u64,
 }
 
 /// What the window says of the job's pace.
@@ -79,7 +72,7 @@ impl Progress {
             last_line: None,
             name: name.to_owned(),
             unit: if tabular { "rows" } else { "items" },
-            recent: VecDeque::new(),
+            recent: Window::new(WINDOW),
         }
     }
 
@@ -129,20 +122,12 @@ impl Progress {
 
     /// Notes the figures of `now` and measures the pace over the last [`WINDOW`].
     fn pace(&mut self, now: Instant, s: &Status) -> Pace {
-        let processed = s.items_succeeded + s.items_failed;
-        let moved = self.recent.back().is_none_or(|last| last.done != s.done);
-        if moved {
-            self.recent.push_back(Sample {
-                at: now,
-                done: s.done,
-                processed,
-            });
-        }
-        // Keep one sample at or before the window's start, to measure the whole window.
-        while self.recent.len() > 2 && now.duration_since(self.recent[1].at) >= WINDOW {
-            self.recent.pop_front();
-        }
-        let (Some(first), Some(last)) = (self.recent.front(), self.recent.back()) else {
+        self.recent.note(Sample {
+            at: now,
+            done: s.done,
+            processed: s.items_succeeded + s.items_failed,
+        });
+        let Some((_, last)) = self.recent.ends() else {
             return Pace::Starting;
         };
         let left = s.total.map(|total| total.saturating_sub(s.done));
@@ -153,14 +138,12 @@ impl Progress {
         if quiet >= WINDOW {
             return Pace::Stalled(quiet);
         }
-        let span = now.duration_since(first.at).as_secs_f64();
-        if last.done == first.done || span <= 0.0 {
+        let Some(rates) = self.recent.rates(now) else {
             return Pace::Starting;
-        }
-        let batches_per_second = (last.done - first.done) as f64 / span;
+        };
         Pace::Moving {
-            items_per_second: (last.processed - first.processed) as f64 / span,
-            left: left.map(|left| Duration::from_secs_f64(left as f64 / batches_per_second)),
+            items_per_second: rates.items_per_second,
+            left: left.map(|left| Duration::from_secs_f64(left as f64 / rates.batches_per_second)),
         }
     }
 

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use async_trait::async_trait;
 use fleetrun_common::ledger::journal::Cut;
-use fleetrun_common::queue::{Consumer, Depth, Queue, QueueError};
+use fleetrun_common::queue::{Consumer, DeadLetterHold, Depth, Queue, QueueError};
 use fleetrun_common::storage::s3::S3Settings;
 use fleetrun_common::wire::MiniBatch;
 use fleetrun_config::JobSpec;
@@ -159,6 +159,10 @@ impl Queue for Unfinished {
 
     async fn close_lane(&self, lane: &str) -> Result<(), QueueError> {
         self.queue.close_lane(lane).await
+    }
+
+    async fn hold_dead(&self, limit: usize) -> Result<Box<dyn DeadLetterHold>, QueueError> {
+        self.queue.hold_dead(limit).await
     }
 }
 

@@ -287,7 +287,8 @@ pub async fn publish_tabular(
 }
 
 /// The columns an MLTable adds to every record of the file `key`: those of
-/// `extract_columns_from_partition_format`, then `Path` with `include_path_column`.
+/// `extract_columns_from_partition_format`, then `Path` with `include_path_column`, less
+/// those it drops (`drop_columns`; `partition_keys` never name one).
 fn path_columns(
     table: &MlTable,
     root: &Location,
@@ -309,6 +310,7 @@ fn path_columns(
             crate::mltable::item_location(root, key),
         ));
     }
+    columns.retain(|(name, _)| !table.drops(name));
     Ok(columns)
 }
 

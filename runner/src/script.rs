@@ -148,7 +148,12 @@ impl EntryScript {
                 })
                 .collect::<Vec<_>>();
             let separator = char::from(init.separator).to_string();
-            let options = (separator, init.encoding.clone(), init.empty_as_string);
+            let options = (
+                separator,
+                init.encoding.clone(),
+                init.empty_as_string,
+                init.drop_columns.clone(),
+            );
             reader.bind(py).call_method1("read", (tables, options))
         })();
         let frame = match frame {

@@ -1127,6 +1127,7 @@ fn tabular_chunks_become_one_dataframe_and_returned_frames_keep_their_header() {
         parquet: true,
         encoding: None,
         empty_as_string: false,
+        drop_columns: Vec::new(),
     });
     params.append_row_separator = b';';
     let (mut runner, _) = job.ready(&params);
@@ -1174,6 +1175,7 @@ fn a_tabular_job_without_pandas_names_the_package() {
         parquet: false,
         encoding: None,
         empty_as_string: false,
+        drop_columns: Vec::new(),
     });
     // A module of that name that cannot be imported stands in for a missing package.
     job.write(
@@ -1335,6 +1337,7 @@ fn partition_values_are_typed_as_pandas_reads_them() {
         parquet: false,
         encoding: None,
         empty_as_string: false,
+        drop_columns: Vec::new(),
     });
     let (mut runner, _) = job.ready(&params);
     let run = |runner: &mut Runner, context: RunContext, tables: Vec<StagedTable>| match runner

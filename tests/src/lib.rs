@@ -136,27 +136,42 @@ pub fn kill(child: &mut Child) {
 /// The first line `child` prints on its piped stdout (an address it listens on), trimmed,
 /// waiting at most `limit`: past it the child is killed and the test fails.
 pub fn first_line_within(child: &mut Child, limit: Duration) -> String {
+    lines_within(child, 1, limit).remove(0)
+}
+
+/// The first `n` lines `child` prints on its piped stdout, trimmed, waiting at most `limit`
+/// in all: past it the child is killed and the test fails.
+pub fn lines_within(child: &mut Child, n: usize, limit: Duration) -> Vec<String> {
     let stdout = child.stdout.take().expect("a piped stdout");
     let (sent, received) = mpsc::channel();
     std::thread::spawn(move || {
         let mut printed = std::io::BufReader::new(stdout);
-        let mut line = String::new();
-        let _ = std::io::BufRead::read_line(&mut printed, &mut line);
-        let _ = sent.send(line);
+        for _ in 0..n {
+            let mut line = String::new();
+            let _ = std::io::BufRead::read_line(&mut printed, &mut line);
+            let _ = sent.send(line);
+        }
         // The rest is read and dropped until the child closes its stdout: it may print again
         // (a submitter, when its job ends) and must not find the pipe closed.
         let _ = std::io::copy(&mut printed, &mut std::io::sink());
     });
-    match received.recv_timeout(limit) {
-        Ok(line) => line.trim().to_owned(),
-        Err(_) => {
-            kill(child);
-            panic!(
-                "process {} printed no line in {limit:?}: killed",
-                child.id()
-            );
+    let deadline = Instant::now() + limit;
+    let mut lines = Vec::with_capacity(n);
+    while lines.len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match received.recv_timeout(left) {
+            Ok(line) => lines.push(line.trim().to_owned()),
+            Err(_) => {
+                kill(child);
+                panic!(
+                    "process {} printed {} of {n} lines in {limit:?}: killed",
+                    child.id(),
+                    lines.len()
+                );
+            }
         }
     }
+    lines
 }
 
 /// The interpreters of the machine's pyenv (`$PYENV_ROOT`, else `~/.pyenv`): the newest

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use fleetrun_common::queue::amqp::AmqpQueue;
 use fleetrun_common::queue::{
-    Consumer, Delivery, Depth, Disposition, Queue, QueueError, QueueOptions,
+    Consumer, DeadLetterHold, Delivery, Depth, Disposition, Queue, QueueError, QueueOptions,
 };
 use fleetrun_common::testing::random_suffix;
 use fleetrun_tests::output_within;
@@ -127,6 +127,14 @@ impl Queue for Scoped {
     {
         self.queue.close_lane(lane)
     }
+
+    fn hold_dead<'s, 'f>(&'s self, limit: usize) -> BoxFuture<'f, Box<dyn DeadLetterHold>>
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        self.queue.hold_dead(limit)
+    }
 }
 
 impl Drop for Scoped {
@@ -210,6 +218,7 @@ fn delete_pool(pool: &str) {
         format!("queues/%2F/fleetrun.{pool}.job.job-a"),
         format!("queues/%2F/fleetrun.{pool}.job.job-b"),
         format!("queues/%2F/fleetrun.{pool}.dead"),
+        format!("queues/%2F/fleetrun.{pool}.dead.inbox"),
         format!("exchanges/%2F/fleetrun.{pool}.dlx"),
     ] {
         if let Err(e) = management_delete(&path) {
@@ -308,7 +317,7 @@ async fn lost_connection_redelivers_and_late_ack_is_refused() {
 }
 
 /// A body the agent cannot decode is dead-lettered at once: it lands in the dead queue with
-/// reason `rejected`, counted by `depth().dead`.
+/// reason `rejected`, counted by `depth().dead`, and a copy in the recorders' inbox.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_body_is_dead_lettered_as_rejected() {
     let pool = pool();
@@ -339,6 +348,13 @@ async fn malformed_body_is_dead_lettered_as_rejected() {
     let d = next(&mut dead).await;
     assert_eq!(d.dead_reason.as_deref(), Some("rejected"));
     assert!(d.settle(Disposition::Ack).await.unwrap());
+    // The recorders' copy is gone; the dead-letter queue keeps the message for operators.
+    wait_depth(&q, |d| d.dead == 1 && d.unacked == Some(0)).await;
+    let mut hold = q.hold_dead(10).await.unwrap();
+    assert_eq!(hold.letters().len(), 1);
+    assert_eq!(&hold.letters()[0].body[..], &garbage[..]);
+    hold.remove(0).await.unwrap();
+    hold.release().await.unwrap();
     let empty = Depth {
         ready: 0,
         unacked: Some(0),

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use fleetrun_common::ledger::{JobRegistry, RedisRegistry};
 use fleetrun_common::queue::amqp::AmqpQueue;
 use fleetrun_common::queue::{Depth, Queue, QueueOptions};
 use fleetrun_common::storage::Storage;
@@ -16,15 +17,19 @@ use fleetrun_common::storage::s3::{S3Settings, S3Storage};
 use fleetrun_common::testing::random_suffix;
 use fleetrun_tests::{
     KillOnDrop, POISONED, PrivateRabbitMq, PrivateRedis, RUN_LIMIT, assert_failed_alone, code,
-    command, exit_within, expected_lines, first_line_within, kill, output_within, pyenv_python,
-    services, wait_for,
+    command, exit_within, expected_lines, first_line_within, kill, lines_within, output_within,
+    pyenv_python, services, wait_for,
 };
 use futures::TryStreamExt;
 
 #[path = "fleet/chaos.rs"]
 mod chaos;
+#[path = "fleet/dlq.rs"]
+mod dlq;
 #[path = "fleet/named_outputs.rs"]
 mod named_outputs;
+#[path = "fleet/observability.rs"]
+mod observability;
 #[path = "fleet/page.rs"]
 mod page;
 #[path = "fleet/resume.rs"]
@@ -85,7 +90,23 @@ impl Fleet {
         };
         std::fs::create_dir_all(fleet.path("code")).unwrap();
         std::fs::write(fleet.path("code/score.py"), script).unwrap();
+        fleet.know_pool(&fleet.pool);
         fleet
+    }
+
+    /// Makes `pool` known, as a worker of it that started once would: commands refuse a
+    /// pool no worker has started, and tests submit before their workers beat.
+    fn know_pool(&self, pool: &str) {
+        self.runtime.block_on(async {
+            // The binaries' key prefix.
+            let registry = RedisRegistry::connect(&self.redis_url, "fleetrun")
+                .await
+                .unwrap();
+            registry
+                .beat(pool, "test-fixture", Duration::from_millis(1))
+                .await
+                .unwrap();
+        });
     }
 
     fn path(&self, rel: &str) -> std::path::PathBuf {
@@ -182,20 +203,37 @@ impl Fleet {
     /// `fleetrun serve` on a free loopback port with API token `token`, logging to
     /// `serve.log`: the process and the base URL it listens on.
     fn serve(&self, token: &str) -> (KillOnDrop, String) {
+        let (serve, mut urls) = self.serve_with(token, &[]);
+        (serve, urls.remove(0))
+    }
+
+    /// `fleetrun serve` with arguments `args` besides its listener: the process and the
+    /// URLs of the lines it prints first (its base URL, then its metrics' with
+    /// `--metrics-addr`).
+    fn serve_with(&self, token: &str, args: &[&str]) -> (KillOnDrop, Vec<String>) {
         let mut cmd = command("fleetrun");
         self.env(&mut cmd);
         let log = std::fs::File::create(self.path("serve.log")).unwrap();
         let mut serve = KillOnDrop(
             cmd.args(["serve", "--listen", "127.0.0.1:0"])
+                .args(args)
                 .env("FLEETRUN_API_TOKEN", token)
                 .stdout(std::process::Stdio::piped())
                 .stderr(log)
                 .spawn()
                 .unwrap(),
         );
-        let first = first_line_within(&mut serve.0, Duration::from_secs(60));
-        let base = first.strip_prefix("Listening on ").unwrap().to_owned();
-        (serve, base)
+        let printed = if args.contains(&"--metrics-addr") {
+            2
+        } else {
+            1
+        };
+        let lines = lines_within(&mut serve.0, printed, Duration::from_secs(60));
+        let urls = lines
+            .iter()
+            .map(|l| l.split(" on ").nth(1).unwrap().to_owned())
+            .collect();
+        (serve, urls)
     }
 
     fn worker(&mut self, node: &str, processes: usize) {
@@ -917,6 +955,7 @@ fn redis_frozen_for_15_s_with_one_attempt_costs_no_item() {
     );
     let mut fleet = Fleet::new(&script);
     fleet.redis_url = redis.url();
+    fleet.know_pool(&fleet.pool);
     fleet.inputs(200);
     fleet.worker("w1", 1);
     fleet.worker("w2", 1);
@@ -954,6 +993,7 @@ fn a_job_completes_when_its_redis_is_killed_on_a_slow_disk() {
     );
     let mut fleet = Fleet::new(&script);
     fleet.redis_url = redis.url();
+    fleet.know_pool(&fleet.pool);
     fleet.inputs(24);
     fleet.worker("w1", 1);
     fleet.worker("w2", 1);
@@ -1258,6 +1298,7 @@ fn unnamed_pools_meet_on_the_default_and_status_watch_follows_the_job() {
     let (broker, redis) = (PrivateRabbitMq::start(), PrivateRedis::start());
     let mut fleet = Fleet::on_broker(script, broker.url());
     (fleet.pool, fleet.redis_url) = (DEFAULT_POOL.to_owned(), redis.url());
+    fleet.know_pool(DEFAULT_POOL);
     fleet.inputs(40);
     fleet.worker("w1", 1);
     let job = fleet.s3_job("mini_batch_size = 2");
@@ -2145,6 +2186,7 @@ fn small_default_jobs_on_two_pools_all_finish() {
     let mut fleet = Fleet::new(ECHO);
     let other = format!("{}-b", fleet.pool);
     fleet.other_pools.push(other.clone());
+    fleet.know_pool(&other);
     fleet.default_worker("a");
     fleet.default_worker("b");
     fleet.default_worker_on("c", &other);
@@ -2444,6 +2486,7 @@ fn programs_submit_wait_and_read_status_as_json_and_exit_codes() {
         &idle,
         "--pool",
         &idle_pool,
+        "--create-pool",
     ];
     assert_eq!(fleetrun(&args).0, 0);
     assert_eq!(
@@ -2742,6 +2785,7 @@ fn a_worker_serves_its_metrics_and_its_health() {
     let redis = PrivateRedis::start();
     let mut fleet = Fleet::new(ECHO);
     fleet.redis_url = redis.url();
+    fleet.know_pool(&fleet.pool);
     fleet.inputs(30);
     fleet.worker_with("m1", 2, &[], &["--metrics-addr", "127.0.0.1:0"]);
     let base = metrics_url(&fleet, "m1");
@@ -2959,4 +3003,62 @@ fn a_large_item_is_staged_without_the_worker_holding_it() {
         peak >> 20,
         SIZE >> 20
     );
+}
+
+/// A misspelled `--pool` is refused (exit 2) by every command, naming the pool it most
+/// likely meant, and declares nothing on the broker; `--create-pool` submits to a new pool
+/// on purpose.
+#[test]
+fn a_misspelled_pool_is_refused_and_declares_no_queue() {
+    let mut fleet = Fleet::new(ECHO);
+    fleet.inputs(2);
+    let typo = format!("{}x", fleet.pool);
+    fleet.other_pools.push(typo.clone());
+    let job = fleet.s3_job("");
+    let job = job.to_str().unwrap();
+    let meant = format!("did you mean {}?", fleet.pool);
+    for args in [
+        &["submit", job, "--quiet"][..],
+        &["status"],
+        &["jobs"],
+        &["dlq", "list"],
+    ] {
+        let mut cmd = command("fleetrun");
+        fleet.env(&mut cmd);
+        let out = output_within(
+            cmd.args(args).args(["--pool", &typo]),
+            Duration::from_secs(60),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 2, "{args:?}: {stderr}");
+        assert!(stderr.contains(&meant), "{args:?}: {stderr}");
+    }
+    let declared = |queue: &str| {
+        let url = format!(
+            "{}/api/queues/%2F/fleetrun.{typo}.{queue}",
+            management_url()
+        );
+        fleet.runtime.block_on(async {
+            let response = reqwest::get(&url).await.unwrap();
+            match response.status().as_u16() {
+                200 => true,
+                404 => false,
+                other => panic!("{url}: {other}"),
+            }
+        })
+    };
+    for queue in ["batches", "dead", "dead.inbox"] {
+        assert!(
+            !declared(queue),
+            "{queue} was declared for a misspelled pool"
+        );
+    }
+    let mut cmd = command("fleetrun");
+    fleet.env(&mut cmd);
+    let out = output_within(
+        cmd.args(["submit", job, "--quiet", "--pool", &typo, "--create-pool"]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(declared("batches"));
 }

@@ -1,7 +1,8 @@
 //! MLTable folders on `fleetrun run` (CONTRACT §2, `[input]`): the `MLTable` file's `paths`
 //! (`file`, `folder`, `pattern`) choose the input's files, its read transformation says how
 //! they are read, `extract_columns_from_partition_format` adds string columns from each
-//! file's path, and `partition_keys` may name them. A files input never has the `MLTable`
+//! file's path, and `partition_keys` may name them; `drop_columns` takes columns of the
+//! files or of the path out of what `run()` gets. A files input never has the `MLTable`
 //! file as an item. What fleetrun does not read is refused before the run, naming the key.
 
 use std::process::Command;
@@ -125,6 +126,86 @@ for rel, store, brand, week in [
     );
     assert_eq!(expected.len(), 12);
     assert_eq!(sorted(job.output_lines()), sorted(expected));
+}
+
+/// An MLTable shaped as Azure ML's many-models partition step writes it: Store/Brand folders,
+/// `include_path_column`, `{Store}/{Brand}/{file_name}.{extension}`, then `drop_columns` of
+/// `Path`, `file_name` and `extension` (and here one column of the files): `run()` gets
+/// the files' other columns and Store and Brand, one mini-batch per pair.
+#[test]
+fn drop_columns_takes_columns_of_the_path_and_of_the_files_out() {
+    let script = r#"
+def run(frame, context):
+    assert list(frame.columns) == ["WeekStarting", "Quantity", "Store", "Brand"], list(frame.columns)
+    values = context.partition_key_value
+    return ["%s/%s %d %d" % (values["Store"], values["Brand"], len(frame), frame["Quantity"].sum())]
+"#;
+    let job = table_job(
+        script,
+        "partition_keys = [\"Store\", \"Brand\"]",
+        "tabular",
+        "paths:\n- pattern: ./**/*.csv\ntransformations:\n- read_delimited: {delimiter: ',', encoding: ascii, header: all_files_same_headers, include_path_column: true}\n- extract_columns_from_partition_format: {partition_format: '{Store}/{Brand}/{file_name}.{extension}'}\n- drop_columns: [Path, file_name, extension]\n- drop_columns: Advert\n",
+    );
+    let mut expected = Vec::new();
+    for (store, brand, weeks) in [
+        ("1000", "dominicks", 3),
+        ("1000", "tropicana", 2),
+        ("2", "minute", 4),
+    ] {
+        let mut text = String::from("WeekStarting,Quantity,Advert\n");
+        let mut total = 0;
+        for week in 0..weeks {
+            let quantity = week * 10 + store.len();
+            total += quantity;
+            text.push_str(&format!("1990-06-{:02},{quantity},1\n", 14 + week));
+        }
+        write(
+            &job,
+            &format!("table/{store}/{brand}/partitioned_data.csv"),
+            &text,
+        );
+        expected.push(format!("{store}/{brand} {weeks} {total}"));
+    }
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(sorted(job.output_lines()), sorted(expected));
+}
+
+/// A dropped name that is neither a column of the rows nor one from the path fails its
+/// mini-batch, naming the column; `partition_keys` naming a dropped column is refused before
+/// the run.
+#[test]
+fn a_dropped_column_that_is_not_there_fails_its_mini_batch_naming_it() {
+    let job = table_job(
+        "def run(frame):\n    return [len(frame)]\n",
+        "run_max_try = 1",
+        "tabular",
+        "paths:\n- folder: .\ntransformations:\n- read_delimited: {}\n- drop_columns: [units, Nope]\n",
+    );
+    write(&job, "table/a.csv", "units,price\n1,2\n");
+    job.run(&[]);
+    let errors = job.log("user/error.txt");
+    assert!(
+        errors.contains("drop_columns names Nope, which is neither a column of this mini-batch's rows (units, price)"),
+        "{errors}"
+    );
+
+    let job = table_job(
+        "def run(frame):\n    return []\n",
+        "partition_keys = [\"Store\", \"file_name\"]",
+        "tabular",
+        "paths:\n- pattern: ./**/*.csv\ntransformations:\n- read_delimited: {}\n- extract_columns_from_partition_format: '{Store}/{file_name}.csv'\n- drop_columns: file_name\n",
+    );
+    write(&job, "table/1000/data.csv", "a\n1\n");
+    let out = job.run(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 2, "{stderr}");
+    assert!(
+        stderr.contains("partition_keys: file_name is a column")
+            && stderr.contains("drops (drop_columns)"),
+        "{stderr}"
+    );
+    assert!(!job.path("out/logs").exists(), "nothing ran");
 }
 
 /// JSON Lines whose stores and brands are in the path: `partition_keys` over those columns
@@ -254,8 +335,8 @@ fn what_the_reader_does_not_support_is_refused_naming_the_key() {
     for (kind, mltable, expected) in [
         (
             "tabular",
-            "paths:\n  - folder: .\ntransformations:\n  - read_delimited: {}\n  - drop_columns: [a]\n",
-            "transformations.drop_columns: not supported",
+            "paths:\n  - folder: .\ntransformations:\n  - read_delimited: {}\n  - keep_columns: [a]\n",
+            "transformations.keep_columns: not supported",
         ),
         (
             "tabular",

@@ -132,3 +132,103 @@ fn every_file_written_to_a_named_output_lands_there_whole() {
         "the user's\n"
     );
 }
+
+/// Writes `result.txt` into its named output, saying which attempt wrote it; the first
+/// attempt (no marker beside the input folder yet) then overruns `run_invocation_timeout`
+/// and is killed.
+const KILLED_FIRST: &str = r#"
+import os
+import sys
+import time
+
+out = sys.argv[sys.argv.index("--out") + 1]
+
+def run(mini_batch):
+    marker = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(mini_batch[0]))), "marker")
+    first = not os.path.exists(marker)
+    with open(os.path.join(out, "result.txt"), "w") as f:
+        f.write("attempt %s pid %d\n" % ("1 (killed)" if first else "2 (succeeded)", os.getpid()))
+    if first:
+        open(marker, "w").close()
+        time.sleep(60)
+    return [os.path.basename(p) for p in mini_batch]
+"#;
+
+/// A killed attempt's named-output file is never delivered over its successful retry's: the
+/// named output holds the retry's file, and the killed runner's is kept in the logs, counted.
+#[test]
+fn a_killed_attempts_file_never_replaces_its_retrys() {
+    let job = JobDir::new(
+        KILLED_FIRST,
+        "mini_batch_size = 4\nrun_invocation_timeout = 2\nrun_max_try = 3\n\
+         process_count_per_node = 1\narguments = [\"--out\", \"${{outputs.o}}\"]\n\
+         [outputs]\no = \"named\"\n",
+    );
+    job.inputs(4);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let report = job.log("sys/job_report/processed_mini-batches.csv");
+    assert!(
+        report.contains(",timeout,"),
+        "the first attempt was killed:\n{report}"
+    );
+
+    let delivered = std::fs::read_to_string(job.path("named/result.txt")).unwrap();
+    assert!(
+        delivered.starts_with("attempt 2 (succeeded)"),
+        "{delivered}"
+    );
+    let main = job.log("sys/node/0/_main.txt");
+    assert!(!main.contains("the last writer of a name wins"), "{main}");
+    assert!(
+        main.contains(
+            "1 named-output files of process000 are not delivered: mini-batch 0's attempt 1"
+        ),
+        "{main}"
+    );
+    assert!(
+        main.contains(
+            "1 named-output files that were not delivered were kept in logs/user/outputs/"
+        ),
+        "{main}"
+    );
+    let kept = job.log("user/outputs/o/0/process000/result.txt");
+    assert!(kept.starts_with("attempt 1 (killed)"), "{kept}");
+}
+
+/// An attempt that raised: what it wrote to the named output is not delivered unless a later
+/// mini-batch of the runner writes it again; the rest is kept in the logs.
+#[test]
+fn an_attempt_that_raised_delivers_nothing_it_wrote() {
+    let script = r#"
+import os
+import sys
+
+out = sys.argv[sys.argv.index("--out") + 1]
+
+def run(mini_batch):
+    marker = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(mini_batch[0]))), "marker")
+    with open(os.path.join(out, "result.txt"), "w") as f:
+        f.write("attempt %d\n" % (2 if os.path.exists(marker) else 1))
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        with open(os.path.join(out, "partial.txt"), "w") as f:
+            f.write("half")
+        raise RuntimeError("first attempt fails")
+    return [os.path.basename(p) for p in mini_batch]
+"#;
+    let job = JobDir::new(
+        script,
+        "mini_batch_size = 4\nrun_max_try = 3\nprocess_count_per_node = 1\n\
+         arguments = [\"--out\", \"${{outputs.o}}\"]\n[outputs]\no = \"named\"\n",
+    );
+    job.inputs(4);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        std::fs::read_to_string(job.path("named/result.txt")).unwrap(),
+        "attempt 2\n"
+    );
+    assert!(!job.path("named/partial.txt").exists(), "never delivered");
+    assert_eq!(job.log("user/outputs/o/0/process000/partial.txt"), "half");
+}

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 
 use super::journal::{Entry, Journal};
 use super::{
-    InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Reopened, Started, Status,
-    unix_now,
+    Forgot, InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Reopened, Started,
+    Status, unix_now,
 };
 
 #[derive(Default)]
@@ -389,6 +389,34 @@ impl Ledger for MemoryLedger {
                 },
             })
         })?
+    }
+
+    async fn forget_failure(&self, job: &str, index: u64) -> Result<Forgot, LedgerError> {
+        // A journaled run needs no entry for it: a resumed run replays only recordings
+        // without failures, and the mini-batch's next recording is a first one again.
+        self.with_job(job, |j| {
+            if j.status.state != JobState::Running {
+                return Forgot::NotRunning(j.status.state);
+            }
+            let Some(outcome) = j.failed.remove(&index) else {
+                return if j.done.contains(&index) {
+                    Forgot::NotFailed
+                } else {
+                    Forgot::NotRecorded
+                };
+            };
+            j.done.remove(&index);
+            j.parts.remove(&index);
+            j.holders.remove(&index);
+            j.spent.remove(&index);
+            let s = &mut j.status;
+            s.done -= 1;
+            s.items_succeeded -= outcome.succeeded;
+            s.items_failed -= outcome.failed;
+            s.batches_failed -= u64::from(outcome.batch_failed);
+            s.updated_at = Some(unix_now());
+            Forgot::Forgotten(j.status.clone())
+        })
     }
 
     async fn retire(&self, job: &str, keep: Duration) -> Result<bool, LedgerError> {

@@ -235,6 +235,20 @@ pub struct Reopened {
     pub recorded: Recorded,
 }
 
+/// What [`Ledger::forget_failure`] found of a mini-batch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Forgot {
+    /// Its failure was taken back: it is not done, and runs again with a fresh budget of
+    /// attempts. The job's status after.
+    Forgotten(Status),
+    /// It was recorded without a failure: there is nothing to take back.
+    NotFailed,
+    /// It has not been recorded.
+    NotRecorded,
+    /// The job is not Running: its counts stand.
+    NotRunning(JobState),
+}
+
 /// Now, in seconds since the Unix epoch: the embedded ledger's clock.
 pub fn unix_now() -> f64 {
     std::time::SystemTime::now()
@@ -376,6 +390,12 @@ pub trait Ledger: Send + Sync {
     /// [`LedgerError::NotResumable`] for a job in another state; a retried call answers as
     /// the first did.
     async fn reopen(&self, job: &str) -> Result<Reopened, LedgerError>;
+    /// Takes back the failure of mini-batch `index` of a Running job, to run it again (a
+    /// dead letter replayed): as [`Ledger::reopen`] does for each failed mini-batch, it is no
+    /// longer done, its counts, part, holder and spent attempts are forgotten, and its report
+    /// rows stay. Anything else ([`Forgot`]) changes nothing; a retried call answers as the
+    /// first did.
+    async fn forget_failure(&self, job: &str, index: u64) -> Result<Forgot, LedgerError>;
     /// Keeps an ended job (Completed, Failed, Canceled) `keep` longer, then forgets it: from
     /// then on the ledger does not know the job. True if the job has ended; a Running or
     /// Finalizing job is left as it is.

@@ -79,7 +79,8 @@ use redis::{RedisError, RedisResult, RetryMethod, Script};
 use tracing::{debug, warn};
 
 use super::{
-    InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Reopened, Started, Status,
+    Forgot, InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Reopened, Started,
+    Status,
 };
 
 /// How long a command may wait for its reply. The crate's default (500 ms) fails calls the
@@ -321,6 +322,34 @@ local moved = settle(KEYS[1], ARGV[1])
 return {1, moved, redis.call('HGETALL', KEYS[1]), redis.call('HKEYS', KEYS[2])}
 "#;
 
+/// KEYS: state, done, parts, holders, spent, failed. ARGV: call id, index. Returns nil for an
+/// unknown job, else `{found, HGETALL state}`: 1 the failure was forgotten (by this call), 2
+/// recorded without failure, 3 not recorded, 4 the job is not Running.
+const FORGET_FAILURE_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+if redis.call('HGET', KEYS[1], 'forgot_by') == ARGV[1] then
+  return {1, redis.call('HGETALL', KEYS[1])}
+end
+if redis.call('HGET', KEYS[1], 'state') ~= RUNNING then
+  return {4, redis.call('HGETALL', KEYS[1])}
+end
+local counts = redis.call('HGET', KEYS[6], ARGV[2])
+if not counts then
+  if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then
+    return {2, redis.call('HGETALL', KEYS[1])}
+  end
+  return {3, redis.call('HGETALL', KEYS[1])}
+end
+for i = 2, 6 do redis.call('HDEL', KEYS[i], ARGV[2]) end
+local s, f, b = string.match(counts, '^(%d+) (%d+) (%d+)$')
+redis.call('HINCRBY', KEYS[1], 'done', -1)
+redis.call('HINCRBY', KEYS[1], 'items_succeeded', 0 - tonumber(s))
+redis.call('HINCRBY', KEYS[1], 'items_failed', 0 - tonumber(f))
+redis.call('HINCRBY', KEYS[1], 'batches_failed', 0 - tonumber(b))
+redis.call('HSET', KEYS[1], 'forgot_by', ARGV[1], 'updated_at', now())
+return {1, redis.call('HGETALL', KEYS[1])}
+"#;
+
 /// KEYS: state. ARGV: owner, lease (ms). Returns nil for an unknown job, else 1 if `owner`
 /// now holds the finalization (claimed or renewed), 0 if the job is not Finalizing or
 /// another owner's lease has not run out. Times are the server's.
@@ -368,6 +397,7 @@ static CLAIM: LazyLock<Script> = LazyLock::new(|| script(CLAIM_LUA));
 static PUBLISH_CLAIM: LazyLock<Script> = LazyLock::new(|| script(PUBLISH_CLAIM_LUA));
 static RETIRE: LazyLock<Script> = LazyLock::new(|| script(RETIRE_LUA));
 static REOPEN: LazyLock<Script> = LazyLock::new(|| script(REOPEN_LUA));
+static FORGET_FAILURE: LazyLock<Script> = LazyLock::new(|| script(FORGET_FAILURE_LUA));
 static CREATED: LazyLock<Script> = LazyLock::new(|| script(CREATED_LUA));
 static STARTED: LazyLock<Script> = LazyLock::new(|| script(STARTED_LUA));
 
@@ -850,6 +880,37 @@ impl Ledger for RedisLedger {
                 transitioned: moved == 1,
                 status,
             },
+        })
+    }
+
+    async fn forget_failure(&self, job: &str, index: u64) -> Result<Forgot, LedgerError> {
+        let keys = self.keys(job);
+        let call = self.call_id();
+        let reply: Option<(i64, HashMap<String, String>)> = retrying("forget_failure", job, || {
+            let mut conn = self.conn.clone();
+            let (keys, call) = (&keys, &call);
+            async move {
+                FORGET_FAILURE
+                    .key(&keys.state)
+                    .key(&keys.done)
+                    .key(&keys.parts)
+                    .key(&keys.holders)
+                    .key(&keys.spent)
+                    .key(&keys.failed)
+                    .arg(call)
+                    .arg(index)
+                    .invoke_async(&mut conn)
+                    .await
+            }
+        })
+        .await?;
+        let (found, fields) = reply.ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+        let status = parse_status(job, &fields)?;
+        Ok(match found {
+            1 => Forgot::Forgotten(status),
+            2 => Forgot::NotFailed,
+            3 => Forgot::NotRecorded,
+            _ => Forgot::NotRunning(status.state),
         })
     }
 

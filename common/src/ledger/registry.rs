@@ -53,6 +53,9 @@ pub trait JobRegistry: Send + Sync {
     async fn beat(&self, pool: &str, node: &str, ttl: Duration) -> Result<(), LedgerError>;
     /// The nodes whose last beat for `pool` has not run out.
     async fn nodes(&self, pool: &str) -> Result<u64, LedgerError>;
+    /// Every pool a worker has beaten for, sorted: a pool exists once a worker of it has
+    /// started, and stays when it has none left (an autoscaler may have scaled it to zero).
+    async fn pools(&self) -> Result<Vec<String>, LedgerError>;
     /// Claims, or renews, one of the job's `places` places (its `node_count`) for `node`
     /// until `ttl` from now. True if `node` holds one: it held one already, or fewer than
     /// `places` nodes hold one whose time has not run out.
@@ -74,6 +77,8 @@ pub struct MemoryRegistry {
     jobs: Mutex<Vec<String>>,
     /// Each pool's nodes, and until when each serves it.
     nodes: Mutex<BTreeMap<(String, String), Instant>>,
+    /// Every pool a node has beaten for.
+    pools: Mutex<std::collections::BTreeSet<String>>,
     records: Mutex<BTreeMap<String, Registered>>,
     /// Each job's places, and until when each node holds its own (on tokio's clock, so that
     /// paused-time tests see them run out).
@@ -214,7 +219,16 @@ impl JobRegistry for MemoryRegistry {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert((pool.to_owned(), node.to_owned()), Instant::now() + ttl);
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pool.to_owned());
         Ok(())
+    }
+
+    async fn pools(&self) -> Result<Vec<String>, LedgerError> {
+        let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(pools.iter().cloned().collect())
     }
 
     async fn nodes(&self, pool: &str) -> Result<u64, LedgerError> {
@@ -303,6 +317,11 @@ impl RedisRegistry {
 
     fn nodes_key(&self, pool: &str) -> String {
         format!("{}:pool:{pool}:nodes", self.prefix)
+    }
+
+    /// Every pool a node has beaten for: a set, never expired.
+    fn pools_key(&self) -> String {
+        format!("{}:pools", self.prefix)
     }
 
     /// The job's places: a sorted set of nodes scored by when each one's place runs out.
@@ -627,21 +646,35 @@ impl JobRegistry for RedisRegistry {
     }
 
     async fn beat(&self, pool: &str, node: &str, ttl: Duration) -> Result<(), LedgerError> {
-        let key = self.nodes_key(pool);
+        let (key, pools) = (self.nodes_key(pool), self.pools_key());
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX).max(1);
         retrying("beat", "", || {
             let mut conn = self.conn.clone();
-            let key = &key;
+            let (key, pools) = (&key, &pools);
             async move {
                 BEAT.key(key)
                     .arg(node)
                     .arg(ttl_ms)
                     .invoke_async::<i64>(&mut conn)
-                    .await
+                    .await?;
+                // Apart from the script: the set is in another cluster slot than the pool's.
+                conn.sadd::<_, _, i64>(pools, pool).await
             }
         })
         .await?;
         Ok(())
+    }
+
+    async fn pools(&self) -> Result<Vec<String>, LedgerError> {
+        let key = self.pools_key();
+        let mut pools: Vec<String> = retrying("list the pools", "", || {
+            let mut conn = self.conn.clone();
+            let key = &key;
+            async move { conn.smembers(key).await }
+        })
+        .await?;
+        pools.sort();
+        Ok(pools)
     }
 
     async fn claim_place(

@@ -4,7 +4,10 @@
 //!
 //! For a pool `p`, [`AmqpQueue::connect`] declares (idempotently):
 //! - `fleetrun.p.dlx`: a durable fanout exchange;
-//! - `fleetrun.p.dead`: the dead-letter queue bound to it, a durable quorum queue, no limit;
+//! - `fleetrun.p.dead`: the dead-letter queue bound to it, a durable quorum queue, no limit,
+//!   which nobody consumes: operators count, browse, replay and purge it;
+//! - `fleetrun.p.dead.inbox`: the recorders' copy of every dead letter, bound to the same
+//!   exchange, consumed by the workers ([`Queue::consume_dead`]);
 //!
 //! and the first publish or consume of a lane (a job) declares its queue:
 //! - `fleetrun.p.job.<job>`: the job's mini-batches, a durable quorum queue with
@@ -53,7 +56,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions,
     BasicPublishOptions, BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions,
     ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
     QueueDeleteOptions,
@@ -63,7 +66,10 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, warn};
 
-use super::{Acker, Consumer, Delivery, Depth, Disposition, Queue, QueueError, QueueOptions};
+use super::{
+    Acker, Consumer, DeadLetter, DeadLetterHold, Delivery, Depth, Disposition, Queue, QueueError,
+    QueueOptions,
+};
 use crate::events::{Events, JobEvent};
 
 /// Every name the backend gives the broker, in one place.
@@ -83,6 +89,11 @@ mod names {
     /// The dead-letter queue of a pool.
     pub fn dead(pool: &str) -> String {
         format!("{PREFIX}.{pool}.dead")
+    }
+
+    /// The recorders' inbox of a pool's dead letters.
+    pub fn inbox(pool: &str) -> String {
+        format!("{PREFIX}.{pool}.dead.inbox")
     }
 
     /// The topic exchange of job events, shared by every pool.
@@ -144,6 +155,7 @@ struct Shared {
     options: QueueOptions,
     connection_name: String,
     dead: String,
+    inbox: String,
     /// The lanes this process has declared (or found declared), by queue name.
     lanes: Mutex<std::collections::HashSet<String>>,
     /// Replaced when the connection is lost for good (auto-recovery gave up).
@@ -217,6 +229,7 @@ impl AmqpQueue {
             options,
             connection_name,
             dead: names::dead(pool),
+            inbox: names::inbox(pool),
             lanes: Mutex::default(),
             connection: tokio::sync::Mutex::new(connection),
             publisher: Slot::new(true),
@@ -270,6 +283,11 @@ impl AmqpQueue {
         &self.shared.dead
     }
 
+    /// The recorders' inbox's name.
+    pub fn inbox_queue_name(&self) -> &str {
+        &self.shared.inbox
+    }
+
     /// Deletes the pool's dead-letter queue and exchange and the lanes this handle knows,
     /// with whatever they hold: for retiring a pool (and for tests, which each use a pool of
     /// their own).
@@ -281,6 +299,7 @@ impl AmqpQueue {
             .map_err(backend("open a channel"))?;
         let mut queues: Vec<String> = self.shared.known_lanes().into_iter().collect();
         queues.push(self.shared.dead.clone());
+        queues.push(self.shared.inbox.clone());
         for queue in &queues {
             channel
                 .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
@@ -481,24 +500,26 @@ impl Shared {
 
         let mut quorum = FieldTable::default();
         quorum.insert(names::QUEUE_TYPE.into(), long_string("quorum"));
-        channel
-            .queue_declare(
-                self.dead.as_str().into(),
-                QueueDeclareOptions::durable(),
-                quorum.clone(),
-            )
-            .await
-            .map_err(backend("declare the dead-letter queue"))?;
-        channel
-            .queue_bind(
-                self.dead.as_str().into(),
-                dlx.as_str().into(),
-                "".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(backend("bind the dead-letter queue"))?;
+        for queue in [&self.dead, &self.inbox] {
+            channel
+                .queue_declare(
+                    queue.as_str().into(),
+                    QueueDeclareOptions::durable(),
+                    quorum.clone(),
+                )
+                .await
+                .map_err(backend("declare a dead-letter queue"))?;
+            channel
+                .queue_bind(
+                    queue.as_str().into(),
+                    dlx.as_str().into(),
+                    "".into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(backend("bind a dead-letter queue"))?;
+        }
 
         Ok(())
     }
@@ -713,7 +734,7 @@ impl Queue for AmqpQueue {
     }
 
     async fn consume_dead(&self, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError> {
-        self.consumer(self.shared.dead.clone(), prefetch, true)
+        self.consumer(self.shared.inbox.clone(), prefetch, true)
             .await
     }
 
@@ -765,6 +786,101 @@ impl Queue for AmqpQueue {
             .await?;
         self.shared.lock_lanes().remove(&queue);
         Ok(())
+    }
+
+    async fn hold_dead(&self, limit: usize) -> Result<Box<dyn DeadLetterHold>, QueueError> {
+        let shared = &self.shared;
+        let channel = shared
+            .open_channel()
+            .await
+            .map_err(backend("open a channel"))?;
+        let mut held = Vec::new();
+        let mut letters = Vec::new();
+        while held.len() < limit {
+            let got = channel
+                .basic_get(
+                    shared.dead.as_str().into(),
+                    BasicGetOptions { no_ack: false },
+                )
+                .await
+                .map_err(backend("take a dead letter"))?;
+            let Some(got) = got else { break };
+            letters.push(shared.dead_letter(&got.delivery));
+            held.push(got.delivery.acker);
+        }
+        Ok(Box::new(AmqpDeadHold {
+            channel,
+            removed: vec![false; held.len()],
+            held,
+            letters,
+        }))
+    }
+}
+
+impl Shared {
+    /// What a message of the dead-letter queue says of itself.
+    fn dead_letter(&self, delivery: &AmqpDelivery) -> DeadLetter {
+        let headers = delivery.properties.headers().as_ref();
+        let reason = headers.and_then(dead_reason);
+        // Dead-lettered at the limit: delivered once more than it allows. (The broker
+        // carries no delivery count over to the dead-letter queue.)
+        let deliveries = match (reason.as_deref(), self.options.delivery_limit) {
+            (Some("delivery_limit"), Some(limit)) => Some(limit.saturating_add(1)),
+            _ => None,
+        };
+        DeadLetter {
+            body: Bytes::from(delivery.data.clone()),
+            reason,
+            deliveries,
+            dead_at: headers.and_then(death_time),
+        }
+    }
+}
+
+/// Dead letters taken with `basic.get` on a channel of their own: each removed is acked; the
+/// rest go back as a whole, in order, when the hold is released (or the channel closes).
+struct AmqpDeadHold {
+    channel: Channel,
+    held: Vec<lapin::Acker>,
+    letters: Vec<DeadLetter>,
+    removed: Vec<bool>,
+}
+
+#[async_trait]
+impl DeadLetterHold for AmqpDeadHold {
+    fn letters(&self) -> &[DeadLetter] {
+        &self.letters
+    }
+
+    async fn remove(&mut self, i: usize) -> Result<(), QueueError> {
+        let Some(acker) = self.held.get(i) else {
+            return Ok(());
+        };
+        acker
+            .ack(BasicAckOptions { multiple: false })
+            .await
+            .map_err(backend("remove a dead letter"))?;
+        self.removed[i] = true;
+        Ok(())
+    }
+
+    async fn release(self: Box<Self>) -> Result<(), QueueError> {
+        let requeue = BasicNackOptions {
+            requeue: true,
+            multiple: false,
+        };
+        for (acker, removed) in self.held.iter().zip(&self.removed) {
+            if !removed {
+                acker
+                    .nack(requeue)
+                    .await
+                    .map_err(backend("put a dead letter back"))?;
+            }
+        }
+        self.channel
+            .close(200, "done".into())
+            .await
+            .map_err(backend("close a channel"))
     }
 }
 
@@ -1079,6 +1195,20 @@ fn dead_reason(headers: &FieldTable) -> Option<String> {
     };
     deaths.as_slice().iter().find_map(|death| match death {
         AMQPValue::FieldTable(death) => death.inner().get("reason").and_then(as_text),
+        _ => None,
+    })
+}
+
+/// When the message was first dead-lettered: the first `x-death` entry's `time`.
+fn death_time(headers: &FieldTable) -> Option<f64> {
+    let AMQPValue::FieldArray(deaths) = headers.inner().get(names::DEATH)? else {
+        return None;
+    };
+    deaths.as_slice().iter().find_map(|death| match death {
+        AMQPValue::FieldTable(death) => match death.inner().get("time") {
+            Some(AMQPValue::Timestamp(seconds)) => Some(*seconds as f64),
+            _ => None,
+        },
         _ => None,
     })
 }

@@ -8,7 +8,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{Acker, Consumer, Delivery, Depth, Disposition, Queue, QueueError, QueueOptions};
+use super::{
+    Acker, Consumer, DeadLetter, DeadLetterHold, Delivery, Depth, Disposition, Queue, QueueError,
+    QueueOptions,
+};
 
 /// An in-process queue. Cheap to clone; clones share the queue.
 ///
@@ -22,8 +25,8 @@ pub struct MemoryQueue {
 struct Shared {
     options: QueueOptions,
     state: Mutex<State>,
-    /// One permit per dead-lettered message.
-    dead: Semaphore,
+    /// One permit per message in the recorders' inbox.
+    inbox: Semaphore,
     /// One permit per free place, when bounded.
     space: Option<Semaphore>,
 }
@@ -31,9 +34,12 @@ struct Shared {
 #[derive(Default)]
 struct State {
     lanes: HashMap<String, Lane>,
-    dead: VecDeque<Message>,
-    /// Dead letters delivered to a consumer of the dead-letter queue and not yet settled.
+    /// The dead-letter queue, for operators.
+    dead: VecDeque<DeadLetter>,
+    /// Dead letters an operator's tool holds.
     dead_held: u64,
+    /// The recorders' copy of each dead letter.
+    inbox: VecDeque<Message>,
 }
 
 /// One job's messages. Kept once made (a closed lane is emptied, not removed), so a
@@ -84,7 +90,7 @@ impl MemoryQueue {
             shared: Arc::new(Shared {
                 options,
                 state: Mutex::new(State::default()),
-                dead: Semaphore::new(0),
+                inbox: Semaphore::new(0),
                 space: capacity.map(Semaphore::new),
             }),
         }
@@ -112,19 +118,35 @@ impl Shared {
                     .delivery_limit
                     .is_some_and(|l| message.returns > l);
                 if over {
-                    message.dead_reason = Some("delivery_limit");
-                    state.dead.push_back(message);
-                    self.dead.add_permits(1);
+                    let deliveries = message.returns;
+                    self.dead_letter(state, message, "delivery_limit", deliveries);
                 } else {
                     lane.push(message);
                 }
             }
             Disposition::DeadLetter => {
-                message.dead_reason = Some("rejected");
-                state.dead.push_back(message);
-                self.dead.add_permits(1);
+                let deliveries = message.returns + 1;
+                self.dead_letter(state, message, "rejected", deliveries);
             }
         }
+    }
+    /// Dead-letters `message`: into the dead-letter queue, and a copy into the inbox.
+    fn dead_letter(
+        &self,
+        state: &mut State,
+        mut message: Message,
+        reason: &'static str,
+        deliveries: u32,
+    ) {
+        message.dead_reason = Some(reason);
+        state.dead.push_back(DeadLetter {
+            body: message.body.clone(),
+            reason: Some(reason.to_owned()),
+            deliveries: Some(deliveries),
+            dead_at: Some(crate::ledger::unix_now()),
+        });
+        state.inbox.push_back(message);
+        self.inbox.add_permits(1);
     }
 }
 
@@ -216,6 +238,65 @@ impl Queue for MemoryQueue {
         }
         Ok(())
     }
+
+    async fn hold_dead(&self, limit: usize) -> Result<Box<dyn DeadLetterHold>, QueueError> {
+        let mut state = self.shared.lock();
+        let take = limit.min(state.dead.len());
+        let letters: Vec<DeadLetter> = state.dead.drain(..take).collect();
+        state.dead_held += letters.len() as u64;
+        Ok(Box::new(MemoryDeadHold {
+            shared: self.shared.clone(),
+            removed: vec![false; letters.len()],
+            letters,
+        }))
+    }
+}
+
+/// Dead letters taken from the front of the dead-letter queue; put back there.
+struct MemoryDeadHold {
+    shared: Arc<Shared>,
+    letters: Vec<DeadLetter>,
+    removed: Vec<bool>,
+}
+
+impl MemoryDeadHold {
+    fn put_back(&mut self) {
+        let mut state = self.shared.lock();
+        state.dead_held -= self.letters.len() as u64;
+        let kept = std::mem::take(&mut self.letters)
+            .into_iter()
+            .zip(std::mem::take(&mut self.removed))
+            .filter(|(_, removed)| !removed)
+            .map(|(letter, _)| letter);
+        for letter in kept.rev() {
+            state.dead.push_front(letter);
+        }
+    }
+}
+
+#[async_trait]
+impl DeadLetterHold for MemoryDeadHold {
+    fn letters(&self) -> &[DeadLetter] {
+        &self.letters
+    }
+
+    async fn remove(&mut self, i: usize) -> Result<(), QueueError> {
+        if let Some(removed) = self.removed.get_mut(i) {
+            *removed = true;
+        }
+        Ok(())
+    }
+
+    async fn release(mut self: Box<Self>) -> Result<(), QueueError> {
+        self.put_back();
+        Ok(())
+    }
+}
+
+impl Drop for MemoryDeadHold {
+    fn drop(&mut self) {
+        self.put_back();
+    }
 }
 
 /// Where a consumer takes its messages from.
@@ -253,7 +334,7 @@ impl Consumer for MemoryConsumer {
         let (message, lane) = loop {
             let source = match &self.source {
                 Source::Lane(_, permits) => permits.as_ref(),
-                Source::Dead => &self.shared.dead,
+                Source::Dead => &self.shared.inbox,
             };
             source
                 .acquire()
@@ -263,11 +344,7 @@ impl Consumer for MemoryConsumer {
             let mut state = self.shared.lock();
             match &self.source {
                 Source::Dead => {
-                    let message = state.dead.pop_front();
-                    if message.is_some() {
-                        state.dead_held += 1;
-                    }
-                    if let Some(message) = message {
+                    if let Some(message) = state.inbox.pop_front() {
                         break (message, None);
                     }
                 }
@@ -308,8 +385,8 @@ impl Consumer for MemoryConsumer {
 struct MemoryAcker {
     shared: Arc<Shared>,
     message: Option<Message>,
-    /// The lane it came from; `None` for a dead letter (which only an ack removes; anything
-    /// else puts it back).
+    /// The lane it came from; `None` for a copy in the recorders' inbox (which only an ack
+    /// removes; anything else puts it back).
     lane: Option<String>,
     _permit: OwnedSemaphorePermit,
 }
@@ -321,11 +398,9 @@ impl MemoryAcker {
         };
         match &self.lane {
             None => {
-                let mut state = self.shared.lock();
-                state.dead_held -= 1;
                 if disposition != Disposition::Ack {
-                    state.dead.push_front(message);
-                    self.shared.dead.add_permits(1);
+                    self.shared.lock().inbox.push_front(message);
+                    self.shared.inbox.add_permits(1);
                 }
             }
             Some(lane) => self.shared.give_back(lane, message, disposition),

@@ -12,7 +12,12 @@
 //! - with a delivery limit `L`, a message is delivered at most `L + 1` times; the next return
 //!   dead-letters it (reason `delivery_limit`), as RabbitMQ's quorum queues do;
 //! - [`Disposition::DeadLetter`] moves a message to the dead-letter queue at once (reason
-//!   `rejected`), where operators can count and drain it.
+//!   `rejected`);
+//! - every dead letter goes to two places: the recorders' inbox, which the workers consume
+//!   ([`Queue::consume_dead`]) to count a dead-lettered mini-batch against its job, and the
+//!   dead-letter queue itself, which nobody consumes: operators count it ([`Depth::dead`]),
+//!   browse it ([`Queue::dead_letters`]) and take from it ([`Queue::hold_dead`]) to replay or
+//!   purge.
 
 pub mod amqp;
 mod memory;
@@ -50,8 +55,33 @@ pub struct Depth {
     /// Mini-batches delivered and not yet settled; `None` where the backend cannot count
     /// them (RabbitMQ without its management API).
     pub unacked: Option<u64>,
-    /// Messages in the dead-letter queue, including any a consumer of it holds.
+    /// Messages in the dead-letter queue, including any an operator's tool holds.
     pub dead: u64,
+}
+
+/// One message of the dead-letter queue, as operators see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    pub body: Bytes,
+    /// Why it was dead-lettered: `delivery_limit` or `rejected` (as RabbitMQ says).
+    pub reason: Option<String>,
+    /// How many times it was delivered before it was dead-lettered, when the queue knows.
+    pub deliveries: Option<u32>,
+    /// When it was dead-lettered, in seconds since the Unix epoch, when the queue knows.
+    pub dead_at: Option<f64>,
+}
+
+/// Dead letters taken from the dead-letter queue and held, oldest first: each is removed
+/// ([`DeadLetterHold::remove`]) or, at [`DeadLetterHold::release`] (or when the hold is
+/// dropped), put back where it was, ahead of anything dead-lettered since.
+#[async_trait]
+pub trait DeadLetterHold: Send {
+    /// The dead letters held, oldest first.
+    fn letters(&self) -> &[DeadLetter];
+    /// Removes the `i`th held dead letter from the queue for good.
+    async fn remove(&mut self, i: usize) -> Result<(), QueueError>;
+    /// Puts back every held dead letter not removed, in their order.
+    async fn release(self: Box<Self>) -> Result<(), QueueError>;
 }
 
 #[async_trait]
@@ -65,7 +95,8 @@ pub trait Queue: Send + Sync {
     async fn publish(&self, lane: &str, body: Vec<u8>) -> Result<(), QueueError>;
     /// Opens a consumer on `lane` (made if it does not exist).
     async fn consume(&self, lane: &str, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError>;
-    /// Opens a consumer on the dead-letter queue.
+    /// Opens a consumer on the recorders' inbox of dead letters (a copy of each, see the
+    /// module's notes): only an ack removes one from it, anything else puts it back.
     async fn consume_dead(&self, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError>;
     /// Messages of `lane` waiting for a consumer (0 for a lane that does not exist). Cheap:
     /// each node reads it for the jobs of its pool every second to share its slots.
@@ -76,6 +107,17 @@ pub trait Queue: Send + Sync {
     /// Removes `lane` with whatever it still holds (its job has ended). A later publish or
     /// consume makes it again.
     async fn close_lane(&self, lane: &str) -> Result<(), QueueError>;
+    /// Takes up to `limit` dead letters from the dead-letter queue, oldest first, and holds
+    /// them until each is removed or put back. One holder at a time: what one holds, another
+    /// does not see.
+    async fn hold_dead(&self, limit: usize) -> Result<Box<dyn DeadLetterHold>, QueueError>;
+    /// Up to `limit` dead letters, oldest first, left in the dead-letter queue as they were.
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+        let hold = self.hold_dead(limit).await?;
+        let letters = hold.letters().to_vec();
+        hold.release().await?;
+        Ok(letters)
+    }
 }
 
 #[async_trait]

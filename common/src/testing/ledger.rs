@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::ledger::{InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Started};
+use crate::ledger::{Forgot, InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Started};
 
 /// Generates one `#[tokio::test]` per case for the ledger built by `$make`, an async closure
 /// returning `Arc<dyn Ledger>`.
@@ -22,7 +22,7 @@ macro_rules! ledger_conformance {
             creation_and_start_are_noted, a_holder_not_let_go_is_told_to_the_next,
             report_rows_are_kept_in_order, the_last_move_is_timed,
             only_charged_attempts_are_spent, a_stopped_job_reopens_keeping_what_was_done,
-            a_reopened_job_of_all_done_finalizes);
+            a_reopened_job_of_all_done_finalizes, a_failure_is_forgotten_to_run_again);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -823,5 +823,63 @@ where
             state: JobState::Finalizing,
             ..
         })
+    ));
+}
+
+/// A Running job's failed mini-batch is taken back (a dead letter replayed): no longer done,
+/// its counts, part and spent attempts gone, so its next recording is a first one. Nothing
+/// else is: one recorded without failure, one not recorded, any of a job that is not
+/// Running.
+pub async fn a_failure_is_forgotten_to_run_again<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    let limits = Limits {
+        error_threshold: 100,
+        ..Limits::NONE
+    };
+    l.create(&j, limits).await.unwrap();
+    l.attempt_started(&j, 0, "a").await.unwrap();
+    l.attempt_ended(&j, 0, Some("raised"), true).await.unwrap();
+    l.record(&j, 0, failed(3), Some("!f0")).await.unwrap();
+    l.record(&j, 1, OK, Some("p1")).await.unwrap();
+    l.seal(&j, 3).await.unwrap();
+    assert_eq!(l.forget_failure(&j, 1).await.unwrap(), Forgot::NotFailed);
+    assert_eq!(l.forget_failure(&j, 2).await.unwrap(), Forgot::NotRecorded);
+
+    let Forgot::Forgotten(status) = l.forget_failure(&j, 0).await.unwrap() else {
+        panic!("mini-batch 0's failure was not forgotten");
+    };
+    assert_eq!(status.state, JobState::Running);
+    assert_eq!(
+        (
+            status.done,
+            status.items_succeeded,
+            status.items_failed,
+            status.batches_failed
+        ),
+        (1, 10, 0, 0)
+    );
+    assert_eq!(l.status(&j).await.unwrap(), Some(status));
+    assert_eq!(l.parts(&j, 0..2).await.unwrap(), [None, Some("p1".into())]);
+    assert_eq!(l.forget_failure(&j, 0).await.unwrap(), Forgot::NotRecorded);
+    // A fresh budget: no attempt spent, and its next recording counts.
+    assert_eq!(l.attempt_started(&j, 0, "b").await.unwrap().spent, 0);
+    let again = l.record(&j, 0, OK, Some("p0")).await.unwrap();
+    assert!(again.first);
+    assert_eq!(l.parts(&j, 0..1).await.unwrap(), [Some("p0".into())]);
+
+    let last = l.record(&j, 2, failed(1), None).await.unwrap();
+    assert_eq!(last.status.state, JobState::Finalizing);
+    assert_eq!(
+        l.forget_failure(&j, 2).await.unwrap(),
+        Forgot::NotRunning(JobState::Finalizing)
+    );
+    assert!(matches!(
+        l.forget_failure("no-such-job", 0).await,
+        Err(LedgerError::UnknownJob(_))
     ));
 }

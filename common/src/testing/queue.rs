@@ -29,7 +29,9 @@ macro_rules! queue_conformance {
             prefetch_bounds_unsettled, pause_gives_back_what_was_not_handed_out,
             a_next_dropped_midway_leaves_nothing_held,
             depth_counts_ready_and_unacked, lanes_are_apart, a_closed_lane_drops_what_it_held,
-            an_open_lane_keeps_the_order_of_publishes_in_flight);
+            an_open_lane_keeps_the_order_of_publishes_in_flight,
+            dead_letters_stay_for_operators_in_order,
+            a_hold_removes_what_it_chose_and_puts_back_the_rest);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -184,7 +186,105 @@ where
     assert_eq!(&d.body[..], b"poison");
     assert_eq!(d.dead_reason.as_deref(), Some("delivery_limit"));
     d.settle(Disposition::Ack).await.unwrap();
-    assert_eq!(q.depth(&lanes()).await.unwrap().dead, 0);
+    // The recorders' copy is gone; the operators' stays, saying why and after how much.
+    wait_dead(&*q, 1).await;
+    let letters = q.dead_letters(10).await.unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(&letters[0].body[..], b"poison");
+    assert_eq!(letters[0].reason.as_deref(), Some("delivery_limit"));
+    assert_eq!(letters[0].deliveries, Some(3));
+}
+
+/// Every dead letter stays in the dead-letter queue whatever the recorders do with their
+/// copy: browsing it shows the oldest first, up to the limit, and leaves them all there.
+pub async fn dead_letters_stay_for_operators_in_order<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions {
+        delivery_limit: Some(5),
+    })
+    .await;
+    dead_letter_three(&*q).await;
+    let mut inbox = q.consume_dead(10).await.unwrap();
+    for i in 0..3u8 {
+        let d = next(&mut inbox).await;
+        assert_eq!(d.body[0], i);
+        d.settle(Disposition::Ack).await.unwrap();
+    }
+    nothing_more(&mut inbox).await;
+    wait_dead(&*q, 3).await;
+    for _ in 0..2 {
+        let letters = q.dead_letters(10).await.unwrap();
+        let bodies: Vec<u8> = letters.iter().map(|l| l.body[0]).collect();
+        assert_eq!(bodies, [0, 1, 2]);
+        assert!(
+            letters
+                .iter()
+                .all(|l| l.reason.as_deref() == Some("rejected"))
+        );
+    }
+    let first_two = q.dead_letters(2).await.unwrap();
+    assert_eq!(
+        first_two.iter().map(|l| l.body[0]).collect::<Vec<_>>(),
+        [0, 1]
+    );
+    assert_eq!(q.depth(&lanes()).await.unwrap().dead, 3);
+}
+
+/// A hold removes the dead letters it is told to, for good, and puts the others back in
+/// their order; a hold dropped unreleased puts back all it did not remove.
+pub async fn a_hold_removes_what_it_chose_and_puts_back_the_rest<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions {
+        delivery_limit: Some(5),
+    })
+    .await;
+    dead_letter_three(&*q).await;
+    wait_dead(&*q, 3).await;
+    let mut hold = q.hold_dead(10).await.unwrap();
+    assert_eq!(hold.letters().len(), 3);
+    hold.remove(1).await.unwrap();
+    hold.release().await.unwrap();
+    wait_dead(&*q, 2).await;
+    let bodies: Vec<u8> = q
+        .dead_letters(10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|l| l.body[0])
+        .collect();
+    assert_eq!(bodies, [0, 2]);
+    let mut hold = q.hold_dead(1).await.unwrap();
+    assert_eq!(hold.letters()[0].body[0], 0);
+    hold.remove(0).await.unwrap();
+    drop(hold);
+    wait_dead(&*q, 1).await;
+    let left = q.dead_letters(10).await.unwrap();
+    assert_eq!(left.iter().map(|l| l.body[0]).collect::<Vec<_>>(), [2]);
+}
+
+/// Publishes 0, 1, 2 and dead-letters each (reason `rejected`), in that order.
+async fn dead_letter_three(q: &dyn Queue) {
+    for i in 0..3u8 {
+        q.publish(LANE, vec![i]).await.unwrap();
+    }
+    let mut c = q.consume(LANE, 1).await.unwrap();
+    for i in 0..3u8 {
+        let d = next(&mut c).await;
+        assert_eq!(d.body[0], i);
+        d.settle(Disposition::DeadLetter).await.unwrap();
+    }
+    nothing_more(&mut c).await;
+}
+
+/// Waits until the dead-letter queue holds `n` (a broker dead-letters on its own time).
+async fn wait_dead(q: &dyn Queue, n: u64) {
+    wait_for_depth(q, |depth| depth.dead == n).await;
 }
 
 pub async fn dead_letter_disposition_is_immediate<F, Fut>(make: F)
@@ -321,10 +421,15 @@ where
 /// Polls the depth until it meets `want(ready, unacked)`: management statistics of a
 /// broker lag behind by design, so this is a wait on a condition, bounded by [`PATIENCE`].
 async fn wait_depth(q: &dyn Queue, want: impl Fn(u64, u64) -> bool) {
+    wait_for_depth(q, |depth| want(depth.ready, depth.unacked.unwrap_or(0))).await;
+}
+
+/// Polls the depth until it meets `want`, bounded by [`PATIENCE`].
+async fn wait_for_depth(q: &dyn Queue, want: impl Fn(&crate::queue::Depth) -> bool) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let depth = q.depth(&lanes()).await.unwrap();
-        if want(depth.ready, depth.unacked.unwrap_or(0)) {
+        if want(&depth) {
             return;
         }
         assert!(

@@ -18,7 +18,8 @@ macro_rules! registry_conformance {
             a_record_is_written_once, jobs_are_listed_oldest_first,
             unfinished_jobs_are_the_pools_until_retired, init_failures_are_counted_per_job,
             a_retired_job_is_forgotten_in_its_time, a_pools_nodes_are_counted_while_they_beat,
-            a_jobs_places_go_to_node_count_nodes_at_once, a_reopened_job_is_unfinished_again);
+            a_jobs_places_go_to_node_count_nodes_at_once, a_reopened_job_is_unfinished_again,
+            a_pool_is_known_once_a_node_beat_for_it);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -217,4 +218,23 @@ where
     // Retired again when it ends again.
     r.retire("j", "p", HOUR).await.unwrap();
     assert_eq!(r.unfinished("p").await.unwrap(), ["k"]);
+}
+
+/// A pool is known from its first node's beat on, and stays known when no node is left.
+pub async fn a_pool_is_known_once_a_node_beat_for_it<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn JobRegistry>>,
+{
+    let r = make().await;
+    assert!(r.pools().await.unwrap().is_empty());
+    r.beat("gpu", "a", Duration::from_millis(100))
+        .await
+        .unwrap();
+    r.beat("cpu", "b", HOUR).await.unwrap();
+    r.beat("cpu", "b", HOUR).await.unwrap();
+    assert_eq!(r.pools().await.unwrap(), ["cpu", "gpu"]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(r.nodes("gpu").await.unwrap(), 0);
+    assert_eq!(r.pools().await.unwrap(), ["cpu", "gpu"]);
 }

@@ -51,9 +51,6 @@ fn keys() -> &'static Keys {
     })
 }
 
-/// How alike (Jaro-Winkler, 0–1) an unknown key must be to a known one to be suggested.
-const SUGGESTION_SIMILARITY: f64 = 0.8;
-
 /// Checks a dotted key, as a `--set` names it: `mini_batch_size`, `input.files`,
 /// `environment_variables.OMP_NUM_THREADS`.
 pub(super) fn check_key(key: &str) -> Result<(), Fault> {
@@ -84,12 +81,7 @@ fn suggest(field: &str) -> Option<String> {
     {
         return Some(moved.clone());
     }
-    candidates
-        .iter()
-        .map(|known| (strsim::jaro_winkler(field, known), known))
-        .filter(|(similarity, _)| *similarity >= SUGGESTION_SIMILARITY)
-        .max_by(|(a, _), (b, _)| a.total_cmp(b))
-        .map(|(_, known)| known.clone())
+    crate::did_you_mean(field, candidates.iter().map(String::as_str)).map(str::to_owned)
 }
 
 #[cfg(test)]

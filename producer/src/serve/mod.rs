@@ -11,9 +11,12 @@
 //!
 //! - `api`: the routes, their request and response types, and the errors as HTTP answers.
 //! - `page`: the operator page at `/` (its HTML, CSS and JavaScript in `page/`).
+//! - `metrics`: the pool's jobs as Prometheus metrics, on a listener of their own
+//!   (`--metrics-addr`), with the autoscaling signal (seconds of work left).
 //! - this file: the router, the optional bearer token, serving until shut down.
 
 mod api;
+mod metrics;
 mod page;
 
 use std::sync::Arc;
@@ -28,6 +31,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use api::{ApiDoc, SubmitRequest, Submitted};
+pub use metrics::Scraper;
 
 /// What every request handler shares.
 #[derive(Clone)]
@@ -37,20 +41,38 @@ struct Served {
     token: Option<Arc<str>>,
 }
 
-/// Serves the API on `listener` until `shutdown` is cancelled; requests in flight finish.
+/// Serves the API on `listener`, and the metrics on `metrics` when given, until `shutdown`
+/// is cancelled; requests in flight finish.
 pub async fn run(
     fleet: Fleet,
     listener: TcpListener,
+    metrics: Option<TcpListener>,
     token: Option<String>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    let scraper = Arc::new(Scraper::new(fleet.clone()));
     let served = Served {
         fleet,
         token: token.filter(|t| !t.is_empty()).map(Arc::from),
     };
-    axum::serve(listener, router(served))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    let api = axum::serve(listener, router(served)).with_graceful_shutdown({
+        let shutdown = shutdown.clone();
+        async move { shutdown.cancelled().await }
+    });
+    match metrics {
+        Some(metrics) => {
+            // Either one failing stops both.
+            let stop = shutdown.child_token();
+            let metrics = metrics::serve(metrics, scraper, stop.clone());
+            let api = async {
+                let served = api.await;
+                stop.cancel();
+                served
+            };
+            tokio::try_join!(api, metrics).map(|_| ())
+        }
+        None => api.await,
+    }
 }
 
 fn router(served: Served) -> Router {

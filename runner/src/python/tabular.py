@@ -14,6 +14,10 @@ class MissingPackage(Exception):
     """A package a tabular input needs is not importable in the job's environment."""
 
 
+class UnknownColumn(Exception):
+    """An MLTable's ``drop_columns`` names a column the mini-batch's rows do not have."""
+
+
 def check(parquet):
     needed = [("pandas", "pandas")]
     if parquet:
@@ -34,10 +38,11 @@ def check(parquet):
 def read(tables, options):
     """``tables``: (path, format, row_groups, columns) of each staged chunk, in order, where
     ``columns`` are (name, value) pairs every row of the chunk gets (an MLTable's columns
-    from the path, as strings). ``options``: (separator, encoding, empty_as_string)."""
+    from the path, as strings). ``options``: (separator, encoding, empty_as_string,
+    drop_columns), the last the files' columns an MLTable's ``drop_columns`` takes out."""
     import pandas as pd
 
-    separator, encoding, empty_as_string = options
+    separator, encoding, empty_as_string, drop_columns = options
     csv_options = {"sep": separator}
     if encoding:
         csv_options["encoding"] = encoding
@@ -64,6 +69,14 @@ def read(tables, options):
         for name, value in columns:
             frame[name] = value
         frames.append(frame)
-    if len(frames) == 1:
-        return frames[0]
-    return pd.concat(frames, ignore_index=True)
+    frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    if drop_columns and len(frame.columns) > 0:
+        missing = [name for name in drop_columns if name not in frame.columns]
+        if missing:
+            raise UnknownColumn(
+                "the MLTable's drop_columns names %s, which is neither a column of this "
+                "mini-batch's rows (%s) nor one it takes from the path"
+                % (", ".join(missing), ", ".join(map(str, frame.columns)))
+            )
+        frame = frame.drop(columns=drop_columns)
+    return frame

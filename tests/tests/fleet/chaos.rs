@@ -230,6 +230,7 @@ fn trial(servers: &mut Servers, seed: u64) -> String {
     );
     let mut fleet = Fleet::on_broker(&script, servers.broker.url());
     fleet.redis_url = servers.redis.url();
+    fleet.know_pool(&fleet.pool);
     fleet.inputs(plan.items);
     for (n, processes) in plan.workers.iter().enumerate() {
         fleet.worker(&format!("w{n}"), *processes);

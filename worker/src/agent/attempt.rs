@@ -172,14 +172,8 @@ impl Slot {
                 // The script's named-output files reach their place before the mini-batch
                 // is recorded; while the runner runs the next one, only those written
                 // before this one returned.
-                if !ctx.job.spec().outputs.is_empty() {
-                    let busy = self.ahead.as_ref().is_some_and(|a| a.sent.is_some());
-                    let work = super::workdir::job_work_dir(self.cache(), ctx.job.id(), &node);
-                    let folder = super::named::runner_folder(&work, &process);
-                    let before = busy.then(|| super::named::clock(&folder)).flatten();
-                    if !busy || before.is_some() {
-                        super::named::deliver_logged(ctx, &node, &process, before).await;
-                    }
+                if let Some(before) = self.named_cutoff(ctx, &node, &process) {
+                    super::named::deliver_logged(ctx, &node, &process, before).await;
                 }
                 let (shared, ctx, index) = (self.shared.clone(), ctx.clone(), batch.index);
                 let holding = holding.clone();
@@ -221,6 +215,11 @@ impl Slot {
                 metrics.mini_batch("raised");
                 metrics.run_took(timing.run_seconds);
                 self.script_error(ctx, &process, batch, attempt, &error);
+                // What this attempt wrote to the named outputs is never delivered as it is.
+                if let Some(before) = self.named_cutoff(ctx, &node, &process) {
+                    let failed = (batch.index, attempt);
+                    super::named::withhold(ctx, &node, &process, failed, before).await;
+                }
                 let row = report_row(
                     batch,
                     &holding,
@@ -242,6 +241,11 @@ impl Slot {
                 if matches!(lost, RunOutcome::Died(_)) {
                     metrics.runner_died();
                 }
+                // Nothing the lost runner left in its named-output folders is delivered.
+                if !ctx.job.spec().outputs.is_empty() {
+                    let failed = (batch.index, attempt);
+                    super::named::withhold(ctx, &node, &process, failed, None).await;
+                }
                 let (result, main_line, cause) = runner_lost(&lost, ctx, &process, batch.index);
                 metrics.mini_batch(result);
                 ctx.logs.log(logs::JobLogs::node_main(&node), &main_line);
@@ -261,6 +265,22 @@ impl Slot {
     }
 
     /// A failed attempt: another try while attempts remain, else the mini-batch fails whole.
+    /// Which of runner `process`'s named-output files belong to the attempt that just ended:
+    /// all (`Some(None)`) when the runner is idle; those last modified before now when it
+    /// already runs the next mini-batch; `None` when the job has no named outputs, or the
+    /// clock cannot be read.
+    fn named_cutoff(&self, ctx: &JobContext, node: &str, process: &str) -> Option<Option<i128>> {
+        if ctx.job.spec().outputs.is_empty() {
+            return None;
+        }
+        let busy = self.ahead.as_ref().is_some_and(|a| a.sent.is_some());
+        if !busy {
+            return Some(None);
+        }
+        let work = super::workdir::job_work_dir(self.cache(), ctx.job.id(), node);
+        super::named::clock(&super::named::runner_folder(&work, process)).map(Some)
+    }
+
     async fn failed_attempt(
         &mut self,
         ctx: &Arc<JobContext>,

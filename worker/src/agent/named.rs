@@ -9,7 +9,12 @@
 //!   (`.<name>.fleetrun-<pid>.tmp`) and renamed into place. On S3 it is one `PutObject`.
 //! - After a mini-batch, only files last modified before its `run()` returned are delivered
 //!   (the runner may already be writing the next mini-batch's); the others go with the next
-//!   delivery, and everything at the job's end.
+//!   delivery, and at the job's end.
+//! - What an attempt that did not succeed (it raised, timed out, or its runner died) left
+//!   undelivered is withheld ([`withhold`]): never delivered as it is, so a retry's file is
+//!   never replaced by a failed attempt's half-written one. A withheld file the runner writes
+//!   again in a later mini-batch is delivered as any other; the rest are kept in the job's
+//!   logs when the job ends.
 //! - The last writer of a name wins. A file fleetrun delivered for this job from another
 //!   runner or node is replaced with a warning in the node's `_main.txt`; one fleetrun
 //!   delivered for an earlier job is replaced as a re-run replaces its output.
@@ -92,6 +97,9 @@ struct Delivered {
     sent: HashMap<FileKey, (u64, i128)>,
     /// The files refused: their name is taken by a file fleetrun did not write.
     refused: HashSet<FileKey>,
+    /// Files an attempt that did not succeed left undelivered, with their (size, mtime) then:
+    /// not delivered while they are unchanged.
+    withheld: HashMap<FileKey, (u64, i128)>,
 }
 
 /// A runner's file of a named output: (process, output, relative path).
@@ -197,7 +205,8 @@ pub async fn deliver(
                 continue;
             }
             let key = (process.to_owned(), name.clone(), rel.clone());
-            if delivered.sent.get(&key) == Some(&(size, modified)) {
+            let stamp = Some(&(size, modified));
+            if delivered.sent.get(&key) == stamp || delivered.withheld.get(&key) == stamp {
                 continue;
             }
             let owner = match destination {
@@ -260,6 +269,7 @@ pub async fn deliver(
                 }
             }
             delivered.refused.remove(&key);
+            delivered.withheld.remove(&key);
             delivered.sent.insert(key, (size, modified));
             done.delivered += 1;
         }
@@ -270,6 +280,62 @@ pub async fn deliver(
         }
     }
     Ok(done)
+}
+
+/// After an attempt of runner `process` that did not succeed (`mini_batch`'s attempt
+/// `attempt`): the named-output files it left undelivered, last modified before `before` (all
+/// when `None`: the runner is gone or idle), are withheld from delivery while they stay as
+/// they are, and the node's `_main.txt` says how many. Returns how many.
+pub async fn withhold(
+    ctx: &JobContext,
+    node: &str,
+    process: &str,
+    failed: (u64, u32),
+    before: Option<i128>,
+) -> usize {
+    let outputs = &ctx.named;
+    let (Some(work), false) = (&outputs.work, outputs.destinations.is_empty()) else {
+        return 0;
+    };
+    let folder = runner_folder(work, process);
+    let names: Vec<String> = outputs.destinations.keys().cloned().collect();
+    let found = tokio::task::spawn_blocking(move || {
+        names
+            .into_iter()
+            .flat_map(|name| {
+                walk(&folder.join(&name))
+                    .into_iter()
+                    .map(move |(rel, size, modified)| (name.clone(), rel, size, modified))
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap_or_default();
+    let mut delivered = outputs.delivered.lock().await;
+    let mut withheld = 0;
+    for (name, rel, size, modified) in found {
+        if before.is_some_and(|cutoff| modified >= cutoff) {
+            continue;
+        }
+        let key = (process.to_owned(), name, rel);
+        if delivered.sent.get(&key) == Some(&(size, modified)) {
+            continue;
+        }
+        delivered.withheld.insert(key, (size, modified));
+        withheld += 1;
+    }
+    if withheld > 0 {
+        let (index, attempt) = failed;
+        let line = format!(
+            "{withheld} named-output files of {process} are not delivered: mini-batch {index}'s \
+             attempt {attempt}, which did not succeed, left them (a later mini-batch of {process} \
+             that writes one again delivers it; the others are kept in logs/{KEPT_OUTPUTS}/ when \
+             the job ends)."
+        );
+        warn!(job = %ctx.job.id(), process, mini_batch = index, attempt, files = withheld, "A failed attempt's named-output files are withheld.");
+        ctx.logs.log(JobLogs::node_main(node), &line);
+    }
+    withheld
 }
 
 /// [`deliver`], a failure logged in the node's `_main.txt`: the next delivery tries again.
@@ -283,9 +349,9 @@ pub async fn deliver_logged(ctx: &JobContext, node: &str, process: &str, before:
     }
 }
 
-/// When the job ends on the node: delivers every runner's named-output files a last time, then
-/// keeps what is left in the working folders (and the files that could not be delivered) in
-/// the job's logs, and says how many in the node's `_main.txt`.
+/// When the job ends on the node: delivers every runner's named-output files a last time (not
+/// those withheld), then keeps what is left in the working folders (and the files that were not
+/// delivered) in the job's logs, and says how many in the node's `_main.txt`.
 pub async fn finish(ctx: &JobContext, node: &str) {
     let Some(work) = ctx.named.work.clone() else {
         return;

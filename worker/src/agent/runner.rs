@@ -155,6 +155,11 @@ impl Slot {
                     parquet: tabular.format == Some(fleetrun_config::TabularFormat::Parquet),
                     encoding: read.and_then(|read| read.encoding.clone()),
                     empty_as_string: read.is_some_and(|read| read.empty_as_string),
+                    drop_columns: spec
+                        .mltable
+                        .as_ref()
+                        .map(|table| table.dropped_file_columns())
+                        .unwrap_or_default(),
                 }
             }),
             append_row_separator: spec.append_row_separator,

@@ -71,4 +71,34 @@ pub enum SettingsError {
         #[source]
         source: LedgerError,
     },
+    /// A command named a pool no worker has started (a typo, most often): refused before
+    /// any of its queues is declared.
+    #[error("{}", unknown_pool(pool, known, suggestion.as_deref()))]
+    UnknownPool {
+        pool: String,
+        /// The pools workers have started, sorted.
+        known: Vec<String>,
+        suggestion: Option<String>,
+    },
+}
+
+fn unknown_pool(pool: &str, known: &[String], suggestion: Option<&str>) -> String {
+    let mut text = format!("--pool {pool}: no worker of pool {pool} has ever started");
+    const SHOWN: usize = 10;
+    match known.len() {
+        0 => text.push_str(" (no pool has one yet)"),
+        n if n <= SHOWN => text.push_str(&format!(" (known pools: {})", known.join(", "))),
+        n => text.push_str(&format!(
+            " (known pools: {} and {} more)",
+            known[..SHOWN].join(", "),
+            n - SHOWN
+        )),
+    }
+    if let Some(suggestion) = suggestion {
+        text.push_str(&format!("; did you mean {suggestion}?"));
+    }
+    text.push_str(
+        "; start a worker of the pool first, or pass --create-pool to submit to a new pool",
+    );
+    text
 }

@@ -51,8 +51,8 @@ pub use record::{JobRecord, unix_now};
 pub use results::{overview_text, result_text};
 pub use serve::serve;
 pub use settings::{
-    DEFAULT_POOL, Fleet, FleetArgs, KEEP_ENDED_JOBS, KEY_PREFIX, POOL_DELIVERY_LIMIT, WorkerConfig,
-    open_input, open_storage, tabular_root,
+    DEFAULT_POOL, Fleet, FleetArgs, KEEP_ENDED_JOBS, KEY_PREFIX, NewPool, POOL_DELIVERY_LIMIT,
+    WorkerConfig, open_input, open_storage, tabular_root,
 };
 pub use side::{SHIPPED_PREFIX, SIDE_DIR, UNUSED_CAP_VAR, evict, ship_side};
 pub use watch::serving;

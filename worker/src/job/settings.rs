@@ -109,8 +109,25 @@ pub struct Fleet {
     pub pool: String,
 }
 
+/// Whether a command may use a pool no worker has started yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewPool {
+    /// Refused ([`SettingsError::UnknownPool`]), before any queue is declared: a misspelled
+    /// `--pool` would otherwise create durable queues nobody serves.
+    Refuse,
+    /// Declared: a job submitted to a pool its workers will serve once they start.
+    Create,
+}
+
 impl Fleet {
+    /// The fleet of a worker: its pool is declared (and, from its first beat, known).
     pub async fn connect(args: &FleetArgs) -> Result<Fleet, SettingsError> {
+        Self::connect_pool(args, NewPool::Create).await
+    }
+
+    /// The fleet of a command on `args`' pool; with [`NewPool::Refuse`], a pool no worker
+    /// has started is refused before anything is declared on the broker.
+    pub async fn connect_pool(args: &FleetArgs, new: NewPool) -> Result<Fleet, SettingsError> {
         let amqp = args.amqp_url.as_deref().ok_or(SettingsError::Missing {
             service: "RabbitMQ",
             var: "FLEETRUN_AMQP_URL",
@@ -128,6 +145,25 @@ impl Fleet {
             source,
         };
         let pool = args.pool().to_owned();
+        let ledger = RedisLedger::connect(redis, KEY_PREFIX)
+            .await
+            .map_err(redis_error)?;
+        let registry = RedisRegistry::connect(redis, KEY_PREFIX)
+            .await
+            .map_err(redis_error)?;
+        if new == NewPool::Refuse {
+            let known = registry.pools().await.map_err(redis_error)?;
+            if !known.contains(&pool) {
+                let suggestion =
+                    fleetrun_config::did_you_mean(&pool, known.iter().map(String::as_str))
+                        .map(str::to_owned);
+                return Err(SettingsError::UnknownPool {
+                    pool,
+                    known,
+                    suggestion,
+                });
+            }
+        }
         let options = QueueOptions {
             delivery_limit: Some(POOL_DELIVERY_LIMIT),
         };
@@ -137,12 +173,6 @@ impl Fleet {
                 url: fleetrun_common::report::redact_url(amqp),
                 source,
             })?;
-        let ledger = RedisLedger::connect(redis, KEY_PREFIX)
-            .await
-            .map_err(redis_error)?;
-        let registry = RedisRegistry::connect(redis, KEY_PREFIX)
-            .await
-            .map_err(redis_error)?;
         let queue = Arc::new(queue);
         Ok(Fleet {
             events: queue.clone(),
