@@ -75,10 +75,15 @@ pub fn assign(current: &[Option<Arc<str>>], jobs: &[Demand]) -> Assignment {
             .map_or(order.len(), |n| tier_start + n);
         let wanted = |j: usize| {
             let d = &jobs[j];
+            if d.publishing {
+                // Its work is on its way: its seats, or runners started ahead of it (and
+                // warmed) would stop only to start again a second later.
+                return d.cap;
+            }
             if !d.wants_work() {
                 return 0;
             }
-            let waiting = usize::try_from(d.ready).unwrap_or(usize::MAX).max(1);
+            let waiting = usize::try_from(d.ready).unwrap_or(usize::MAX);
             d.cap.min(held[j].saturating_add(waiting))
         };
         loop {
@@ -313,11 +318,13 @@ mod tests {
     }
 
     #[test]
-    fn a_job_still_being_published_wants_work_before_any_waits() {
+    fn a_job_still_being_published_gets_its_seats_before_any_work_waits() {
         let mut starting = job("a", 0, 2, 0);
         starting.publishing = true;
-        let next = assign(&slots(&["-", "-"]), &[starting]);
-        assert_eq!(names(&next), ["a", "-"]);
+        let next = assign(&slots(&["a", "a", "-"]), std::slice::from_ref(&starting));
+        assert_eq!(names(&next), ["a", "a", "-"]);
+        let next = assign(&slots(&["-", "-", "-"]), &[starting]);
+        assert_eq!(names(&next), ["a", "a", "-"]);
     }
 
     #[test]
