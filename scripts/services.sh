@@ -64,7 +64,7 @@ refuse_foreign() {
 
 # The pid of the RabbitMQ node this script starts (named fleetrun@localhost), or nothing.
 rabbitmq_pid() {
-  rabbitmqctl -n fleetrun@localhost eval 'os:getpid().' 2>/dev/null | tr -d '"'
+  timeout 30 rabbitmqctl -n fleetrun@localhost eval 'os:getpid().' 2>/dev/null | tr -d '"'
 }
 
 # Whether $2 is the pid listening on port $1.
@@ -177,7 +177,14 @@ start_s3() {
 
 # Stops what this script started, and only that.
 stop_all() {
-  rabbitmqctl -n fleetrun@localhost stop >/dev/null 2>&1 || true
+  # A node asked to stop has been seen to hang for good (it had hundreds of quorum queues):
+  # a minute, then its process is killed. Its data is for tests only.
+  local node
+  node=$(rabbitmq_pid || true)
+  if [ -n "$node" ] && ! timeout 60 rabbitmqctl -n fleetrun@localhost stop >/dev/null 2>&1; then
+    say "RabbitMQ did not stop within a minute: killing pid $node"
+    kill -9 "$node" 2>/dev/null || true
+  fi
   local pid
   pid=$(cat "$STATE/redis.pid" 2>/dev/null || true)
   if listens_as "$REDIS_PORT" "$pid"; then

@@ -41,6 +41,15 @@ cargo clippy --workspace --all-targets --features fleetrun-tests/services -- -D 
 say "cargo build"
 cargo build --workspace
 
+# A broker under a resource alarm (its disk nearly full, say: the build takes gigabytes)
+# blocks every publish, and each test would wait it out to its time limit: say so and stop.
+say "RabbitMQ's alarms"
+if ! rabbitmq-diagnostics -q -n fleetrun@localhost check_local_alarms >&2; then
+  df -h . /var/lib/rabbitmq >&2
+  echo "RabbitMQ blocks publishing under the resource alarm above: free disk or memory, then run again" >&2
+  exit 1
+fi
+
 # nextest (installed by scripts/install-deps.sh) kills a test that outlives its limit. The
 # chaos run's short form (two trials, tests/tests/fleet/chaos.rs) is among the tests.
 say "tests"

@@ -528,6 +528,16 @@ impl PrivateRabbitMq {
         false
     }
 
+    /// Raises a disk alarm on the node (a free-disk limit above any disk), or lowers it again
+    /// to RabbitMQ's default: while it lasts the node blocks every publishing connection.
+    pub fn disk_alarm(&self, on: bool) {
+        let limit = if on { "1000000GB" } else { "50MB" };
+        assert!(
+            self.ctl(&["set_disk_free_limit", limit]),
+            "rabbitmqctl set_disk_free_limit {limit}"
+        );
+    }
+
     /// Stops the node; its clients' connections are closed.
     pub fn stop(&self) {
         assert!(self.ctl(&["stop"]), "rabbitmqctl stop {}", self.node);

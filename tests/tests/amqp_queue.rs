@@ -17,8 +17,8 @@ use fleetrun_common::queue::{
     Consumer, DeadLetterHold, Delivery, Depth, Disposition, Queue, QueueError, QueueOptions,
 };
 use fleetrun_common::testing::random_suffix;
-use fleetrun_tests::output_within;
 use fleetrun_tests::services::amqp_url;
+use fleetrun_tests::{PrivateRabbitMq, output_within};
 use futures::StreamExt;
 
 /// The RabbitMQ node `scripts/services.sh` starts, for `rabbitmqctl -n`.
@@ -542,4 +542,47 @@ async fn wait_for_policy(queue: &str, policy: &str) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A broker under a resource alarm blocks publishing: the queue names the alarm while it
+/// lasts (and logs it), and the publish that waited goes through once it clears. On a broker
+/// of the test's own: the alarm would hold every other test's publishes.
+#[tokio::test]
+async fn a_broker_blocking_publishes_is_named_until_its_alarm_clears() {
+    let broker = PrivateRabbitMq::start();
+    let q = AmqpQueue::connect(&broker.url(), &pool(), QueueOptions::default(), None)
+        .await
+        .expect("connect to the private broker");
+    q.open_lane(LANE).await.unwrap();
+    assert_eq!(q.blocked(), None);
+    broker.disk_alarm(true);
+    let publishing = tokio::spawn({
+        let q = q.clone();
+        async move { q.publish(LANE, b"waits".to_vec()).await }
+    });
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let reason = loop {
+        if let Some(reason) = q.blocked() {
+            break reason;
+        }
+        assert!(!publishing.is_finished(), "published under a disk alarm");
+        assert!(tokio::time::Instant::now() < deadline, "never said blocked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(reason.contains("disk"), "{reason}");
+    broker.disk_alarm(false);
+    tokio::time::timeout(PATIENCE, publishing)
+        .await
+        .expect("published once the alarm cleared")
+        .unwrap()
+        .expect("confirmed");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while q.blocked().is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "still said blocked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut c = q.consume(LANE, 1).await.unwrap();
+    let d = next(&mut c).await;
+    assert_eq!(&d.body[..], b"waits");
+    assert!(d.settle(Disposition::Ack).await.unwrap());
 }

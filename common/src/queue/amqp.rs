@@ -64,7 +64,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::{
     Acker, Consumer, DeadLetter, DeadLetterHold, Delivery, Depth, Disposition, Queue, QueueError,
@@ -169,7 +169,13 @@ struct Shared {
     consumers: AtomicU64,
     /// Publishes the broker refused (nacked), each published again.
     refused: AtomicU64,
+    /// Why the broker blocks this connection's publishes, while it does.
+    blocked: Blocked,
 }
+
+/// The broker's reason while it blocks a connection (`connection.blocked`: a memory or disk
+/// alarm on the broker); publishes wait until it lifts.
+type Blocked = Arc<Mutex<Option<String>>>;
 
 /// A long-lived channel, reopened when it dies.
 struct Slot {
@@ -222,7 +228,8 @@ impl AmqpQueue {
             .map(|base| Management::new(base, &vhost))
             .transpose()?;
         let connection_name = format!("fleetrun {pool} pid {}", std::process::id());
-        let connection = connect(url, &connection_name).await?;
+        let blocked = Blocked::default();
+        let connection = connect(url, &connection_name, &blocked).await?;
         let shared = Shared {
             url: url.to_owned(),
             pool: pool.to_owned(),
@@ -237,6 +244,7 @@ impl AmqpQueue {
             management,
             consumers: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            blocked,
         };
         shared.declare().await?;
         shared
@@ -276,6 +284,16 @@ impl AmqpQueue {
             .filter_map(|name| name.strip_prefix(&prefix))
             .map(str::to_owned)
             .collect())
+    }
+
+    /// Why the broker blocks this connection's publishes (a memory or disk alarm on the
+    /// broker), while it does: a publish waits until the alarm clears.
+    pub fn blocked(&self) -> Option<String> {
+        self.shared
+            .blocked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The dead-letter queue's name.
@@ -356,7 +374,7 @@ async fn consumer_qos(channel: &Channel, prefetch: u16) -> lapin::Result<()> {
         .await
 }
 
-async fn connect(url: &str, name: &str) -> Result<Connection, QueueError> {
+async fn connect(url: &str, name: &str, blocked: &Blocked) -> Result<Connection, QueueError> {
     // lapin retries each TCP connection with this backoff, the first one included; its
     // default (1 s to 60 s, 16 times) would make a down broker hang a caller ~11 min. This
     // gives up after ~30 s; a later call reconnects again (`Shared::open_channel`).
@@ -369,9 +387,33 @@ async fn connect(url: &str, name: &str) -> Result<Connection, QueueError> {
         .with_connection_name(name.into())
         .enable_auto_recover()
         .with_backoff(backoff);
-    Connection::connect(url, properties)
+    let connection = Connection::connect(url, properties)
         .await
-        .map_err(backend("connect to RabbitMQ"))
+        .map_err(backend("connect to RabbitMQ"))?;
+    tokio::spawn(watch_blocked(connection.events_listener(), blocked.clone()));
+    Ok(connection)
+}
+
+/// Follows the broker blocking and unblocking a connection, saying so: a publish that waits
+/// on a broker's resource alarm would otherwise wait without a word. Ends with the connection.
+async fn watch_blocked(
+    mut events: impl futures::Stream<Item = lapin::Event> + Unpin,
+    blocked: Blocked,
+) {
+    while let Some(event) = events.next().await {
+        let now = match event {
+            lapin::Event::ConnectionBlocked(reason) => {
+                warn!(reason = %reason, "RabbitMQ blocks publishing until its resource alarm clears (free disk or memory on the broker); publishes wait.");
+                Some(reason)
+            }
+            lapin::Event::ConnectionUnblocked => {
+                info!("RabbitMQ publishes again: its resource alarm cleared.");
+                None
+            }
+            _ => continue,
+        };
+        *blocked.lock().unwrap_or_else(|p| p.into_inner()) = now;
+    }
 }
 
 fn backend(what: &'static str) -> impl Fn(lapin::Error) -> QueueError {
@@ -582,7 +624,7 @@ impl Shared {
         let status = connection.status();
         if status.closed() || status.errored() {
             warn!(pool = %self.pool, "RabbitMQ connection lost; reconnecting.");
-            *connection = connect(&self.url, &self.connection_name)
+            *connection = connect(&self.url, &self.connection_name, &self.blocked)
                 .await
                 .map_err(|e| lapin::Error::from(std::io::Error::other(e.to_string())))?;
         }
