@@ -80,6 +80,10 @@ pub struct JobFile {
     /// Worker machines to run on (at least 1).
     #[serde(default = "default::node_count")]
     pub node_count: i64,
+    /// 0 to 9: a pool's nodes give their runners to the jobs of the highest priority that
+    /// have work first, and share them evenly among jobs of the same priority.
+    #[serde(default)]
+    pub priority: i64,
     /// Runner processes per node (1–1024); unset = 1 on a GPU machine, the number of cores
     /// otherwise.
     pub process_count_per_node: Option<i64>,

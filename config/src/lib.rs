@@ -88,6 +88,10 @@ pub struct JobSpec {
     pub run_invocation_timeout: u64,
     /// Worker machines to run on (at least 1).
     pub node_count: u32,
+    /// 0 to 9: the jobs of a pool with work and the highest priority get its runners first.
+    /// A job recorded before this field has 0.
+    #[serde(default)]
+    pub priority: u8,
     /// Runner processes per node; `None` = 1 on a GPU machine, the number of cores otherwise.
     pub process_count_per_node: Option<u32>,
     /// The level of the script's `EntryScript().logger` and of fleetrun's own logs.

@@ -20,6 +20,8 @@ use crate::{
 const MAX_SECONDS: i64 = 365 * 24 * 60 * 60;
 const MAX_RUN_MAX_TRY: i64 = 100;
 const MAX_PROCESS_COUNT_PER_NODE: i64 = 1024;
+/// The highest job priority.
+const MAX_PRIORITY: i64 = 9;
 
 const NAME_RULE: &str = "must be 3-32 characters matching ^[a-z]([-a-z0-9]*[a-z0-9])?$";
 
@@ -99,6 +101,7 @@ impl JobFile {
         let run_invocation_timeout =
             seconds("run_invocation_timeout", self.run_invocation_timeout, 1)?;
         let node_count = int_in("node_count", self.node_count, 1..=u32::MAX.into())?;
+        let priority = int_in("priority", self.priority, 0..=MAX_PRIORITY)?;
         let process_count_per_node = self
             .process_count_per_node
             .map(|n| int_in("process_count_per_node", n, 1..=MAX_PROCESS_COUNT_PER_NODE))
@@ -148,6 +151,7 @@ impl JobFile {
             isolate_failures: self.isolate_failures,
             run_invocation_timeout,
             node_count,
+            priority,
             process_count_per_node,
             logging_level,
             resource_monitor_interval,

@@ -118,6 +118,7 @@ run_max_try = 5
 isolate_failures = false
 run_invocation_timeout = 120
 node_count = 2
+priority = 3
 process_count_per_node = 8
 logging_level = "debug"
 resource_monitor_interval = 0
@@ -185,6 +186,7 @@ path = "./results/../out"
         isolate_failures: false,
         run_invocation_timeout: 120,
         node_count: 2,
+        priority: 3,
         process_count_per_node: Some(8),
         logging_level: LoggingLevel::Debug,
         resource_monitor_interval: 0,
@@ -234,6 +236,7 @@ fn a_minimal_job_file_gets_the_defaults() {
         isolate_failures: true,
         run_invocation_timeout: 60,
         node_count: 1,
+        priority: 0,
         process_count_per_node: None,
         logging_level: LoggingLevel::Info,
         resource_monitor_interval: 600,
@@ -412,6 +415,7 @@ fn number_ranges() {
         "run_max_try = 101 → run_max_try: must be between 1 and 100 (got 101)",
         "run_invocation_timeout = 0 → run_invocation_timeout: must be between 1 and 31536000 (got 0)",
         "node_count = 0 → node_count: must be between 1 and 4294967295 (got 0)",
+        "priority = 10 → priority: must be between 0 and 9 (got 10)",
         "process_count_per_node = 0 → process_count_per_node: must be between 1 and 1024 (got 0)",
         "process_count_per_node = 1025 → process_count_per_node: must be between 1 and 1024 (got 1025)",
         "resource_monitor_interval = -1 → resource_monitor_interval: must be between 0 and 31536000 (got -1)",

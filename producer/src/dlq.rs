@@ -214,7 +214,8 @@ pub async fn replay(fleet: &Fleet, select: &Select) -> Result<Vec<Settled>, DlqE
             Ok(note) => {
                 // Confirmed before the dead letter goes: a crash in between leaves a copy
                 // too many, never none.
-                fleet.queue.publish(body).await?;
+                let lane = view.job.as_deref().unwrap_or_default();
+                fleet.queue.publish(lane, body).await?;
                 hold.remove(i).await?;
                 settled.push(Settled {
                     id,
@@ -239,14 +240,16 @@ async fn replayable(
     view: &DeadLetterView,
 ) -> Result<Result<Option<String>, String>, DlqError> {
     let (Some(job), Some(index)) = (&view.job, view.mini_batch) else {
-        return Ok(Ok(Some(
-            "does not decode here: published back as it is, for workers that read it".into(),
-        )));
+        // Each job's mini-batches have a queue of their own: one that does not say its job
+        // has none to go back to.
+        return Ok(Err(
+            "does not decode here, so no job's queue can take it back; purge it".into(),
+        ));
     };
     let Some(status) = fleet.ledger.status(job).await? else {
-        return Ok(Ok(Some(format!(
-            "job {job} is unknown to this pool's ledger: published back as it is"
-        ))));
+        return Ok(Err(format!(
+            "job {job} is unknown to this pool's ledger: no worker would take it; purge it"
+        )));
     };
     let run = view.run.unwrap_or(0);
     if run < status.run {
@@ -293,10 +296,10 @@ mod tests {
         crate::fleet::embedded_fleet()
     }
 
-    /// Publishes `body` and rejects it into the dead-letter queue.
-    async fn dead_letter(fleet: &Fleet, body: Vec<u8>) {
-        fleet.queue.publish(body).await.unwrap();
-        let mut consumer = fleet.queue.consume(1).await.unwrap();
+    /// Publishes `body` to `lane` and rejects it into the dead-letter queue.
+    async fn dead_letter(fleet: &Fleet, lane: &str, body: Vec<u8>) {
+        fleet.queue.publish(lane, body).await.unwrap();
+        let mut consumer = fleet.queue.consume(lane, 1).await.unwrap();
         let delivery = consumer.next().await.unwrap();
         delivery.settle(Disposition::DeadLetter).await.unwrap();
     }
@@ -312,7 +315,12 @@ mod tests {
         fleet.ledger.seal(job, 2).await.unwrap();
         let outcome = Outcome::all_failed(1);
         fleet.ledger.record(job, 0, outcome, None).await.unwrap();
-        dead_letter(fleet, MiniBatch::new(job, 0, vec!["a.txt".into()]).encode()).await;
+        dead_letter(
+            fleet,
+            job,
+            MiniBatch::new(job, 0, vec!["a.txt".into()]).encode(),
+        )
+        .await;
     }
 
     fn only(settled: &[Settled]) -> (&str, &str, Option<&str>) {
@@ -334,7 +342,7 @@ mod tests {
             (status.done, status.batches_failed, status.items_failed),
             (0, 0, 0)
         );
-        let depth = fleet.queue.depth().await.unwrap();
+        let depth = fleet.queue.depth(&["run".to_owned()]).await.unwrap();
         assert_eq!((depth.ready, depth.dead), (1, 0));
     }
 
@@ -353,7 +361,8 @@ mod tests {
             assert_eq!(action, "refused");
             assert!(why.unwrap().contains(hint), "{why:?}");
         }
-        let depth = fleet.queue.depth().await.unwrap();
+        let lanes = ["failed".to_owned(), "done".to_owned()];
+        let depth = fleet.queue.depth(&lanes).await.unwrap();
         assert_eq!((depth.ready, depth.dead), (0, 2));
         let settled = purge(&fleet, &Select::Job("done".into())).await.unwrap();
         assert_eq!(only(&settled), ("done:0", "purged", None));
@@ -365,25 +374,23 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_unknown_job_or_an_undecodable_message_goes_back_as_it_is() {
+    async fn an_unknown_job_or_an_undecodable_message_is_refused_and_stays() {
         let fleet = fleet();
         let stranger = MiniBatch::new("stranger", 3, vec!["x".into()]).encode();
-        dead_letter(&fleet, stranger.clone()).await;
-        dead_letter(&fleet, b"\xc1 garbage".to_vec()).await;
+        dead_letter(&fleet, "stranger", stranger).await;
+        dead_letter(&fleet, "stranger", b"\xc1 garbage".to_vec()).await;
         let views = list(&fleet, None).await.unwrap();
         assert_eq!(views[0].id, "stranger:3");
         assert!(views[1].id.starts_with("raw-"), "{}", views[1].id);
         assert_eq!(views[1].bytes, 9);
         let settled = replay(&fleet, &Select::All).await.unwrap();
+        assert!(settled.iter().all(|s| s.action == "refused"), "{settled:?}");
         assert!(
-            settled.iter().all(|s| s.action == "replayed"),
-            "{settled:?}"
+            settled
+                .iter()
+                .all(|s| s.why.as_deref().is_some_and(|w| w.contains("purge it")))
         );
-        let mut consumer = fleet.queue.consume(2).await.unwrap();
-        let first = consumer.next().await.unwrap();
-        assert_eq!(&first.body[..], &stranger[..]);
-        let second = consumer.next().await.unwrap();
-        assert_eq!(&second.body[..], b"\xc1 garbage");
-        assert_eq!(fleet.queue.depth().await.unwrap().dead, 0);
+        assert_eq!(fleet.queue.ready("stranger").await.unwrap(), 0);
+        assert_eq!(fleet.queue.depth(&[]).await.unwrap().dead, 2);
     }
 }

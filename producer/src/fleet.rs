@@ -77,6 +77,8 @@ pub enum FleetError {
     Storage(#[from] StorageError),
     #[error(transparent)]
     Job(#[from] JobError),
+    #[error("the broker: {0}")]
+    Broker(#[from] QueueError),
 }
 
 impl FleetError {
@@ -370,6 +372,8 @@ async fn publish_to(
 ) -> Result<(), FleetError> {
     let job = &registered.job;
     let spec = &registered.record.spec;
+    // Made before the first publish, so that publishes in flight together keep their order.
+    queue.open_lane(job).await?;
     let input = job::open_input(spec, &fleet.s3).await?;
     // Stop publishing as soon as the job stops (threshold, cancel); meanwhile tell the
     // ledger how far publication has come.
@@ -682,11 +686,15 @@ pub(crate) struct Discard;
 
 #[async_trait::async_trait]
 impl Queue for Discard {
-    async fn publish(&self, _body: Vec<u8>) -> Result<(), QueueError> {
+    async fn open_lane(&self, _lane: &str) -> Result<(), QueueError> {
         Ok(())
     }
 
-    async fn consume(&self, _prefetch: u16) -> Result<Box<dyn Consumer>, QueueError> {
+    async fn publish(&self, _lane: &str, _body: Vec<u8>) -> Result<(), QueueError> {
+        Ok(())
+    }
+
+    async fn consume(&self, _lane: &str, _prefetch: u16) -> Result<Box<dyn Consumer>, QueueError> {
         Err(QueueError::Closed)
     }
 
@@ -694,13 +702,27 @@ impl Queue for Discard {
         Err(QueueError::Closed)
     }
 
-    async fn depth(&self) -> Result<Depth, QueueError> {
+    async fn ready(&self, _lane: &str) -> Result<u64, QueueError> {
+        Ok(0)
+    }
+
+    async fn depth(&self, _lanes: &[String]) -> Result<Depth, QueueError> {
         Ok(Depth::default())
+    }
+
+    async fn close_lane(&self, _lane: &str) -> Result<(), QueueError> {
+        Ok(())
     }
 
     async fn hold_dead(&self, _limit: usize) -> Result<Box<dyn DeadLetterHold>, QueueError> {
         Err(QueueError::Closed)
     }
+}
+
+/// The pool's queue: the mini-batches of its unfinished jobs, and its dead letters.
+pub async fn pool_depth(fleet: &Fleet) -> Result<Depth, FleetError> {
+    let lanes = fleet.registry.unfinished(&fleet.pool).await?;
+    Ok(fleet.queue.depth(&lanes).await?)
 }
 
 /// Settles what the input is before the job is registered: its folder's `MLTable` file
@@ -845,7 +867,7 @@ pub async fn summary(fleet: &Fleet, job: &str) -> Result<Option<JobSummary>, Fle
         return Ok(None);
     };
     let depth = if record.pool == fleet.pool {
-        fleet.queue.depth().await.ok()
+        pool_depth(fleet).await.ok()
     } else {
         None
     };
@@ -1006,7 +1028,7 @@ mod tests {
         // The submitter sees it at its next beat (time is paused: this waits for nothing).
         tokio::time::sleep(CREATED_EVERY * 2).await;
         // Take what is queued until the submitter stops.
-        let mut consumer = fleet.queue.consume(200).await.unwrap();
+        let mut consumer = fleet.queue.consume("cut-1", 200).await.unwrap();
         taking(&mut *consumer, publisher).await.unwrap();
         assert_eq!(
             fleet.ledger.status("cut-1").await.unwrap().unwrap().total,

@@ -213,7 +213,7 @@ pub async fn publish_files(
             );
             produced.made(&batch);
             let body = batch.encode();
-            in_flight.push_back(async move { queue.publish(body).await.map(|()| count) });
+            in_flight.push_back(async move { queue.publish(job, body).await.map(|()| count) });
             index += 1;
             // Count what the queue confirmed; wait only when the window is full.
             while let Some(Some(published)) = in_flight.next().now_or_never() {
@@ -253,7 +253,7 @@ pub async fn publish_items(
         }
         let batch = MiniBatch::new(job, index, chunk.to_vec());
         produced.made(&batch);
-        queue.publish(batch.encode()).await?;
+        queue.publish(job, batch.encode()).await?;
         produced.confirmed(chunk.len() as u64);
         index += 1;
     }
@@ -304,7 +304,7 @@ pub async fn publish_partitioned_files(
         let mut batch = MiniBatch::new(job, index, items);
         batch.partition = Some(keys.iter().cloned().zip(values).collect());
         produced.made(&batch);
-        queue.publish(batch.encode()).await?;
+        queue.publish(job, batch.encode()).await?;
         produced.confirmed(count);
         index += 1;
     }
@@ -322,14 +322,14 @@ mod tests {
     use super::*;
 
     async fn drain(queue: &MemoryQueue, n: u64) -> Vec<MiniBatch> {
-        let mut consumer = queue.consume(100).await.unwrap();
+        let mut consumer = queue.consume("j", 100).await.unwrap();
         let mut out = Vec::new();
         for _ in 0..n {
             let d = consumer.next().await.unwrap();
             out.push(MiniBatch::decode(&d.body).unwrap());
             d.settle(Disposition::Ack).await.unwrap();
         }
-        assert_eq!(queue.depth().await.unwrap().ready, 0);
+        assert_eq!(queue.ready("j").await.unwrap(), 0);
         out
     }
 
@@ -438,7 +438,7 @@ mod tests {
                 .await
             })
         };
-        let mut consumer = queue.consume(1).await.unwrap();
+        let mut consumer = queue.consume("j", 1).await.unwrap();
         let first = consumer.next().await.unwrap();
         // With one message out and three waiting, the producer cannot be far ahead.
         tokio::task::yield_now().await;
@@ -532,7 +532,7 @@ mod tests {
             e.to_string().contains("\"README.md\" does not match"),
             "{e}"
         );
-        assert_eq!(queue.depth().await.unwrap().ready, 0);
+        assert_eq!(queue.ready("j").await.unwrap(), 0);
     }
 
     fn strings(items: &[&str]) -> Vec<String> {

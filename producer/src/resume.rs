@@ -123,7 +123,11 @@ pub struct Unfinished {
 
 #[async_trait]
 impl Queue for Unfinished {
-    async fn publish(&self, body: Vec<u8>) -> Result<(), QueueError> {
+    async fn open_lane(&self, lane: &str) -> Result<(), QueueError> {
+        self.queue.open_lane(lane).await
+    }
+
+    async fn publish(&self, lane: &str, body: Vec<u8>) -> Result<(), QueueError> {
         match MiniBatch::decode(&body) {
             Ok(batch) if self.done.contains(&batch.index) => Ok(()),
             Ok(batch) if self.run > 0 => {
@@ -131,22 +135,30 @@ impl Queue for Unfinished {
                     run: self.run,
                     ..batch
                 };
-                self.queue.publish(batch.encode()).await
+                self.queue.publish(lane, batch.encode()).await
             }
-            _ => self.queue.publish(body).await,
+            _ => self.queue.publish(lane, body).await,
         }
     }
 
-    async fn consume(&self, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError> {
-        self.queue.consume(prefetch).await
+    async fn consume(&self, lane: &str, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError> {
+        self.queue.consume(lane, prefetch).await
     }
 
     async fn consume_dead(&self, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError> {
         self.queue.consume_dead(prefetch).await
     }
 
-    async fn depth(&self) -> Result<Depth, QueueError> {
-        self.queue.depth().await
+    async fn ready(&self, lane: &str) -> Result<u64, QueueError> {
+        self.queue.ready(lane).await
+    }
+
+    async fn depth(&self, lanes: &[String]) -> Result<Depth, QueueError> {
+        self.queue.depth(lanes).await
+    }
+
+    async fn close_lane(&self, lane: &str) -> Result<(), QueueError> {
+        self.queue.close_lane(lane).await
     }
 
     async fn hold_dead(&self, limit: usize) -> Result<Box<dyn DeadLetterHold>, QueueError> {

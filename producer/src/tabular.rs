@@ -170,9 +170,9 @@ impl<'a> Publisher<'a> {
         batch.partition = partition;
         self.produced.made(&batch);
         let body = batch.encode();
-        let queue = self.queue;
+        let (queue, job) = (self.queue, self.job);
         self.in_flight
-            .push_back(async move { queue.publish(body).await.map(|()| rows) }.boxed());
+            .push_back(async move { queue.publish(job, body).await.map(|()| rows) }.boxed());
         self.index += 1;
         while let Some(Some(published)) = self.in_flight.next().now_or_never() {
             self.produced.confirmed(published?);

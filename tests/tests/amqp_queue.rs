@@ -30,6 +30,9 @@ fn management_url() -> String {
         .unwrap_or_else(|_| "http://guest:guest@127.0.0.1:15673".to_owned())
 }
 
+/// The lane (a job's queue) the cases of this file use.
+const LANE: &str = "t";
+
 fn pool() -> String {
     format!("test-{}", random_suffix())
 }
@@ -59,20 +62,35 @@ struct Scoped {
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, QueueError>> + Send + 'a>>;
 
 impl Queue for Scoped {
-    fn publish<'s, 'f>(&'s self, body: Vec<u8>) -> BoxFuture<'f, ()>
+    fn open_lane<'s, 'l, 'f>(&'s self, lane: &'l str) -> BoxFuture<'f, ()>
     where
         's: 'f,
+        'l: 'f,
         Self: 'f,
     {
-        self.queue.publish(body)
+        self.queue.open_lane(lane)
     }
 
-    fn consume<'s, 'f>(&'s self, prefetch: u16) -> BoxFuture<'f, Box<dyn Consumer>>
+    fn publish<'s, 'l, 'f>(&'s self, lane: &'l str, body: Vec<u8>) -> BoxFuture<'f, ()>
     where
         's: 'f,
+        'l: 'f,
         Self: 'f,
     {
-        self.queue.consume(prefetch)
+        self.queue.publish(lane, body)
+    }
+
+    fn consume<'s, 'l, 'f>(
+        &'s self,
+        lane: &'l str,
+        prefetch: u16,
+    ) -> BoxFuture<'f, Box<dyn Consumer>>
+    where
+        's: 'f,
+        'l: 'f,
+        Self: 'f,
+    {
+        self.queue.consume(lane, prefetch)
     }
 
     fn consume_dead<'s, 'f>(&'s self, prefetch: u16) -> BoxFuture<'f, Box<dyn Consumer>>
@@ -83,12 +101,31 @@ impl Queue for Scoped {
         self.queue.consume_dead(prefetch)
     }
 
-    fn depth<'s, 'f>(&'s self) -> BoxFuture<'f, Depth>
+    fn ready<'s, 'l, 'f>(&'s self, lane: &'l str) -> BoxFuture<'f, u64>
     where
         's: 'f,
+        'l: 'f,
         Self: 'f,
     {
-        self.queue.depth()
+        self.queue.ready(lane)
+    }
+
+    fn depth<'s, 'l, 'f>(&'s self, lanes: &'l [String]) -> BoxFuture<'f, Depth>
+    where
+        's: 'f,
+        'l: 'f,
+        Self: 'f,
+    {
+        self.queue.depth(lanes)
+    }
+
+    fn close_lane<'s, 'l, 'f>(&'s self, lane: &'l str) -> BoxFuture<'f, ()>
+    where
+        's: 'f,
+        'l: 'f,
+        Self: 'f,
+    {
+        self.queue.close_lane(lane)
     }
 
     fn hold_dead<'s, 'f>(&'s self, limit: usize) -> BoxFuture<'f, Box<dyn DeadLetterHold>>
@@ -123,7 +160,7 @@ async fn nothing_more(consumer: &mut Box<dyn Consumer>) {
 async fn wait_depth(q: &AmqpQueue, done: impl Fn(&Depth) -> bool) -> Depth {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        let depth = q.depth().await.unwrap();
+        let depth = q.depth(&[LANE.to_owned()]).await.unwrap();
         if done(&depth) {
             return depth;
         }
@@ -177,7 +214,9 @@ fn close_connection(q: &AmqpQueue) {
 /// the tests need no HTTP client).
 fn delete_pool(pool: &str) {
     for path in [
-        format!("queues/%2F/fleetrun.{pool}.batches"),
+        format!("queues/%2F/fleetrun.{pool}.job.{LANE}"),
+        format!("queues/%2F/fleetrun.{pool}.job.job-a"),
+        format!("queues/%2F/fleetrun.{pool}.job.job-b"),
         format!("queues/%2F/fleetrun.{pool}.dead"),
         format!("queues/%2F/fleetrun.{pool}.dead.inbox"),
         format!("exchanges/%2F/fleetrun.{pool}.dlx"),
@@ -246,10 +285,10 @@ async fn lost_connection_redelivers_and_late_ack_is_refused() {
         },
     )
     .await;
-    q.publish(b"held".to_vec()).await.unwrap();
+    q.publish(LANE, b"held".to_vec()).await.unwrap();
     // Prefetch 2: the held delivery keeps its place until settled, even once its channel is
     // gone (as an agent's slot stays busy until its mini-batch ends).
-    let mut c = q.consume(2).await.unwrap();
+    let mut c = q.consume(LANE, 2).await.unwrap();
     let held = next(&mut c).await;
     assert_eq!(held.attempt, 1);
 
@@ -269,7 +308,7 @@ async fn lost_connection_redelivers_and_late_ack_is_refused() {
     nothing_more(&mut c).await;
 
     // Publishing works on the recovered connection.
-    q.publish(b"after".to_vec()).await.unwrap();
+    q.publish(LANE, b"after".to_vec()).await.unwrap();
     let d = next(&mut c).await;
     assert_eq!((&d.body[..], d.attempt), (&b"after"[..], 1));
     assert!(d.settle(Disposition::Ack).await.unwrap());
@@ -290,8 +329,8 @@ async fn malformed_body_is_dead_lettered_as_rejected() {
     )
     .await;
     let garbage = vec![0xc1, 0xff, 0x00, b'x'];
-    q.publish(garbage.clone()).await.unwrap();
-    let mut c = q.consume(1).await.unwrap();
+    q.publish(LANE, garbage.clone()).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     let d = next(&mut c).await;
     assert_eq!(d.attempt, 1);
     assert!(d.settle(Disposition::DeadLetter).await.unwrap());
@@ -340,16 +379,19 @@ async fn a_thousand_confirmed_messages_arrive_once() {
     )
     .await;
     let published: Vec<_> = futures::stream::iter(0..N)
-        .map(|i| q.publish(i.to_be_bytes().to_vec()))
+        .map(|i| q.publish(LANE, i.to_be_bytes().to_vec()))
         .buffer_unordered(32)
         .collect()
         .await;
     for result in published {
         result.expect("publish confirmed");
     }
-    assert_eq!(q.depth().await.unwrap().ready, u64::from(N));
+    assert_eq!(
+        q.depth(&[LANE.to_owned()]).await.unwrap().ready,
+        u64::from(N)
+    );
 
-    let mut c = q.consume(50).await.unwrap();
+    let mut c = q.consume(LANE, 50).await.unwrap();
     let mut seen = HashSet::new();
     for _ in 0..N {
         let d = next(&mut c).await;
@@ -360,7 +402,7 @@ async fn a_thousand_confirmed_messages_arrive_once() {
     }
     nothing_more(&mut c).await;
     assert_eq!(seen.len(), N as usize);
-    assert_eq!(q.depth().await.unwrap().ready, 0);
+    assert_eq!(q.depth(&[LANE.to_owned()]).await.unwrap().ready, 0);
     drop(c);
     delete_pool(&pool);
 }
@@ -371,13 +413,13 @@ async fn a_thousand_confirmed_messages_arrive_once() {
 async fn consumer_survives_losing_its_subscription() {
     let pool = pool();
     let q = queue(&pool, QueueOptions::default()).await;
-    let mut c = q.consume(1).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     let waiting = tokio::spawn(async move {
         let result = c.next().await;
         (c, result)
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let batches = q.queue_name().to_owned();
+    let batches = q.lane_name(LANE).to_owned();
     tokio::task::spawn_blocking(move || management_delete(&format!("queues/%2F/{batches}")))
         .await
         .unwrap()
@@ -390,7 +432,7 @@ async fn consumer_survives_losing_its_subscription() {
 
     // The queue comes back (any process connecting declares it) and gets a message.
     let q = queue(&pool, QueueOptions::default()).await;
-    q.publish(b"back".to_vec()).await.unwrap();
+    q.publish(LANE, b"back".to_vec()).await.unwrap();
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let d = loop {
         match tokio::time::timeout(PATIENCE, c.next())
@@ -419,8 +461,10 @@ async fn consumer_survives_losing_its_subscription() {
 async fn a_refused_publish_is_retried_until_the_queue_takes_it() {
     let pool = pool();
     let q = queue(&pool, QueueOptions::default()).await;
+    // The lane's queue exists once something consumes (or publishes to) it.
+    drop(q.consume(LANE, 1).await.unwrap());
     let policy = format!("test-full-{pool}");
-    let pattern = format!("^{}$", q.queue_name().replace('.', r"\."));
+    let pattern = format!("^{}$", q.lane_name(LANE).replace('.', r"\."));
     rabbitmqctl(&[
         "set_policy",
         "--apply-to",
@@ -429,16 +473,16 @@ async fn a_refused_publish_is_retried_until_the_queue_takes_it() {
         &pattern,
         r#"{"max-length":1}"#,
     ]);
-    wait_for_policy(q.queue_name(), &policy).await;
+    wait_for_policy(&q.lane_name(LANE), &policy).await;
 
     for body in [b"a", b"b"] {
-        q.publish(body.to_vec())
+        q.publish(LANE, body.to_vec())
             .await
             .expect("not yet over the limit");
     }
     let publishing = tokio::spawn({
         let q = q.clone();
-        async move { q.publish(b"c".to_vec()).await }
+        async move { q.publish(LANE, b"c".to_vec()).await }
     });
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while q.refused_publishes() == 0 {
@@ -449,7 +493,7 @@ async fn a_refused_publish_is_retried_until_the_queue_takes_it() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    let mut c = q.consume(1).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     for body in [b"a", b"b"] {
         let d = next(&mut c).await;
         assert_eq!(&d.body[..], body);
@@ -509,11 +553,12 @@ async fn a_broker_blocking_publishes_is_named_until_its_alarm_clears() {
     let q = AmqpQueue::connect(&broker.url(), &pool(), QueueOptions::default(), None)
         .await
         .expect("connect to the private broker");
+    q.open_lane(LANE).await.unwrap();
     assert_eq!(q.blocked(), None);
     broker.disk_alarm(true);
     let publishing = tokio::spawn({
         let q = q.clone();
-        async move { q.publish(b"waits".to_vec()).await }
+        async move { q.publish(LANE, b"waits".to_vec()).await }
     });
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let reason = loop {
@@ -536,7 +581,7 @@ async fn a_broker_blocking_publishes_is_named_until_its_alarm_clears() {
         assert!(tokio::time::Instant::now() < deadline, "still said blocked");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut c = q.consume(1).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     let d = next(&mut c).await;
     assert_eq!(&d.body[..], b"waits");
     assert!(d.settle(Disposition::Ack).await.unwrap());

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use fleetrun_common::ledger::{JobRegistry, RedisRegistry};
 use fleetrun_common::queue::amqp::AmqpQueue;
-use fleetrun_common::queue::{Queue, QueueOptions};
+use fleetrun_common::queue::{Depth, Queue, QueueOptions};
 use fleetrun_common::storage::Storage;
 use fleetrun_common::storage::s3::{S3Settings, S3Storage};
 use fleetrun_common::testing::random_suffix;
@@ -34,6 +34,8 @@ mod observability;
 mod page;
 #[path = "fleet/resume.rs"]
 mod resume;
+#[path = "fleet/sharing.rs"]
+mod sharing;
 
 fn management_url() -> String {
     std::env::var("FLEETRUN_TEST_AMQP_MANAGEMENT_URL")
@@ -276,7 +278,15 @@ impl Fleet {
         self.runtime.block_on(s3.get(key)).unwrap().to_vec()
     }
 
-    fn queue(&self) -> Arc<dyn Queue> {
+    /// The pool's queue: the lanes the broker holds for it, and its dead letters.
+    fn pool_depth(&self, queue: &AmqpQueue) -> Depth {
+        self.runtime.block_on(async {
+            let lanes = queue.lanes().await.unwrap();
+            queue.depth(&lanes).await.unwrap()
+        })
+    }
+
+    fn queue(&self) -> Arc<AmqpQueue> {
         let (url, pool, mgmt) = (
             self.amqp_url.clone(),
             self.pool.clone(),
@@ -290,7 +300,7 @@ impl Fleet {
                 AmqpQueue::connect(&url, &pool, options, mgmt.as_deref())
                     .await
                     .unwrap(),
-            ) as Arc<dyn Queue>
+            )
         })
     }
 }
@@ -603,7 +613,7 @@ fn threshold_stops_every_worker_and_leaves_nothing_queued() {
         "the job's mini-batches to leave the queue",
         Duration::from_secs(30),
         || {
-            let d = fleet.runtime.block_on(queue.depth()).unwrap();
+            let d = fleet.pool_depth(&queue);
             d.ready == 0 && d.unacked == Some(0)
         },
     );
@@ -643,13 +653,15 @@ fn malformed_message_is_dead_lettered_and_workers_keep_serving() {
     let mut fleet = Fleet::new(ECHO);
     fleet.inputs(20);
     let queue = fleet.queue();
+    // Ahead of the job's own mini-batches, in its queue.
+    let id = format!("malformed-{}", fleet.pool);
     fleet
         .runtime
-        .block_on(queue.publish(b"\xc1 not a mini-batch".to_vec()))
+        .block_on(queue.publish(&id, b"\xc1 not a mini-batch".to_vec()))
         .unwrap();
     fleet.worker("w1", 1);
     let job = fleet.s3_job("mini_batch_size = 4");
-    let out = fleet.submit(&job, &["--wait"]);
+    let out = fleet.submit(&job, &["--wait", "--job-id", &id]);
     assert_eq!(code(&out), 0);
     assert_eq!(
         lines(&fleet.output("out/parallel_run_step.txt")),
@@ -658,7 +670,7 @@ fn malformed_message_is_dead_lettered_and_workers_keep_serving() {
     wait_for(
         "the dead-letter queue to show the message",
         Duration::from_secs(30),
-        || fleet.runtime.block_on(queue.depth()).unwrap().dead == 1,
+        || fleet.pool_depth(&queue).dead == 1,
     );
 }
 
@@ -693,7 +705,7 @@ fn cancel_stops_a_job_and_drops_its_mini_batches() {
         "the canceled job's mini-batches to leave the queue",
         Duration::from_secs(30),
         || {
-            let d = fleet.runtime.block_on(queue.depth()).unwrap();
+            let d = fleet.pool_depth(&queue);
             d.ready == 0 && d.unacked == Some(0)
         },
     );
@@ -2138,7 +2150,7 @@ fn small_default_jobs_all_finish(
             "the idle pool's queue to empty",
             Duration::from_secs(60),
             || {
-                let depth = fleet.runtime.block_on(queue.depth()).unwrap();
+                let depth = fleet.pool_depth(&queue);
                 last = Some(depth);
                 depth.unacked == Some(0) && depth.ready == 0
             },
@@ -3035,7 +3047,7 @@ fn a_misspelled_pool_is_refused_and_declares_no_queue() {
             }
         })
     };
-    for queue in ["batches", "dead", "dead.inbox"] {
+    for queue in ["dead", "dead.inbox"] {
         assert!(
             !declared(queue),
             "{queue} was declared for a misspelled pool"
@@ -3048,5 +3060,5 @@ fn a_misspelled_pool_is_refused_and_declares_no_queue() {
         Duration::from_secs(60),
     );
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(declared("batches"));
+    assert!(declared("dead") && declared("dead.inbox"));
 }

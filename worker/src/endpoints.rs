@@ -77,7 +77,7 @@ async fn health(State(observed): State<Observed>) -> Response {
         }
     };
     let broker = async {
-        match tokio::time::timeout(PROBE_TIMEOUT, observed.queue.depth()).await {
+        match tokio::time::timeout(PROBE_TIMEOUT, observed.queue.depth(&[])).await {
             Ok(Ok(_)) => None,
             Ok(Err(e)) => Some(format!("broker: {}", one_line(&e))),
             Err(_) => Some(format!(

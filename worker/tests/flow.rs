@@ -126,7 +126,7 @@ impl Flow {
             let batches: Vec<_> = names.chunks(size as usize).collect();
             for (index, items) in batches.iter().enumerate() {
                 let batch = MiniBatch::new(JOB, index as u64, items.to_vec());
-                fleet.queue.publish(batch.encode()).await.unwrap();
+                fleet.queue.publish(JOB, batch.encode()).await.unwrap();
             }
             let total = batches.len() as u64;
             fleet.ledger.created(JOB, total).await.unwrap();
@@ -947,7 +947,7 @@ async fn a_dead_lettered_mini_batch_is_recorded_failed() {
     assert_contains(&failed, ",dead-lettered by the broker (delivery_limit)\n");
     // Counted against its job, and kept in the dead-letter queue for operators.
     use fleetrun_common::queue::Queue;
-    assert_eq!(flow.queue.depth().await.unwrap().dead, 1);
+    assert_eq!(flow.queue.depth(&[]).await.unwrap().dead, 1);
     assert_eq!(flow.output(), "f01.txt\n");
 }
 

@@ -1,16 +1,19 @@
-//! The queue on RabbitMQ (a durable quorum queue per worker pool, via lapin).
+//! The queue on RabbitMQ (a durable quorum queue per job of a worker pool, via lapin).
 //!
 //! # Topology
 //!
 //! For a pool `p`, [`AmqpQueue::connect`] declares (idempotently):
-//! - `fleetrun.p.batches`: the mini-batch queue, a durable quorum queue with
-//!   `x-delivery-limit` (when [`QueueOptions::delivery_limit`] is set) and dead-lettering
-//!   `at-least-once` to the exchange below;
 //! - `fleetrun.p.dlx`: a durable fanout exchange;
 //! - `fleetrun.p.dead`: the dead-letter queue bound to it, a durable quorum queue, no limit,
 //!   which nobody consumes: operators count, browse, replay and purge it;
 //! - `fleetrun.p.dead.inbox`: the recorders' copy of every dead letter, bound to the same
-//!   exchange, consumed by the workers ([`Queue::consume_dead`]).
+//!   exchange, consumed by the workers ([`Queue::consume_dead`]);
+//!
+//! and the first publish or consume of a lane (a job) declares its queue:
+//! - `fleetrun.p.job.<job>`: the job's mini-batches, a durable quorum queue with
+//!   `x-delivery-limit` (when [`QueueOptions::delivery_limit`] is set) and dead-lettering
+//!   `at-least-once` to the pool's exchange. [`Queue::close_lane`] deletes it when the job
+//!   has ended.
 //!
 //! Redeclaring a queue with other arguments (another delivery limit) fails with
 //! `PRECONDITION_FAILED`; delete the pool's queues to change them.
@@ -73,9 +76,9 @@ use crate::events::{Events, JobEvent};
 mod names {
     pub const PREFIX: &str = "fleetrun";
 
-    /// The mini-batch queue of a pool.
-    pub fn batches(pool: &str) -> String {
-        format!("{PREFIX}.{pool}.batches")
+    /// The queue of one job (a lane) of a pool.
+    pub fn lane(pool: &str, lane: &str) -> String {
+        format!("{PREFIX}.{pool}.job.{lane}")
     }
 
     /// The dead-letter exchange of a pool.
@@ -151,9 +154,10 @@ struct Shared {
     pool: String,
     options: QueueOptions,
     connection_name: String,
-    batches: String,
     dead: String,
     inbox: String,
+    /// The lanes this process has declared (or found declared), by queue name.
+    lanes: Mutex<std::collections::HashSet<String>>,
     /// Replaced when the connection is lost for good (auto-recovery gave up).
     connection: tokio::sync::Mutex<Connection>,
     /// The publishing channel, in confirm mode.
@@ -231,9 +235,9 @@ impl AmqpQueue {
             pool: pool.to_owned(),
             options,
             connection_name,
-            batches: names::batches(pool),
             dead: names::dead(pool),
             inbox: names::inbox(pool),
+            lanes: Mutex::default(),
             connection: tokio::sync::Mutex::new(connection),
             publisher: Slot::new(true),
             admin: Slot::new(false),
@@ -262,6 +266,26 @@ impl AmqpQueue {
         self.shared.refused.load(Ordering::Relaxed)
     }
 
+    /// The queue name of a lane (a job's mini-batches).
+    pub fn lane_name(&self, lane: &str) -> String {
+        names::lane(&self.shared.pool, lane)
+    }
+
+    /// Every lane of the pool the broker holds, from the management API (an error without
+    /// it): for operators' tools and tests, which may not know the pool's jobs.
+    pub async fn lanes(&self) -> Result<Vec<String>, QueueError> {
+        let management = self.shared.management.as_ref().ok_or_else(|| {
+            QueueError::Backend("listing queues needs the management API".to_owned())
+        })?;
+        let prefix = names::lane(&self.shared.pool, "");
+        let names = management.queue_names().await?;
+        Ok(names
+            .iter()
+            .filter_map(|name| name.strip_prefix(&prefix))
+            .map(str::to_owned)
+            .collect())
+    }
+
     /// Why the broker blocks this connection's publishes (a memory or disk alarm on the
     /// broker), while it does: a publish waits until the alarm clears.
     pub fn blocked(&self) -> Option<String> {
@@ -270,11 +294,6 @@ impl AmqpQueue {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-    }
-
-    /// The mini-batch queue's name.
-    pub fn queue_name(&self) -> &str {
-        &self.shared.batches
     }
 
     /// The dead-letter queue's name.
@@ -287,15 +306,19 @@ impl AmqpQueue {
         &self.shared.inbox
     }
 
-    /// Deletes the pool's queues and dead-letter exchange, with whatever they hold: for
-    /// retiring a pool (and for tests, which each use a pool of their own).
+    /// Deletes the pool's dead-letter queue and exchange and the lanes this handle knows,
+    /// with whatever they hold: for retiring a pool (and for tests, which each use a pool of
+    /// their own).
     pub async fn delete(&self) -> Result<(), QueueError> {
         let channel = self
             .shared
             .open_channel()
             .await
             .map_err(backend("open a channel"))?;
-        for queue in [&self.shared.batches, &self.shared.dead, &self.shared.inbox] {
+        let mut queues: Vec<String> = self.shared.known_lanes().into_iter().collect();
+        queues.push(self.shared.dead.clone());
+        queues.push(self.shared.inbox.clone());
+        for queue in &queues {
             channel
                 .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                 .await
@@ -313,14 +336,10 @@ impl AmqpQueue {
 
     async fn consumer(
         &self,
+        queue: String,
         prefetch: u16,
         dead_letters: bool,
     ) -> Result<Box<dyn Consumer>, QueueError> {
-        let queue = if dead_letters {
-            self.shared.inbox.clone()
-        } else {
-            self.shared.batches.clone()
-        };
         let channel = self
             .shared
             .retrying("open a consumer channel", None, |channel| async move {
@@ -408,7 +427,7 @@ impl Shared {
     /// connection. A nacked message may still have been enqueued; a second copy of a
     /// mini-batch costs a run, never an output row, because the ledger counts the first.
     /// `spent`: attempts the message had before (set on a copy of one given back untried).
-    async fn publish(&self, body: &[u8], spent: u32) -> Result<(), QueueError> {
+    async fn publish(&self, queue: &str, body: &[u8], spent: u32) -> Result<(), QueueError> {
         let shared = self;
         let mut delays = retry_backoff();
         loop {
@@ -425,13 +444,7 @@ impl Shared {
                         properties = properties.with_headers(headers);
                     }
                     channel
-                        .basic_publish(
-                            "".into(),
-                            shared.batches.as_str().into(),
-                            options,
-                            body,
-                            properties,
-                        )
+                        .basic_publish("".into(), queue.into(), options, body, properties)
                         .await?
                         .await
                 })
@@ -439,7 +452,7 @@ impl Shared {
             match confirmation {
                 Confirmation::Ack(None) => return Ok(()),
                 Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
-                    return Err(QueueError::Refused(format!(
+                    return Err(QueueError::Returned(format!(
                         "returned by the broker: {} {}",
                         returned.reply_code, returned.reply_text
                     )));
@@ -448,8 +461,7 @@ impl Shared {
                     shared.refused.fetch_add(1, Ordering::Relaxed);
                     let Some(delay) = delays.next() else {
                         return Err(QueueError::Refused(format!(
-                            "{} kept refusing the message (full, or no quorum)",
-                            shared.batches
+                            "{queue} kept refusing the message (full, or no quorum)"
                         )));
                     };
                     warn!(pool = %shared.pool, ?delay, "RabbitMQ refused a message; publishing it again.");
@@ -551,26 +563,59 @@ impl Shared {
                 .map_err(backend("bind a dead-letter queue"))?;
         }
 
-        let mut arguments = quorum;
+        Ok(())
+    }
+
+    /// The arguments of a lane's queue: the pool's delivery limit and dead-lettering.
+    fn lane_arguments(&self) -> FieldTable {
+        let mut arguments = FieldTable::default();
+        arguments.insert(names::QUEUE_TYPE.into(), long_string("quorum"));
         if let Some(limit) = self.options.delivery_limit {
             let limit = i32::try_from(limit).unwrap_or(i32::MAX);
             arguments.insert(names::DELIVERY_LIMIT.into(), AMQPValue::LongInt(limit));
         }
-        arguments.insert(names::DEAD_LETTER_EXCHANGE.into(), long_string(&dlx));
+        arguments.insert(
+            names::DEAD_LETTER_EXCHANGE.into(),
+            long_string(&names::dlx(&self.pool)),
+        );
         arguments.insert(
             names::DEAD_LETTER_STRATEGY.into(),
             long_string("at-least-once"),
         );
         arguments.insert(names::OVERFLOW.into(), long_string("reject-publish"));
-        channel
-            .queue_declare(
-                self.batches.as_str().into(),
-                QueueDeclareOptions::durable(),
-                arguments,
-            )
-            .await
-            .map_err(backend("declare the mini-batch queue"))?;
-        Ok(())
+        arguments
+    }
+
+    /// The lane's queue, declared once per process (idempotent on the broker).
+    async fn lane(&self, lane: &str) -> Result<String, QueueError> {
+        let queue = names::lane(&self.pool, lane);
+        if self.lock_lanes().contains(&queue) {
+            return Ok(queue);
+        }
+        let arguments = self.lane_arguments();
+        self.retrying("declare a job's queue", Some(&self.admin), |channel| {
+            let (queue, arguments) = (&queue, arguments.clone());
+            async move {
+                channel
+                    .queue_declare(
+                        queue.as_str().into(),
+                        QueueDeclareOptions::durable(),
+                        arguments,
+                    )
+                    .await
+            }
+        })
+        .await?;
+        self.lock_lanes().insert(queue.clone());
+        Ok(queue)
+    }
+
+    fn lock_lanes(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.lanes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn known_lanes(&self) -> Vec<String> {
+        self.lock_lanes().iter().cloned().collect()
     }
 
     /// Opens a channel, reconnecting first when the connection is gone for good.
@@ -658,21 +703,40 @@ impl Shared {
         }
     }
 
-    /// Messages ready in `queue`, exactly, from a passive declare.
-    async fn ready(&self, queue: &str) -> Result<u64, QueueError> {
+    /// Messages ready in `queue`, exactly, from a passive declare; `None` when the queue
+    /// does not exist.
+    async fn ready(&self, queue: &str) -> Result<Option<u64>, QueueError> {
         let passive = QueueDeclareOptions {
             passive: true,
             ..Default::default()
         };
         let declared = self
             .retrying("count messages", Some(&self.admin), |channel| async move {
-                channel
+                match channel
                     .queue_declare(queue.into(), passive, FieldTable::default())
                     .await
+                {
+                    Ok(declared) => Ok(Some(declared)),
+                    // NOT_FOUND closes the channel: the next use opens another.
+                    Err(e) if not_found(&e) => {
+                        self.admin.discard(&channel);
+                        Ok(None)
+                    }
+                    Err(e) => Err(e),
+                }
             })
             .await?;
-        Ok(u64::from(declared.message_count()))
+        Ok(declared.map(|d| u64::from(d.message_count())))
     }
+}
+
+/// The broker's 404: no such queue.
+fn not_found(error: &lapin::Error) -> bool {
+    matches!(
+        error.kind(),
+        lapin::ErrorKind::ProtocolError(e)
+            if matches!(e.kind(), lapin::protocol::AMQPErrorKind::Soft(lapin::protocol::AMQPSoftError::NOTFOUND))
+    )
 }
 
 fn long_string(s: &str) -> AMQPValue {
@@ -688,34 +752,82 @@ impl Events for AmqpQueue {
 
 #[async_trait]
 impl Queue for AmqpQueue {
-    async fn publish(&self, body: Vec<u8>) -> Result<(), QueueError> {
-        self.shared.publish(&body, 0).await
+    async fn open_lane(&self, lane: &str) -> Result<(), QueueError> {
+        self.shared.lane(lane).await.map(drop)
     }
 
-    async fn consume(&self, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError> {
-        self.consumer(prefetch, false).await
+    async fn publish(&self, lane: &str, body: Vec<u8>) -> Result<(), QueueError> {
+        let queue = self.shared.lane(lane).await?;
+        match self.shared.publish(&queue, &body, 0).await {
+            // Deleted since this process declared it (its job ended, and was resumed):
+            // declare it again, once.
+            Err(QueueError::Returned(_)) => {
+                self.shared.lock_lanes().remove(&queue);
+                let queue = self.shared.lane(lane).await?;
+                self.shared.publish(&queue, &body, 0).await
+            }
+            published => published,
+        }
+    }
+
+    async fn consume(&self, lane: &str, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError> {
+        let queue = self.shared.lane(lane).await?;
+        self.consumer(queue, prefetch, false).await
     }
 
     async fn consume_dead(&self, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError> {
-        self.consumer(prefetch, true).await
+        self.consumer(self.shared.inbox.clone(), prefetch, true)
+            .await
     }
 
-    async fn depth(&self) -> Result<Depth, QueueError> {
+    async fn ready(&self, lane: &str) -> Result<u64, QueueError> {
+        let queue = names::lane(&self.shared.pool, lane);
+        Ok(self.shared.ready(&queue).await?.unwrap_or(0))
+    }
+
+    async fn depth(&self, lanes: &[String]) -> Result<Depth, QueueError> {
         let shared = &self.shared;
-        let ready = shared.ready(&shared.batches).await?;
-        let (unacked, dead_held) = match &shared.management {
-            Some(management) => (
-                Some(management.unacked(&shared.batches).await?),
-                management.unacked(&shared.dead).await?,
-            ),
-            None => (None, 0),
+        let (mut ready, mut unacked) = (0, shared.management.as_ref().map(|_| 0));
+        for lane in lanes {
+            let queue = names::lane(&shared.pool, lane);
+            let Some(waiting) = shared.ready(&queue).await? else {
+                continue;
+            };
+            ready += waiting;
+            if let (Some(management), Some(sum)) = (&shared.management, unacked.as_mut()) {
+                *sum += management.unacked(&queue).await?;
+            }
+        }
+        let dead_held = match &shared.management {
+            Some(management) => management.unacked(&shared.dead).await?,
+            None => 0,
         };
-        let dead = shared.ready(&shared.dead).await? + dead_held;
+        let dead = shared.ready(&shared.dead).await?.unwrap_or(0) + dead_held;
         Ok(Depth {
             ready,
             unacked,
             dead,
         })
+    }
+
+    async fn close_lane(&self, lane: &str) -> Result<(), QueueError> {
+        let queue = names::lane(&self.shared.pool, lane);
+        self.shared
+            .retrying(
+                "delete a job's queue",
+                Some(&self.shared.admin),
+                |channel| {
+                    let queue = &queue;
+                    async move {
+                        channel
+                            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                            .await
+                    }
+                },
+            )
+            .await?;
+        self.shared.lock_lanes().remove(&queue);
+        Ok(())
     }
 
     async fn hold_dead(&self, limit: usize) -> Result<Box<dyn DeadLetterHold>, QueueError> {
@@ -843,16 +955,41 @@ impl Management {
         Ok(Management { client, queues })
     }
 
+    /// The names of the vhost's queues.
+    async fn queue_names(&self) -> Result<Vec<String>, QueueError> {
+        #[derive(serde::Deserialize)]
+        struct Named {
+            name: String,
+        }
+        let failed =
+            |e: reqwest::Error| QueueError::Backend(format!("management API, queues: {e}"));
+        let queues: Vec<Named> = self
+            .client
+            .get(format!(
+                "{}?columns=name",
+                self.queues.trim_end_matches('/')
+            ))
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(failed)?
+            .json()
+            .await
+            .map_err(failed)?;
+        Ok(queues.into_iter().map(|q| q.name).collect())
+    }
+
     async fn unacked(&self, queue: &str) -> Result<u64, QueueError> {
         let url = format!("{}{}", self.queues, percent_encode(queue));
         let failed =
             |e: reqwest::Error| QueueError::Backend(format!("management API, queue {queue}: {e}"));
-        let stats: QueueStats = self
-            .client
-            .get(url)
-            .send()
-            .await
-            .and_then(reqwest::Response::error_for_status)
+        let response = self.client.get(url).send().await.map_err(failed)?;
+        if response.status() == reqwest::StatusCode::NOT_FOUND {
+            // Deleted since it was counted (a lane whose job was retired): it holds nothing.
+            return Ok(0);
+        }
+        let stats: QueueStats = response
+            .error_for_status()
             .map_err(failed)?
             .json()
             .await
@@ -1025,6 +1162,7 @@ impl AmqpConsumer {
         let acker = AmqpAcker {
             acker: delivery.acker,
             shared: self.shared.clone(),
+            queue: self.queue.as_str().into(),
             body: body.clone(),
             attempt,
             dead_letter: self.dead_letters,
@@ -1052,6 +1190,7 @@ fn attempt(delivery: &AmqpDelivery) -> u32 {
 /// first. A dead letter (which counts toward no limit) is simply put back.
 async fn give_back(
     shared: &Shared,
+    queue: &str,
     acker: &lapin::Acker,
     body: &[u8],
     attempt: u32,
@@ -1064,7 +1203,7 @@ async fn give_back(
     if dead_letter {
         return acker.nack(requeue).await;
     }
-    match shared.publish(body, attempt - 1).await {
+    match shared.publish(queue, body, attempt - 1).await {
         Ok(()) => acker.ack(BasicAckOptions { multiple: false }).await,
         Err(e) => {
             warn!(error = %e, "Cannot give a message back untried; requeueing it.");
@@ -1213,6 +1352,7 @@ impl Consumer for AmqpConsumer {
             let attempt = attempt(&delivery);
             let back = give_back(
                 &self.shared,
+                &self.queue,
                 &delivery.acker,
                 &delivery.data,
                 attempt,
@@ -1238,8 +1378,10 @@ impl Consumer for AmqpConsumer {
 /// Settles one delivery on its consumer's channel, which it keeps open until then.
 struct AmqpAcker {
     acker: lapin::Acker,
-    /// To give the message back untried: published again, carrying its attempts.
+    /// To give the message back untried: published again to its queue, carrying its
+    /// attempts.
     shared: Arc<Shared>,
+    queue: Arc<str>,
     body: Bytes,
     attempt: u32,
     /// A delivery from the dead-letter queue: only an ack removes it, anything else puts it
@@ -1263,7 +1405,15 @@ impl Acker for AmqpAcker {
         let sent = match (disposition, self.dead_letter) {
             (Disposition::Ack, _) => acker.ack(BasicAckOptions { multiple: false }).await,
             (Disposition::Return, dead_letter) => {
-                give_back(&self.shared, acker, &self.body, self.attempt, dead_letter).await
+                give_back(
+                    &self.shared,
+                    &self.queue,
+                    acker,
+                    &self.body,
+                    self.attempt,
+                    dead_letter,
+                )
+                .await
             }
             // The dead-letter queue counts toward no limit: anything but an ack puts it back.
             (Disposition::Requeue, _) | (Disposition::DeadLetter, true) => {

@@ -1,6 +1,7 @@
-//! The embedded queue: in-process, with the delivery semantics of a RabbitMQ quorum queue.
+//! The embedded queue: in-process, with the delivery semantics of a RabbitMQ quorum queue,
+//! one lane (queue) per job.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -14,8 +15,8 @@ use super::{
 
 /// An in-process queue. Cheap to clone; clones share the queue.
 ///
-/// Optionally bounded: with a capacity, `publish` waits while that many messages are ready,
-/// so a producer listing a huge input cannot outrun the workers' memory.
+/// Optionally bounded: with a capacity, `publish` waits while that many messages are ready
+/// (over all lanes), so a producer listing a huge input cannot outrun the workers' memory.
 #[derive(Clone)]
 pub struct MemoryQueue {
     shared: Arc<Shared>,
@@ -24,8 +25,6 @@ pub struct MemoryQueue {
 struct Shared {
     options: QueueOptions,
     state: Mutex<State>,
-    /// One permit per ready message.
-    ready: Semaphore,
     /// One permit per message in the recorders' inbox.
     inbox: Semaphore,
     /// One permit per free place, when bounded.
@@ -34,14 +33,39 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    ready: VecDeque<Message>,
+    lanes: HashMap<String, Lane>,
     /// The dead-letter queue, for operators.
     dead: VecDeque<DeadLetter>,
     /// Dead letters an operator's tool holds.
     dead_held: u64,
     /// The recorders' copy of each dead letter.
     inbox: VecDeque<Message>,
+}
+
+/// One job's messages. Kept once made (a closed lane is emptied, not removed), so a
+/// consumer's permits always stand for the lane it waits on.
+struct Lane {
+    ready: VecDeque<Message>,
     unacked: u64,
+    /// One permit per ready message.
+    permits: Arc<Semaphore>,
+}
+
+impl Default for Lane {
+    fn default() -> Self {
+        Lane {
+            ready: VecDeque::new(),
+            unacked: 0,
+            permits: Arc::new(Semaphore::new(0)),
+        }
+    }
+}
+
+impl Lane {
+    fn push(&mut self, message: Message) {
+        self.ready.push_back(message);
+        self.permits.add_permits(1);
+    }
 }
 
 struct Message {
@@ -66,7 +90,6 @@ impl MemoryQueue {
             shared: Arc::new(Shared {
                 options,
                 state: Mutex::new(State::default()),
-                ready: Semaphore::new(0),
                 inbox: Semaphore::new(0),
                 space: capacity.map(Semaphore::new),
             }),
@@ -79,16 +102,15 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A delivered message comes back: requeued, or dead-lettered past the limit.
-    fn give_back(&self, mut message: Message, disposition: Disposition) {
+    /// A delivered message comes back to `lane`: requeued, or dead-lettered past the limit.
+    fn give_back(&self, lane: &str, mut message: Message, disposition: Disposition) {
         let mut state = self.lock();
-        state.unacked -= 1;
+        let state = &mut *state;
+        let lane = state.lanes.entry(lane.to_owned()).or_default();
+        lane.unacked -= 1;
         match disposition {
             Disposition::Ack => {}
-            Disposition::Return => {
-                state.ready.push_back(message);
-                self.ready.add_permits(1);
-            }
+            Disposition::Return => lane.push(message),
             Disposition::Requeue => {
                 message.returns += 1;
                 let over = self
@@ -97,19 +119,17 @@ impl Shared {
                     .is_some_and(|l| message.returns > l);
                 if over {
                     let deliveries = message.returns;
-                    self.dead_letter(&mut state, message, "delivery_limit", deliveries);
+                    self.dead_letter(state, message, "delivery_limit", deliveries);
                 } else {
-                    state.ready.push_back(message);
-                    self.ready.add_permits(1);
+                    lane.push(message);
                 }
             }
             Disposition::DeadLetter => {
                 let deliveries = message.returns + 1;
-                self.dead_letter(&mut state, message, "rejected", deliveries);
+                self.dead_letter(state, message, "rejected", deliveries);
             }
         }
     }
-
     /// Dead-letters `message`: into the dead-letter queue, and a copy into the inbox.
     fn dead_letter(
         &self,
@@ -132,7 +152,12 @@ impl Shared {
 
 #[async_trait]
 impl Queue for MemoryQueue {
-    async fn publish(&self, body: Vec<u8>) -> Result<(), QueueError> {
+    async fn open_lane(&self, lane: &str) -> Result<(), QueueError> {
+        self.shared.lock().lanes.entry(lane.to_owned()).or_default();
+        Ok(())
+    }
+
+    async fn publish(&self, lane: &str, body: Vec<u8>) -> Result<(), QueueError> {
         if let Some(space) = &self.shared.space {
             space
                 .acquire()
@@ -145,16 +170,28 @@ impl Queue for MemoryQueue {
             returns: 0,
             dead_reason: None,
         };
-        self.shared.lock().ready.push_back(message);
-        self.shared.ready.add_permits(1);
+        self.shared
+            .lock()
+            .lanes
+            .entry(lane.to_owned())
+            .or_default()
+            .push(message);
         Ok(())
     }
 
-    async fn consume(&self, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError> {
+    async fn consume(&self, lane: &str, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError> {
+        let permits = self
+            .shared
+            .lock()
+            .lanes
+            .entry(lane.to_owned())
+            .or_default()
+            .permits
+            .clone();
         Ok(Box::new(MemoryConsumer::new(
             self.shared.clone(),
             prefetch,
-            false,
+            Source::Lane(lane.to_owned(), permits),
         )))
     }
 
@@ -162,17 +199,44 @@ impl Queue for MemoryQueue {
         Ok(Box::new(MemoryConsumer::new(
             self.shared.clone(),
             prefetch,
-            true,
+            Source::Dead,
         )))
     }
 
-    async fn depth(&self) -> Result<Depth, QueueError> {
+    async fn ready(&self, lane: &str) -> Result<u64, QueueError> {
         let state = self.shared.lock();
+        Ok(state.lanes.get(lane).map_or(0, |l| l.ready.len() as u64))
+    }
+
+    async fn depth(&self, lanes: &[String]) -> Result<Depth, QueueError> {
+        let state = self.shared.lock();
+        let (mut ready, mut unacked) = (0, 0);
+        for lane in lanes.iter().filter_map(|l| state.lanes.get(l)) {
+            ready += lane.ready.len() as u64;
+            unacked += lane.unacked;
+        }
         Ok(Depth {
-            ready: state.ready.len() as u64,
-            unacked: Some(state.unacked),
+            ready,
+            unacked: Some(unacked),
             dead: state.dead.len() as u64 + state.dead_held,
         })
+    }
+
+    async fn close_lane(&self, lane: &str) -> Result<(), QueueError> {
+        let dropped = {
+            let mut state = self.shared.lock();
+            let Some(lane) = state.lanes.get_mut(lane) else {
+                return Ok(());
+            };
+            let dropped = lane.ready.len();
+            lane.ready.clear();
+            lane.permits.forget_permits(dropped);
+            dropped
+        };
+        if let Some(space) = &self.shared.space {
+            space.add_permits(dropped);
+        }
+        Ok(())
     }
 
     async fn hold_dead(&self, limit: usize) -> Result<Box<dyn DeadLetterHold>, QueueError> {
@@ -235,19 +299,25 @@ impl Drop for MemoryDeadHold {
     }
 }
 
+/// Where a consumer takes its messages from.
+enum Source {
+    Lane(String, Arc<Semaphore>),
+    Dead,
+}
+
 struct MemoryConsumer {
     shared: Arc<Shared>,
     prefetch: Arc<Semaphore>,
-    dead_letters: bool,
+    source: Source,
 }
 
 impl MemoryConsumer {
-    fn new(shared: Arc<Shared>, prefetch: u16, dead_letters: bool) -> Self {
+    fn new(shared: Arc<Shared>, prefetch: u16, source: Source) -> Self {
         let prefetch = Arc::new(Semaphore::new(usize::from(prefetch.max(1))));
         MemoryConsumer {
             shared,
             prefetch,
-            dead_letters,
+            source,
         }
     }
 }
@@ -261,27 +331,35 @@ impl Consumer for MemoryConsumer {
             .acquire_owned()
             .await
             .map_err(|_| QueueError::Closed)?;
-        let source = if self.dead_letters {
-            &self.shared.inbox
-        } else {
-            &self.shared.ready
-        };
-        source
-            .acquire()
-            .await
-            .map_err(|_| QueueError::Closed)?
-            .forget();
-        let message = {
-            let mut state = self.shared.lock();
-            let message = if self.dead_letters {
-                state.inbox.pop_front()
-            } else {
-                state.unacked += 1;
-                state.ready.pop_front()
+        let (message, lane) = loop {
+            let source = match &self.source {
+                Source::Lane(_, permits) => permits.as_ref(),
+                Source::Dead => &self.shared.inbox,
             };
-            message.expect("a permit stands for a message")
+            source
+                .acquire()
+                .await
+                .map_err(|_| QueueError::Closed)?
+                .forget();
+            let mut state = self.shared.lock();
+            match &self.source {
+                Source::Dead => {
+                    if let Some(message) = state.inbox.pop_front() {
+                        break (message, None);
+                    }
+                }
+                Source::Lane(name, _) => {
+                    let Some(lane) = state.lanes.get_mut(name) else {
+                        continue;
+                    };
+                    if let Some(message) = lane.ready.pop_front() {
+                        lane.unacked += 1;
+                        break (message, Some(name.clone()));
+                    }
+                }
+            }
         };
-        if !self.dead_letters
+        if lane.is_some()
             && let Some(space) = &self.shared.space
         {
             space.add_permits(1);
@@ -292,7 +370,7 @@ impl Consumer for MemoryConsumer {
         let acker = MemoryAcker {
             shared: self.shared.clone(),
             message: Some(message),
-            dead_letter: self.dead_letters,
+            lane,
             _permit: permit,
         };
         Ok(Delivery::new(body, attempt, dead_reason, Box::new(acker)))
@@ -307,8 +385,9 @@ impl Consumer for MemoryConsumer {
 struct MemoryAcker {
     shared: Arc<Shared>,
     message: Option<Message>,
-    /// Settles a copy in the inbox (which only an ack removes; anything else puts it back).
-    dead_letter: bool,
+    /// The lane it came from; `None` for a copy in the recorders' inbox (which only an ack
+    /// removes; anything else puts it back).
+    lane: Option<String>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -317,13 +396,14 @@ impl MemoryAcker {
         let Some(message) = self.message.take() else {
             return false;
         };
-        if self.dead_letter {
-            if disposition != Disposition::Ack {
-                self.shared.lock().inbox.push_front(message);
-                self.shared.inbox.add_permits(1);
+        match &self.lane {
+            None => {
+                if disposition != Disposition::Ack {
+                    self.shared.lock().inbox.push_front(message);
+                    self.shared.inbox.add_permits(1);
+                }
             }
-        } else {
-            self.shared.give_back(message, disposition);
+            Some(lane) => self.shared.give_back(lane, message, disposition),
         }
         true
     }

@@ -1,6 +1,10 @@
 //! The mini-batch queue: at-least-once delivery with a delivery count.
 //!
-//! Semantics every implementation keeps (and [`crate::testing::queue`] checks):
+//! A pool's mini-batches travel in lanes, one per job (the lane is the job's id), so that the
+//! pool's nodes can share their slots among its jobs instead of serving them first in, first
+//! out. The dead-letter queue is the pool's, one for all its lanes.
+//!
+//! Semantics every implementation keeps (and [`crate::testing::queue`] checks), per lane:
 //! - a message is delivered to one consumer at a time; a consumer holds at most `prefetch`
 //!   unsettled deliveries, and none it has not handed out once it is paused;
 //! - [`Delivery::attempt`] is 1 on the first delivery and grows by one on every return,
@@ -29,6 +33,9 @@ pub enum QueueError {
     Closed,
     #[error("the broker refused the message: {0}")]
     Refused(String),
+    /// The broker had no queue to route the message to.
+    #[error("the broker returned the message: {0}")]
+    Returned(String),
     #[error("queue backend: {0}")]
     Backend(String),
 }
@@ -79,15 +86,27 @@ pub trait DeadLetterHold: Send {
 
 #[async_trait]
 pub trait Queue: Send + Sync {
-    /// Publishes one message; returns once the queue holds it (confirmed, durable).
-    async fn publish(&self, body: Vec<u8>) -> Result<(), QueueError>;
-    /// Opens a consumer on the mini-batch queue.
-    async fn consume(&self, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError>;
+    /// Makes `lane` if it does not exist (idempotent). A publisher opens its lane before it
+    /// publishes: a lane a publish must make first does not keep the order of publishes in
+    /// flight together.
+    async fn open_lane(&self, lane: &str) -> Result<(), QueueError>;
+    /// Publishes one message to `lane` (made if it does not exist); returns once the queue
+    /// holds it (confirmed, durable).
+    async fn publish(&self, lane: &str, body: Vec<u8>) -> Result<(), QueueError>;
+    /// Opens a consumer on `lane` (made if it does not exist).
+    async fn consume(&self, lane: &str, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError>;
     /// Opens a consumer on the recorders' inbox of dead letters (a copy of each, see the
     /// module's notes): only an ack removes one from it, anything else puts it back.
     async fn consume_dead(&self, prefetch: u16) -> Result<Box<dyn Consumer>, QueueError>;
-    /// Counts messages ready, delivered-but-unsettled, and dead-lettered.
-    async fn depth(&self) -> Result<Depth, QueueError>;
+    /// Messages of `lane` waiting for a consumer (0 for a lane that does not exist). Cheap:
+    /// each node reads it for the jobs of its pool every second to share its slots.
+    async fn ready(&self, lane: &str) -> Result<u64, QueueError>;
+    /// Counts the messages of `lanes` ready and delivered-but-unsettled, and the pool's
+    /// dead-lettered ones.
+    async fn depth(&self, lanes: &[String]) -> Result<Depth, QueueError>;
+    /// Removes `lane` with whatever it still holds (its job has ended). A later publish or
+    /// consume makes it again.
+    async fn close_lane(&self, lane: &str) -> Result<(), QueueError>;
     /// Takes up to `limit` dead letters from the dead-letter queue, oldest first, and holds
     /// them until each is removed or put back. One holder at a time: what one holds, another
     /// does not see.

@@ -10,6 +10,12 @@ use crate::queue::{Disposition, Queue, QueueOptions};
 const PATIENCE: Duration = Duration::from_secs(20);
 /// How long a case waits to be sure nothing more arrives.
 const QUIET: Duration = Duration::from_millis(300);
+/// The lane most cases use (a job's id).
+const LANE: &str = "job-a";
+
+fn lanes() -> Vec<String> {
+    vec![LANE.to_owned()]
+}
 
 /// Generates one `#[tokio::test]` per case for the queue built by `$make`, an async closure
 /// taking [`QueueOptions`] and returning `Arc<dyn Queue>`.
@@ -22,7 +28,9 @@ macro_rules! queue_conformance {
             delivery_limit_dead_letters, dead_letter_disposition_is_immediate,
             prefetch_bounds_unsettled, pause_gives_back_what_was_not_handed_out,
             a_next_dropped_midway_leaves_nothing_held,
-            depth_counts_ready_and_unacked, dead_letters_stay_for_operators_in_order,
+            depth_counts_ready_and_unacked, lanes_are_apart, a_closed_lane_drops_what_it_held,
+            an_open_lane_keeps_the_order_of_publishes_in_flight,
+            dead_letters_stay_for_operators_in_order,
             a_hold_removes_what_it_chose_and_puts_back_the_rest);
     };
     (@cases $make:expr; $($case:ident),*) => {
@@ -55,9 +63,9 @@ where
 {
     let q = make(QueueOptions::default()).await;
     for i in 0..5u8 {
-        q.publish(vec![i]).await.unwrap();
+        q.publish(LANE, vec![i]).await.unwrap();
     }
-    let mut c = q.consume(10).await.unwrap();
+    let mut c = q.consume(LANE, 10).await.unwrap();
     for i in 0..5u8 {
         let d = next(&mut c).await;
         assert_eq!(&d.body[..], &[i]);
@@ -72,8 +80,8 @@ where
     Fut: Future<Output = Arc<dyn Queue>>,
 {
     let q = make(QueueOptions::default()).await;
-    q.publish(b"m".to_vec()).await.unwrap();
-    let mut c = q.consume(1).await.unwrap();
+    q.publish(LANE, b"m".to_vec()).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     let d = next(&mut c).await;
     assert_eq!(d.attempt, 1);
     assert!(d.dead_reason.is_none());
@@ -89,8 +97,8 @@ where
         delivery_limit: Some(10),
     })
     .await;
-    q.publish(b"m".to_vec()).await.unwrap();
-    let mut c = q.consume(1).await.unwrap();
+    q.publish(LANE, b"m".to_vec()).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     for attempt in 1..=3 {
         let d = next(&mut c).await;
         assert_eq!(d.attempt, attempt);
@@ -113,8 +121,8 @@ where
         delivery_limit: Some(2),
     })
     .await;
-    q.publish(b"m".to_vec()).await.unwrap();
-    let mut c = q.consume(1).await.unwrap();
+    q.publish(LANE, b"m".to_vec()).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     let d = next(&mut c).await;
     assert!(d.settle(Disposition::Requeue).await.unwrap());
     for _ in 0..4 {
@@ -126,7 +134,7 @@ where
     assert_eq!(d.attempt, 2);
     assert!(d.settle(Disposition::Ack).await.unwrap());
     nothing_more(&mut c).await;
-    assert_eq!(q.depth().await.unwrap().dead, 0);
+    assert_eq!(q.depth(&lanes()).await.unwrap().dead, 0);
 }
 
 /// A consumer that dies holding a message (its delivery dropped, its channel gone) costs the
@@ -140,15 +148,15 @@ where
         delivery_limit: Some(10),
     })
     .await;
-    q.publish(b"m".to_vec()).await.unwrap();
+    q.publish(LANE, b"m".to_vec()).await.unwrap();
     {
-        let mut c = q.consume(1).await.unwrap();
+        let mut c = q.consume(LANE, 1).await.unwrap();
         let d = next(&mut c).await;
         assert_eq!(d.attempt, 1);
         drop(d);
         drop(c);
     }
-    let mut c = q.consume(1).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     let d = next(&mut c).await;
     assert_eq!(&d.body[..], b"m");
     assert_eq!(d.attempt, 2);
@@ -165,8 +173,8 @@ where
         delivery_limit: Some(2),
     })
     .await;
-    q.publish(b"poison".to_vec()).await.unwrap();
-    let mut c = q.consume(1).await.unwrap();
+    q.publish(LANE, b"poison".to_vec()).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     for attempt in 1..=3 {
         let d = next(&mut c).await;
         assert_eq!(d.attempt, attempt);
@@ -222,7 +230,7 @@ where
         first_two.iter().map(|l| l.body[0]).collect::<Vec<_>>(),
         [0, 1]
     );
-    assert_eq!(q.depth().await.unwrap().dead, 3);
+    assert_eq!(q.depth(&lanes()).await.unwrap().dead, 3);
 }
 
 /// A hold removes the dead letters it is told to, for good, and puts the others back in
@@ -263,9 +271,9 @@ where
 /// Publishes 0, 1, 2 and dead-letters each (reason `rejected`), in that order.
 async fn dead_letter_three(q: &dyn Queue) {
     for i in 0..3u8 {
-        q.publish(vec![i]).await.unwrap();
+        q.publish(LANE, vec![i]).await.unwrap();
     }
-    let mut c = q.consume(1).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     for i in 0..3u8 {
         let d = next(&mut c).await;
         assert_eq!(d.body[0], i);
@@ -288,15 +296,15 @@ where
         delivery_limit: Some(5),
     })
     .await;
-    q.publish(b"garbage".to_vec()).await.unwrap();
-    let mut c = q.consume(1).await.unwrap();
+    q.publish(LANE, b"garbage".to_vec()).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     next(&mut c)
         .await
         .settle(Disposition::DeadLetter)
         .await
         .unwrap();
     nothing_more(&mut c).await;
-    let depth = q.depth().await.unwrap();
+    let depth = q.depth(&lanes()).await.unwrap();
     assert_eq!((depth.ready, depth.dead), (0, 1));
     let mut dead = q.consume_dead(1).await.unwrap();
     let d = next(&mut dead).await;
@@ -311,9 +319,9 @@ where
 {
     let q = make(QueueOptions::default()).await;
     for i in 0..3u8 {
-        q.publish(vec![i]).await.unwrap();
+        q.publish(LANE, vec![i]).await.unwrap();
     }
-    let mut c = q.consume(2).await.unwrap();
+    let mut c = q.consume(LANE, 2).await.unwrap();
     let a = next(&mut c).await;
     let b = next(&mut c).await;
     // A third delivery waits for a settlement.
@@ -335,12 +343,12 @@ where
 {
     let q = make(QueueOptions::default()).await;
     for i in 0..3u8 {
-        q.publish(vec![i]).await.unwrap();
+        q.publish(LANE, vec![i]).await.unwrap();
     }
-    let mut paused = q.consume(3).await.unwrap();
+    let mut paused = q.consume(LANE, 3).await.unwrap();
     let first = next(&mut paused).await;
     paused.pause().await.unwrap();
-    let mut other = q.consume(3).await.unwrap();
+    let mut other = q.consume(LANE, 3).await.unwrap();
     let mut taken = Vec::new();
     for _ in 0..2 {
         let d = next(&mut other).await;
@@ -356,7 +364,7 @@ where
     // What was handed out before the pause is settled as usual.
     first.settle(Disposition::Ack).await.unwrap();
     other.pause().await.unwrap();
-    q.publish(vec![3]).await.unwrap();
+    q.publish(LANE, vec![3]).await.unwrap();
     let d = next(&mut paused).await;
     assert_eq!((d.body[0], d.attempt), (3, 1));
     d.settle(Disposition::Ack).await.unwrap();
@@ -371,16 +379,16 @@ where
     Fut: Future<Output = Arc<dyn Queue>>,
 {
     let q = make(QueueOptions::default()).await;
-    let mut dropping = q.consume(3).await.unwrap();
+    let mut dropping = q.consume(LANE, 3).await.unwrap();
     for _ in 0..3 {
         // Polled once, then dropped: whatever it had started is left midway.
         let _ = tokio::time::timeout(Duration::ZERO, dropping.next()).await;
     }
     for i in 0..3u8 {
-        q.publish(vec![i]).await.unwrap();
+        q.publish(LANE, vec![i]).await.unwrap();
     }
     dropping.pause().await.unwrap();
-    let mut other = q.consume(3).await.unwrap();
+    let mut other = q.consume(LANE, 3).await.unwrap();
     let mut taken = Vec::new();
     for _ in 0..3 {
         let d = next(&mut other).await;
@@ -399,9 +407,9 @@ where
 {
     let q = make(QueueOptions::default()).await;
     for i in 0..3u8 {
-        q.publish(vec![i]).await.unwrap();
+        q.publish(LANE, vec![i]).await.unwrap();
     }
-    let mut c = q.consume(1).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
     let d = next(&mut c).await;
     // One is held; a broker may already have pushed the next one to the consumer (it is
     // then unacknowledged too), but nothing is lost or counted twice.
@@ -420,7 +428,7 @@ async fn wait_depth(q: &dyn Queue, want: impl Fn(u64, u64) -> bool) {
 async fn wait_for_depth(q: &dyn Queue, want: impl Fn(&crate::queue::Depth) -> bool) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        let depth = q.depth().await.unwrap();
+        let depth = q.depth(&lanes()).await.unwrap();
         if want(&depth) {
             return;
         }
@@ -429,5 +437,80 @@ async fn wait_for_depth(q: &dyn Queue, want: impl Fn(&crate::queue::Depth) -> bo
             "depth stayed {depth:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Each lane is a queue of its own: a consumer of one never sees another's messages, a
+/// lane's ready count is its own, and the depth sums the lanes asked for.
+pub async fn lanes_are_apart<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions::default()).await;
+    assert_eq!(q.ready("job-never-seen").await.unwrap(), 0);
+    for i in 0..3u8 {
+        q.publish("job-a", vec![i]).await.unwrap();
+    }
+    q.publish("job-b", vec![10]).await.unwrap();
+    assert_eq!(q.ready("job-a").await.unwrap(), 3);
+    assert_eq!(q.ready("job-b").await.unwrap(), 1);
+    let both = ["job-a".to_owned(), "job-b".to_owned()];
+    assert_eq!(q.depth(&both).await.unwrap().ready, 4);
+    let mut b = q.consume("job-b", 3).await.unwrap();
+    let d = next(&mut b).await;
+    assert_eq!(&d.body[..], &[10]);
+    d.settle(Disposition::Ack).await.unwrap();
+    nothing_more(&mut b).await;
+    b.pause().await.unwrap();
+    assert_eq!(q.ready("job-a").await.unwrap(), 3);
+    let mut a = q.consume("job-a", 3).await.unwrap();
+    for i in 0..3u8 {
+        let d = next(&mut a).await;
+        assert_eq!(&d.body[..], &[i]);
+        d.settle(Disposition::Ack).await.unwrap();
+    }
+    wait_depth(&*q, |ready, unacked| ready == 0 && unacked == 0).await;
+}
+
+/// Closing a lane drops what waits in it; a later publish makes it again.
+pub async fn a_closed_lane_drops_what_it_held<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions::default()).await;
+    for i in 0..2u8 {
+        q.publish(LANE, vec![i]).await.unwrap();
+    }
+    q.close_lane(LANE).await.unwrap();
+    assert_eq!(q.ready(LANE).await.unwrap(), 0);
+    q.close_lane("job-never-seen").await.unwrap();
+    q.publish(LANE, vec![7]).await.unwrap();
+    let mut c = q.consume(LANE, 3).await.unwrap();
+    let d = next(&mut c).await;
+    assert_eq!(&d.body[..], &[7]);
+    d.settle(Disposition::Ack).await.unwrap();
+    nothing_more(&mut c).await;
+}
+
+/// Publishes in flight together reach an opened lane in the order they were made (a
+/// publisher pipelines its mini-batches).
+pub async fn an_open_lane_keeps_the_order_of_publishes_in_flight<F, Fut>(make: F)
+where
+    F: Fn(QueueOptions) -> Fut,
+    Fut: Future<Output = Arc<dyn Queue>>,
+{
+    let q = make(QueueOptions::default()).await;
+    q.open_lane(LANE).await.unwrap();
+    let publishes: futures::stream::FuturesOrdered<_> =
+        (0..20u8).map(|i| q.publish(LANE, vec![i])).collect();
+    let published: Vec<_> = futures::StreamExt::collect(publishes).await;
+    assert!(published.iter().all(Result::is_ok), "{published:?}");
+    let mut c = q.consume(LANE, 20).await.unwrap();
+    for i in 0..20u8 {
+        let d = next(&mut c).await;
+        assert_eq!(&d.body[..], &[i]);
+        d.settle(Disposition::Ack).await.unwrap();
     }
 }

@@ -231,7 +231,7 @@ async fn in_flight(
 )]
 async fn queue(State(served): State<Served>) -> Result<Json<QueueSummary>, ApiError> {
     let fleet = &served.fleet;
-    match fleet.queue.depth().await {
+    match fleet_cmd::pool_depth(fleet).await {
         Ok(depth) => Ok(Json(QueueSummary::of(&fleet.pool, depth))),
         Err(e) => Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, one_line(&e))),
     }
@@ -264,7 +264,7 @@ async fn cancel(
 async fn health(State(served): State<Served>) -> Response {
     let fleet = &served.fleet;
     let ledger = fleet.ledger.status("fleetrun-health-probe").await.err();
-    let broker = fleet.queue.depth().await.err();
+    let broker = fleet.queue.depth(&[]).await.err();
     let mut faults = Vec::new();
     if let Some(e) = ledger {
         faults.push(format!("ledger: {}", one_line(&e)));

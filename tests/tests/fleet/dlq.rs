@@ -37,7 +37,7 @@ fn a_dead_letter_is_listed_while_workers_run_and_replayed_back_to_work() {
     // No worker yet: reject the first mini-batch to the dead-letter queue.
     let queue = fleet.queue();
     fleet.runtime.block_on(async {
-        let mut consumer = queue.consume(1).await.unwrap();
+        let mut consumer = queue.consume(&job, 1).await.unwrap();
         let first = tokio::time::timeout(Duration::from_secs(30), consumer.next())
             .await
             .unwrap()
@@ -89,16 +89,28 @@ fn a_dead_letter_is_listed_while_workers_run_and_replayed_back_to_work() {
         expected_lines(6, |_| false)
     );
 
-    // A message that does not decode: the worker dead-letters it; it is listed by digest.
-    fleet
-        .runtime
-        .block_on(queue.publish(b"\xc1 not a mini-batch".to_vec()))
-        .unwrap();
+    // A message that does not decode, dead-lettered as a worker does: listed by digest.
+    fleet.runtime.block_on(async {
+        let lane = format!("garbage-{}", fleet.pool);
+        queue
+            .publish(&lane, b"\xc1 not a mini-batch".to_vec())
+            .await
+            .unwrap();
+        let mut consumer = queue.consume(&lane, 1).await.unwrap();
+        let garbage = tokio::time::timeout(Duration::from_secs(30), consumer.next())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(garbage.settle(Disposition::DeadLetter).await.unwrap());
+    });
     wait_for(
         "the undecodable message to be listed",
         Duration::from_secs(30),
         || listed(&fleet).len() == 1,
     );
+    // Only now: a quorum queue dead-letters at least once, after the delete would drop it.
+    let lane = format!("garbage-{}", fleet.pool);
+    fleet.runtime.block_on(queue.close_lane(&lane)).unwrap();
     let letters = listed(&fleet);
     let raw = letters[0]["id"].as_str().unwrap().to_owned();
     assert!(raw.starts_with("raw-"), "{raw}");
@@ -109,5 +121,5 @@ fn a_dead_letter_is_listed_while_workers_run_and_replayed_back_to_work() {
     assert_eq!(status, 0);
     assert!(purged.contains("purged"), "{purged}");
     assert!(listed(&fleet).is_empty());
-    assert_eq!(fleet.runtime.block_on(queue.depth()).unwrap().dead, 0);
+    assert_eq!(fleet.pool_depth(&queue).dead, 0);
 }

@@ -31,7 +31,7 @@ impl Fleet {
     fn queue_drained(&self) {
         let queue = self.queue();
         wait_for("the queue to be drained", Duration::from_secs(60), || {
-            let d = self.runtime.block_on(queue.depth()).unwrap();
+            let d = self.pool_depth(&queue);
             d.ready == 0 && d.unacked == Some(0)
         });
     }

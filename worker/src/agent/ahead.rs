@@ -36,7 +36,13 @@ impl Slot {
         ctx: &Arc<JobContext>,
         consumer: &mut Box<dyn Consumer>,
     ) {
-        if self.ahead.is_some() || self.drain.is_cancelled() || !self.isolations.is_empty() {
+        if self.ahead.is_some()
+            || self.drain.is_cancelled()
+            || !self.isolations.is_empty()
+            || !self.keeps(ctx.job.id())
+        {
+            // A slot whose share moved on takes no more of this job: it changes jobs after
+            // the mini-batch it runs.
             return;
         }
         let Some(Ok(delivery)) = consumer.next().now_or_never() else {

@@ -15,6 +15,8 @@
 //!   alone.
 //! - `holding`: who runs each attempt, kept in the ledger, so an attempt lost with its
 //!   worker still gets its report row.
+//! - `share`: which job each slot consumes for: the node's slots shared among its pool's
+//!   jobs, by priority, evenly, within each job's seats.
 //! - `runner`: starting, warming and killing a slot's runner.
 //! - `environment`: a runner's environment, which holds none of fleetrun's credentials.
 //! - `ahead`: the delivery taken ahead while the runner works.
@@ -53,6 +55,7 @@ pub mod outdir;
 mod returns;
 mod runner;
 pub mod seats;
+pub mod share;
 mod slot;
 mod stage;
 mod tabular;
@@ -245,6 +248,10 @@ pub trait Jobs: Send + Sync {
     async fn claim_place(&self, ctx: &JobContext) -> bool {
         ctx.has_place()
     }
+
+    /// The pool's jobs not yet retired, oldest first: those whose lanes the node's slots
+    /// share (see [`share`]).
+    async fn live(&self) -> Result<Vec<String>, crate::job::JobError>;
 }
 
 /// What the agent reports to whoever drives the job.
@@ -282,15 +289,22 @@ pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToke
     // Before any runner starts: a runner killed for memory is told by the count growing.
     crate::oom::watch();
     let gpus = GpuPool::new(agent.config.gpus);
+    let agent_slots = agent.config.processes.max(1);
     let shared = Arc::new(Shared {
         agent,
         next_process: AtomicU32::new(0),
         gpus,
         starting: std::sync::Mutex::new(()),
-        wanted: seats::Wanted::default(),
+        share: share::Share::new(agent_slots),
     });
+    // The first share before any slot starts: a slot warming a runner keeps it.
+    shared.share.share(&shared.agent).await;
+    let sharing = {
+        let (shared, stop) = (shared.clone(), drain.clone());
+        tokio::spawn(async move { shared.share.keep(&shared.agent, stop).await })
+    };
     let mut slots = tokio::task::JoinSet::new();
-    for index in 0..shared.agent.config.processes.max(1) {
+    for index in 0..agent_slots {
         let slot = Slot {
             shared: shared.clone(),
             index,
@@ -311,6 +325,7 @@ pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToke
             warn!(error = %e, "A runner slot ended abnormally.");
         }
     }
+    sharing.abort();
 }
 
 struct Shared {
@@ -320,8 +335,8 @@ struct Shared {
     /// Held while a start takes its name and its GPU, so that process names and GPU indexes
     /// are handed out in the same order.
     starting: std::sync::Mutex<()>,
-    /// How many slots consume, from the jobs they met.
-    wanted: seats::Wanted,
+    /// Which job each slot consumes for.
+    share: share::Share,
 }
 
 impl Shared {

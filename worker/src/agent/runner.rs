@@ -55,7 +55,6 @@ impl Slot {
         let Ok(Some(ctx)) = self.shared.agent.jobs.get(job).await else {
             return;
         };
-        self.shared.wanted.note(&ctx);
         while !drain.is_cancelled()
             && !ctx.gave_up.load(Ordering::Relaxed)
             && !ctx.stop.is_cancelled()

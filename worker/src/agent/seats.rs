@@ -1,17 +1,13 @@
 //! A job's seats on a node: how many of the node's slots may run a runner of the job at once
-//! (the job's `process_count_per_node`, capped by the worker's `--max-processes`), and which
-//! slots consume at all.
+//! (the job's `process_count_per_node`, capped by the worker's `--max-processes`).
 //!
 //! A slot holds a seat from the moment it starts a runner for the job until that runner is
-//! gone. Slots beyond the largest seat count of the jobs the node serves take no work (only
-//! slot 0 consumes while the node knows no job), so a pool running one job has exactly that
-//! job's process count of runners per node, and no slot takes mini-batches it would have to
-//! hand back. When jobs of different sizes share a node, a slot that finds its job's seats
-//! taken hands the mini-batch back.
+//! gone. The node's share (`share`) gives a job no more slots than its seats, so a pool
+//! running one job has exactly that job's process count of runners per node; a slot that
+//! still finds its job's seats taken (a runner of the slot's last share not yet stopped)
+//! hands the mini-batch back.
 
 use std::sync::{Arc, Mutex};
-
-use super::JobContext;
 
 /// The seats of one job on one node.
 #[derive(Debug)]
@@ -51,52 +47,6 @@ impl Drop for Seat {
     fn drop(&mut self) {
         let mut taken = self.0.taken.lock().unwrap_or_else(|p| p.into_inner());
         *taken -= 1;
-    }
-}
-
-/// The jobs a node's slots have met, and how many slots should consume for them.
-#[derive(Default)]
-pub(super) struct Wanted {
-    jobs: Mutex<Vec<Arc<JobContext>>>,
-    changed: tokio::sync::Notify,
-}
-
-impl Wanted {
-    /// Notes a job met by a slot (again); wakes the slots waiting to consume if it wants more.
-    pub(super) fn note(&self, ctx: &Arc<JobContext>) {
-        let before = self.slots();
-        {
-            let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-            if !jobs.iter().any(|j| Arc::ptr_eq(j, ctx)) {
-                jobs.push(ctx.clone());
-            }
-        }
-        if self.slots() > before {
-            self.changed.notify_waiters();
-        }
-    }
-
-    /// How many slots consume: the largest seat count of the running jobs this node holds a
-    /// place in, at least one (to meet new jobs).
-    pub(super) fn slots(&self) -> usize {
-        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        jobs.retain(|j| !j.stop.is_cancelled());
-        jobs.iter()
-            .filter(|j| j.has_place())
-            .map(|j| j.seats.cap())
-            .max()
-            .unwrap_or(1)
-            .max(1)
-    }
-
-    /// Resolves when more slots may be wanted.
-    pub(super) async fn changed(&self) {
-        self.changed.notified().await
-    }
-
-    /// Wakes the waiting slots (a place was won).
-    pub(super) fn wake(&self) {
-        self.changed.notify_waiters();
     }
 }
 

@@ -38,9 +38,6 @@ pub(super) struct Slot {
     pub(super) isolations: std::collections::VecDeque<(Delivery, Isolation)>,
 }
 
-/// How often a slot that takes no work looks again whether it should.
-const WANTED_RECHECK: Duration = Duration::from_secs(1);
-
 /// What to do with a delivery, decided once.
 pub(super) enum Verdict {
     Settle(Disposition),
@@ -82,24 +79,21 @@ impl Slot {
                 _ = self.warm(&job, &drain) => {}
             }
         }
-        let queue = self.shared.agent.queue.clone();
-        let mut consumer = match queue.consume(self.config().prefetch).await {
-            Ok(c) => c,
-            Err(e) => {
-                self.config().metrics.broker_error();
-                warn!(slot = self.index, error = %e, "Cannot consume; slot stops.");
-                return;
-            }
-        };
+        let mut share = self.shared.share.watch();
+        // The lane this slot consumes from, and its consumer.
+        let mut lane: Option<(Arc<str>, Box<dyn Consumer>)> = None;
         loop {
             if let Some(ahead) = self.ahead.take() {
+                let Some((_, consumer)) = lane.as_mut() else {
+                    continue;
+                };
                 tokio::select! {
                     biased;
                     _ = abort.cancelled() => {
                         self.kill_runner().await;
                         break;
                     }
-                    _ = self.handle_ahead(ahead, &mut consumer) => {}
+                    _ = self.handle_ahead(ahead, consumer) => {}
                 }
                 continue;
             }
@@ -115,23 +109,41 @@ impl Slot {
                 }
                 continue;
             }
-            if self.index >= self.shared.wanted.slots() {
-                // No job this node serves wants this many runners: take no work, and hold
-                // none either, or what the broker pushed here would wait for another job.
-                pause(self.index, &mut consumer).await;
-                if let Some(active) = self.runner.take() {
-                    let status = active.process.shutdown().await;
-                    debug!(process = %active.name, code = returncode(&status), "Runner stopped: its slot takes no work now.");
-                }
-                tokio::select! {
-                    biased;
-                    _ = drain.cancelled() => break,
-                    _ = abort.cancelled() => break,
-                    _ = self.shared.wanted.changed() => {}
-                    _ = tokio::time::sleep(WANTED_RECHECK) => {}
+            let job = share.borrow_and_update().get(self.index).cloned().flatten();
+            if lane.is_none() || lane.as_ref().map(|(l, _)| l) != job.as_ref() {
+                self.leave_lane(lane.take(), job.as_deref()).await;
+                let Some(job) = job else {
+                    // No job is owed this slot: it takes no work, and holds none either.
+                    tokio::select! {
+                        biased;
+                        _ = drain.cancelled() => break,
+                        _ = abort.cancelled() => break,
+                        _ = share.changed() => {}
+                    }
+                    continue;
+                };
+                match self
+                    .shared
+                    .agent
+                    .queue
+                    .consume(&job, self.config().prefetch)
+                    .await
+                {
+                    Ok(consumer) => lane = Some((job, consumer)),
+                    Err(e) => {
+                        self.config().metrics.broker_error();
+                        warn!(slot = self.index, job = %job, error = %e, "Cannot consume the job's mini-batches; retrying.");
+                        tokio::select! {
+                            _ = drain.cancelled() => break,
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        }
+                    }
                 }
                 continue;
             }
+            let Some((_, consumer)) = lane.as_mut() else {
+                continue;
+            };
             let job_stop = self.runner.as_ref().map(|a| a.job_stop.clone());
             let job_stopped = async {
                 match &job_stop {
@@ -148,8 +160,10 @@ impl Slot {
                         let status = active.process.shutdown().await;
                         debug!(process = %active.name, code = returncode(&status), "Runner of an ended job stopped.");
                     }
+                    self.shared.share.wake();
                     continue;
                 }
+                _ = share.changed() => continue,
                 d = consumer.next() => d,
             };
             match delivery {
@@ -163,7 +177,7 @@ impl Slot {
                             self.kill_runner().await;
                             break;
                         }
-                        _ = self.handle(d, &mut consumer) => {}
+                        _ = self.handle(d, consumer) => {}
                     }
                 }
                 Err(e) => {
@@ -176,9 +190,12 @@ impl Slot {
                 }
             }
         }
-        if !abort.is_cancelled() {
+        let consumer = lane.as_mut().map(|(_, c)| c);
+        if !abort.is_cancelled()
+            && let Some(consumer) = consumer
+        {
             // Draining: what was pushed here and not started goes to other nodes untried.
-            pause(self.index, &mut consumer).await;
+            pause(self.index, consumer).await;
         }
         // Settle what is being finished before stopping: nothing is left unacknowledged.
         while self.finishing.join_next().await.is_some() {}
@@ -229,10 +246,9 @@ impl Slot {
             // published again whatever of it was still to do.
             return Verdict::Drop;
         }
-        self.shared.wanted.note(&ctx);
         if !ctx.has_place() {
             if self.shared.agent.jobs.claim_place(&ctx).await {
-                self.shared.wanted.wake();
+                self.shared.share.wake();
             } else {
                 // The job's node_count nodes are others: leave its work to them.
                 return self.hand_back(&ctx).await;
@@ -328,6 +344,35 @@ impl Slot {
             }
         };
         settle(self.index, &self.config().metrics, delivery, disposition).await;
+    }
+}
+
+impl Slot {
+    /// Whether the node's current share still gives this slot to `job`.
+    pub(super) fn keeps(&self, job: &str) -> bool {
+        self.shared.share.job_of(self.index).as_deref() == Some(job)
+    }
+
+    /// Leaves the lane this slot consumed from for `next` (or for none): what its consumer
+    /// holds and has not handed out goes back untried, and a runner of another job than
+    /// `next` stops, giving its seat back.
+    async fn leave_lane(
+        &mut self,
+        lane: Option<(Arc<str>, Box<dyn Consumer>)>,
+        next: Option<&str>,
+    ) {
+        if let Some((_, mut consumer)) = lane {
+            pause(self.index, &mut consumer).await;
+        }
+        if self
+            .runner
+            .as_ref()
+            .is_some_and(|a| Some(a.job.as_str()) != next)
+            && let Some(active) = self.runner.take()
+        {
+            let status = active.process.shutdown().await;
+            debug!(process = %active.name, code = returncode(&status), "Runner stopped: its slot serves another job now, or none.");
+        }
     }
 }
 

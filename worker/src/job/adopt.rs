@@ -122,6 +122,11 @@ pub(super) async fn look_after(
         }
         Some(_) => return Ok(()),
     }
+    // What its lane still holds is of no use now (a resume publishes what is left again).
+    if let Err(e) = fleet.queue.close_lane(job).await {
+        warn!(job = %job, error = %e, "Cannot remove the ended job's queue; trying again later.");
+        return Ok(());
+    }
     fleet
         .registry
         .retire(job, &fleet.pool, KEEP_ENDED_JOBS)

@@ -162,6 +162,10 @@ pub(super) fn job_processes(config: &WorkerConfig, spec: &fleetrun_config::JobSp
 
 #[async_trait]
 impl Jobs for FleetJobs {
+    async fn live(&self) -> Result<Vec<String>, JobError> {
+        Ok(self.fleet.registry.unfinished(&self.fleet.pool).await?)
+    }
+
     async fn claim_place(&self, ctx: &JobContext) -> bool {
         if ctx.has_place() {
             return true;

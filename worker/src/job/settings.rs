@@ -43,7 +43,7 @@ pub struct FleetArgs {
     /// Redis URL, e.g. redis://127.0.0.1:6379/
     #[arg(long, env = "FLEETRUN_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
-    /// The worker pool (its queue is `fleetrun.<pool>.batches`).
+    /// The worker pool (its jobs' queues are `fleetrun.<pool>.job.<job>`).
     #[arg(long, env = "FLEETRUN_POOL")]
     pub pool: Option<String>,
     /// S3 endpoint for S3-compatible servers (else AWS_ENDPOINT_URL, else AWS).
