@@ -18,6 +18,7 @@ use fleetrun_config::{JobSpec, Location, MiniBatchSize};
 use fleetrun_worker::agent::{JobContext, held_attempts};
 use fleetrun_worker::job::{self, Fleet, Job, JobError, JobRecord, StopRules};
 use fleetrun_worker::logs::JobLogs;
+use fleetrun_worker::output::{OutputError, OutputGuard};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
@@ -71,6 +72,9 @@ pub enum FleetError {
     /// A job of another pool than the fleet's (`--pool`).
     #[error("job {job} is in pool {pool}; pass --pool {pool}")]
     OtherPool { job: String, pool: String },
+    /// The local output folder holds what fleetrun did not write where the job would write.
+    #[error(transparent)]
+    Output(#[from] OutputError),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
     #[error(transparent)]
@@ -92,6 +96,7 @@ impl FleetError {
             | FleetError::OutputInUse { .. }
             | FleetError::OtherPool { .. }
             | FleetError::Ledger(LedgerError::NotResumable { .. }) => true,
+            FleetError::Output(e) => !matches!(e, OutputError::Io { .. }),
             FleetError::Storage(e) | FleetError::Job(JobError::Storage(e)) => {
                 matches!(e, StorageError::NoBucket { .. })
             }
@@ -231,6 +236,11 @@ pub async fn register(
     }
     let job = job_id.map_or_else(|| new_job_id(&spec.name), str::to_owned);
     check_output_free(fleet, &job, &spec).await?;
+    if let Some(dir) = spec.output.as_local() {
+        // The rules of `fleetrun run`'s output folder: nothing fleetrun did not write is
+        // overwritten, and what the job writes is recorded as fleetrun's.
+        OutputGuard::hand_to_fleet(dir, &spec, &job)?;
+    }
     let mut spec = job::ship_code(spec, &fleet.s3).await?;
     settle_input(&mut spec, &fleet.s3).await?;
     let spec = job::ship_side(spec, &fleet.s3).await?;

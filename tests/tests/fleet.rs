@@ -3062,3 +3062,52 @@ fn a_misspelled_pool_is_refused_and_declares_no_queue() {
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
     assert!(declared("dead") && declared("dead.inbox"));
 }
+
+/// A fleet job's local output folder keeps `fleetrun run`'s rules: a file fleetrun did not
+/// write where the job would write is refused at submission (exit 2, naming it) and left as
+/// it was; what a job wrote is fleetrun's, so the next job replaces its output and its logs;
+/// a file put in `logs/` after a job ended is not, and the next job is refused it.
+#[test]
+fn a_fleet_jobs_local_output_folder_keeps_what_fleetrun_did_not_write() {
+    let mut fleet = Fleet::new(ECHO);
+    fleet.inputs(5);
+    let out = tempfile::tempdir().unwrap();
+    let input = format!("s3://{}/in", fleet.bucket);
+    let job = fleet.job("", &input, out.path().to_str().unwrap());
+    let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).into_owned();
+
+    let output = out.path().join("parallel_run_step.txt");
+    std::fs::write(&output, "mine\n").unwrap();
+    let refused = fleet.submit(&job, &[]);
+    assert_eq!(code(&refused), 2, "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains(&format!("{} was not written by fleetrun", output.display())),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), "mine\n");
+    std::fs::remove_file(&output).unwrap();
+
+    fleet.worker("n1", 1);
+    for run in 0..2 {
+        let done = fleet.submit(&job, &["--wait"]);
+        assert_eq!(code(&done), 0, "run {run}: {}", stderr(&done));
+        assert_eq!(
+            lines(&std::fs::read(&output).unwrap()),
+            expected_lines(5, |_| false),
+            "run {run}"
+        );
+        assert!(out.path().join("logs/job_result.txt").exists(), "run {run}");
+    }
+
+    let notes = out.path().join("logs/notes.txt");
+    std::fs::write(&notes, "mine\n").unwrap();
+    let refused = fleet.submit(&job, &[]);
+    assert_eq!(code(&refused), 2, "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("not written by fleetrun"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "mine\n");
+}

@@ -47,6 +47,18 @@
 //! file that is closed on exec, so it is released when the guard drops or its process dies,
 //! and runner processes never hold it. S3 outputs have no guard: there is no lock, and the
 //! output object is replaced when the job completes.
+//!
+//! # A fleet job's local output folder
+//!
+//! `fleetrun submit` claims the folder as `fleetrun run` does ([`OutputGuard::hand_to_fleet`]:
+//! the same refusals, the previous run's logs removed), then leaves it to the job's workers
+//! with the run open and the lock released: the workers, on this host or sharing its folder,
+//! write the output file, `logs/` and `_parts/` as the job goes. Two fleet jobs never write
+//! one folder at once (the submitter refuses an output a live job writes); the next claim,
+//! by a fleet job or a run here, records what the last one wrote as fleetrun's, as for a run
+//! that died, and keeps its parts (its finalizer removes them when it completes; `fleetrun
+//! resume` reads them). A run here does not know whether a fleet job on the folder has ended:
+//! do not start one on the output folder of a fleet job that has not.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, Metadata, OpenOptions};
@@ -130,16 +142,27 @@ impl OutputGuard {
     /// overwrite that is not fleetrun's, and removes the previous run's logs. Fails at once
     /// if another job holds the folder.
     pub fn claim(dir: &Path, spec: &JobSpec) -> Result<OutputGuard, OutputError> {
-        Self::claim_with(dir, spec, false)
+        Self::claim_with(dir, spec, Claim::Run)
     }
 
     /// [`OutputGuard::claim`] for a run that continues the last one left unfinished here
     /// (`fleetrun run --resume`): its parts and its journal are kept, not removed.
     pub fn claim_to_resume(dir: &Path, spec: &JobSpec) -> Result<OutputGuard, OutputError> {
-        Self::claim_with(dir, spec, true)
+        Self::claim_with(dir, spec, Claim::Resume)
     }
 
-    fn claim_with(dir: &Path, spec: &JobSpec, resume: bool) -> Result<OutputGuard, OutputError> {
+    /// Hands the output folder `dir` to fleet job `job` when it is submitted: the same
+    /// claim, refusals and removal of the previous run's logs as [`OutputGuard::claim`], but
+    /// the folder is then left to the job's workers (which hold no lock) with the run open,
+    /// so that the next claim records what they wrote as fleetrun's, and the job's parts
+    /// are kept for `fleetrun resume`. Submitting the same job again (attaching to it)
+    /// changes nothing.
+    pub fn hand_to_fleet(dir: &Path, spec: &JobSpec, job: &str) -> Result<(), OutputError> {
+        Self::claim_with(dir, spec, Claim::Fleet(job)).map(drop)
+    }
+
+    fn claim_with(dir: &Path, spec: &JobSpec, claim: Claim<'_>) -> Result<OutputGuard, OutputError> {
+        let resume = matches!(claim, Claim::Resume);
         let output = (spec.output_action == OutputAction::AppendRow)
             .then(|| spec.append_row_file_name.clone());
         if let Some(name) = &output
@@ -161,15 +184,37 @@ impl OutputGuard {
         }
         let (lock, since) = lock(dir, &state.join(LOCK_FILE))?;
         let mut manifest = Manifest::load(&state.join(MANIFEST_FILE))?;
-        if let Some(dead) = manifest.run.take() {
-            tracing::warn!(
-                folder = %dir.display(),
-                pid = dead.pid,
-                "The last job on this output folder did not finish; settling what it wrote."
-            );
-            manifest.settle(dir, &dead)?;
-            if dead.job.is_some() {
-                manifest.resumable = dead.job;
+        if let Claim::Fleet(job) = claim
+            && let Some(run) = &manifest.run
+            && run.fleet
+            && run.job.as_deref() == Some(job)
+        {
+            // The job has the folder already: this submission attaches to it.
+            return Ok(OutputGuard {
+                dir: dir.to_path_buf(),
+                output,
+                manifest,
+                _lock: lock,
+            });
+        }
+        if let Some(last) = manifest.run.take() {
+            if last.fleet {
+                tracing::info!(
+                    folder = %dir.display(),
+                    job = last.job.as_deref().unwrap_or_default(),
+                    "Recording what the fleet job on this output folder wrote."
+                );
+            } else {
+                tracing::warn!(
+                    folder = %dir.display(),
+                    pid = last.pid,
+                    "The last job on this output folder did not finish; settling what it wrote."
+                );
+            }
+            manifest.settle(dir, &last)?;
+            // A fleet job's parts are its finalizer's to remove, and `fleetrun resume`'s.
+            if last.job.is_some() && !last.fleet {
+                manifest.resumable = last.job;
             }
         }
         if !resume && let Some(job) = manifest.resumable.take() {
@@ -221,11 +266,16 @@ impl OutputGuard {
             let meta = fs::symlink_metadata(&logs).map_err(io_at(&logs))?;
             manifest.record(LOGS_DIR, &meta);
         }
+        let fleet_job = match claim {
+            Claim::Fleet(job) => Some(job.to_owned()),
+            Claim::Run | Claim::Resume => None,
+        };
         manifest.run = Some(Run {
             pid: std::process::id(),
             since,
             output: output.clone(),
-            job: None,
+            fleet: fleet_job.is_some(),
+            job: fleet_job,
         });
         manifest.save(&state)?;
         Ok(OutputGuard {
@@ -234,6 +284,46 @@ impl OutputGuard {
             manifest,
             _lock: lock,
         })
+    }
+
+    /// Ends fleet job `job`'s hold on its output folder `dir` once it has ended and its
+    /// results are written: what it wrote there is recorded as fleetrun's, and what appears
+    /// after is not. Nothing happens unless the folder was handed to that job (a run here
+    /// keeps its own guard). Returns whether it released the folder.
+    pub fn release_fleet(dir: &Path, job: &str) -> Result<bool, OutputError> {
+        let state = dir.join(STATE_DIR);
+        let is_job = |manifest: &Manifest| {
+            manifest
+                .run
+                .as_ref()
+                .is_some_and(|run| run.fleet && run.job.as_deref() == Some(job))
+        };
+        if lstat(&state.join(MANIFEST_FILE))?.is_none()
+            || !is_job(&Manifest::load(&state.join(MANIFEST_FILE))?)
+        {
+            return Ok(false);
+        }
+        // Another submission may hold the lock a moment.
+        let mut tries = 0;
+        let _lock = loop {
+            match lock(dir, &state.join(LOCK_FILE)) {
+                Ok((lock, _)) => break lock,
+                Err(OutputError::Locked { .. }) if tries < 20 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let mut manifest = Manifest::load(&state.join(MANIFEST_FILE))?;
+        if !is_job(&manifest) {
+            return Ok(false);
+        }
+        if let Some(run) = manifest.run.take() {
+            manifest.settle(dir, &run)?;
+        }
+        manifest.save(&state)?;
+        Ok(true)
     }
 
     /// Records that this run runs job `job`, whose parts (`_parts/<job>/`) nothing else will
@@ -280,6 +370,17 @@ impl OutputGuard {
         }
         self.manifest.save(&self.dir.join(STATE_DIR))
     }
+}
+
+/// Who claims an output folder.
+#[derive(Clone, Copy)]
+enum Claim<'a> {
+    /// A job run here (`fleetrun run`).
+    Run,
+    /// `fleetrun run --resume`: the last run's parts and journal are kept.
+    Resume,
+    /// Fleet job `0`, at its submission.
+    Fleet(&'a str),
 }
 
 /// Opens and locks `path` for the folder `dir`, and writes this process's id in it. Returns
@@ -348,6 +449,10 @@ struct Run {
     /// The job it runs, once named ([`OutputGuard::runs_job`]).
     #[serde(default)]
     job: Option<String>,
+    /// A fleet job's ([`OutputGuard::hand_to_fleet`]): its workers write the folder until it
+    /// ends, holding no lock; the next claim settles what they wrote.
+    #[serde(default)]
+    fleet: bool,
 }
 
 /// An entry found under a folder: `rel` is `None` when its name is not UTF-8 (fleetrun
@@ -651,6 +756,46 @@ mod tests {
             writer.finish().await.unwrap();
         }
         guard.finish()
+    }
+
+    /// A fleet job's turn on a folder: handed over at submission (its workers write without
+    /// the lock), attached to again without losing what it wrote, released when it ended;
+    /// its output and logs are then fleetrun's, a file the user adds after is not.
+    #[test]
+    fn a_folder_handed_to_a_fleet_job_is_settled_when_it_ends() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        fs::write(dir.join(OUT), "mine").unwrap();
+        assert_eq!(
+            not_ours(OutputGuard::hand_to_fleet(dir, &spec(OUT), "j1").map(|()| unreachable!())),
+            dir.join(OUT)
+        );
+        kept(&dir.join(OUT));
+        fs::remove_file(dir.join(OUT)).unwrap();
+
+        OutputGuard::hand_to_fleet(dir, &spec(OUT), "j1").unwrap();
+        // Its workers write, holding no lock.
+        fs::create_dir_all(dir.join("logs/sys/node/n1")).unwrap();
+        fs::write(dir.join("logs/sys/node/n1/_main.txt"), "ran").unwrap();
+        fs::write(dir.join(OUT), "out").unwrap();
+        // Submitting it again attaches: its logs stay.
+        OutputGuard::hand_to_fleet(dir, &spec(OUT), "j1").unwrap();
+        assert!(dir.join("logs/sys/node/n1/_main.txt").exists());
+        // Another job's end releases nothing; its own does.
+        assert!(!OutputGuard::release_fleet(dir, "j2").unwrap());
+        assert!(OutputGuard::release_fleet(dir, "j1").unwrap());
+
+        fs::write(dir.join("logs/notes.txt"), "mine").unwrap();
+        assert_eq!(
+            not_ours(OutputGuard::hand_to_fleet(dir, &spec(OUT), "j3").map(|()| unreachable!())),
+            dir.join("logs/notes.txt")
+        );
+        kept(&dir.join("logs/notes.txt"));
+        fs::remove_file(dir.join("logs/notes.txt")).unwrap();
+        // The next job takes the folder: j1's logs go, its output stays until replaced.
+        OutputGuard::hand_to_fleet(dir, &spec(OUT), "j3").unwrap();
+        assert!(!dir.join("logs/sys/node/n1/_main.txt").exists());
+        assert_eq!(fs::read_to_string(dir.join(OUT)).unwrap(), "out");
     }
 
     #[test]

@@ -25,6 +25,7 @@ use super::record::{JobRecord, unix_now};
 use super::results;
 use super::settings::{Fleet, open_storage};
 use crate::logs::{self, JobLogs};
+use crate::output::OutputGuard;
 use crate::parts::{self, Parts};
 
 /// A job, and the ledger and output through which its life is moved and told.
@@ -417,6 +418,15 @@ impl Job {
             }
         }
         results::write(self, logs, status).await;
+        if let Location::Local(dir) = &self.spec.output {
+            // A fleet job's local folder: what it wrote is fleetrun's, what comes after is not.
+            let (dir, job) = (dir.clone(), self.id.clone());
+            let released =
+                tokio::task::spawn_blocking(move || OutputGuard::release_fleet(&dir, &job)).await;
+            if let Ok(Err(e)) = released {
+                warn!(job = %self.id, error = %e, "Cannot record what the job wrote in its output folder.");
+            }
+        }
     }
 }
 
