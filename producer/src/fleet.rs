@@ -208,7 +208,7 @@ pub async fn submit(
     // First: an MLTable's paths say which files are the input.
     settle_input(&mut spec, &fleet.s3).await?;
     check_input(&spec, &fleet.s3, empty).await?;
-    let registered = register(spec, fleet, job_id).await?;
+    let registered = register(spec, fleet, job_id, OutputHold::Fleet).await?;
     on_id(&registered.job);
     let produced = Arc::new(Produced::default());
     publish(fleet, &registered, &produced).await?;
@@ -225,6 +225,7 @@ pub async fn register(
     spec: JobSpec,
     fleet: &Fleet,
     job_id: Option<&str>,
+    output: OutputHold,
 ) -> Result<Registered, FleetError> {
     if spec.output.as_local().is_none()
         && let Some((name, location)) = spec.outputs.iter().find(|(_, l)| l.as_local().is_some())
@@ -236,7 +237,7 @@ pub async fn register(
     }
     let job = job_id.map_or_else(|| new_job_id(&spec.name), str::to_owned);
     check_output_free(fleet, &job, &spec).await?;
-    if let Some(dir) = spec.output.as_local() {
+    if let (Some(dir), OutputHold::Fleet) = (spec.output.as_local(), output) {
         // The rules of `fleetrun run`'s output folder: nothing fleetrun did not write is
         // overwritten, and what the job writes is recorded as fleetrun's.
         OutputGuard::hand_to_fleet(dir, &spec, &job)?;
@@ -289,6 +290,15 @@ pub async fn register(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Who holds a job's local output folder ([`fleetrun_worker::output`]) while it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputHold {
+    /// The job's workers: [`register`] claims the folder and hands it to them.
+    Fleet,
+    /// The caller, which claimed it already (`fleetrun run`'s guard).
+    Caller,
 }
 
 /// Refuses an output that another job of the fleet, of any pool, writes and that has not
@@ -653,7 +663,7 @@ pub async fn retry(
             bucket,
         },
     };
-    let registered = register(spec, fleet, Some(&job)).await?;
+    let registered = register(spec, fleet, Some(&job), OutputHold::Fleet).await?;
     on_id(&registered.job);
     let produced = Arc::new(Produced::default());
     publish_claimed(fleet, &registered, &produced, Some(&items)).await?;
@@ -1017,7 +1027,9 @@ mod tests {
     async fn a_job_stopped_while_published_refuses_a_resume_over_a_changed_input() {
         let dir = tempfile::tempdir().unwrap();
         let (fleet, spec) = memory_fleet(dir.path(), 100, 40);
-        let registered = register(spec, &fleet, Some("cut-1")).await.unwrap();
+        let registered = register(spec, &fleet, Some("cut-1"), OutputHold::Fleet)
+            .await
+            .unwrap();
         let produced = Arc::new(Produced::default());
         let publisher = {
             let (fleet, registered, produced) =
@@ -1092,7 +1104,9 @@ mod tests {
         .unwrap();
         let spec = fleetrun_config::load(&job_file, &[]).unwrap();
         let fleet = embedded_fleet();
-        let registered = register(spec, &fleet, Some("wake-1")).await.unwrap();
+        let registered = register(spec, &fleet, Some("wake-1"), OutputHold::Fleet)
+            .await
+            .unwrap();
         let record = &registered.record;
         let handle = registered.job(&fleet).await.unwrap();
         let started = tokio::time::Instant::now();

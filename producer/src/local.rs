@@ -213,7 +213,8 @@ pub async fn run_local(
         s3: S3Settings::default(),
         pool: LOCAL_POOL.to_owned(),
     };
-    let registered = fleet_cmd::register(spec, &fleet, Some(&job_id)).await?;
+    let registered =
+        fleet_cmd::register(spec, &fleet, Some(&job_id), fleet_cmd::OutputHold::Caller).await?;
     // What the last run recorded is done: its mini-batches are not published again.
     let done: std::collections::HashSet<u64> = entries
         .iter()

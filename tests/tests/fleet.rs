@@ -3100,6 +3100,11 @@ fn a_fleet_jobs_local_output_folder_keeps_what_fleetrun_did_not_write() {
         assert!(out.path().join("logs/job_result.txt").exists(), "run {run}");
     }
 
+    // Its worker gone, nothing of fleetrun's writes the folder any more.
+    let (_, worker) = &mut fleet.workers[0];
+    // SAFETY: kill(2) with SIGTERM on our own child.
+    assert_eq!(unsafe { libc::kill(worker.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(exit_within(worker, Duration::from_secs(60)).code(), Some(0));
     let notes = out.path().join("logs/notes.txt");
     std::fs::write(&notes, "mine\n").unwrap();
     let refused = fleet.submit(&job, &[]);

@@ -54,11 +54,13 @@
 //! the same refusals, the previous run's logs removed), then leaves it to the job's workers
 //! with the run open and the lock released: the workers, on this host or sharing its folder,
 //! write the output file, `logs/` and `_parts/` as the job goes. Two fleet jobs never write
-//! one folder at once (the submitter refuses an output a live job writes); the next claim,
-//! by a fleet job or a run here, records what the last one wrote as fleetrun's, as for a run
-//! that died, and keeps its parts (its finalizer removes them when it completes; `fleetrun
-//! resume` reads them). A run here does not know whether a fleet job on the folder has ended:
-//! do not start one on the output folder of a fleet job that has not.
+//! one folder at once (the submitter refuses an output a live job writes). Once the job has
+//! ended, the node that writes its results and every node as it lets go of the job record
+//! what it wrote as fleetrun's ([`OutputGuard::release_fleet`]); what appears after is not.
+//! A job whose end nobody recorded (every worker died) is settled by the next claim, as a
+//! run that died. A fleet job's parts are kept for `fleetrun resume` (its finalizer removes
+//! them when it completes). A run here does not know whether a fleet job on the folder has
+//! ended: do not start one on the output folder of a fleet job that has not.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, Metadata, OpenOptions};
@@ -161,7 +163,11 @@ impl OutputGuard {
         Self::claim_with(dir, spec, Claim::Fleet(job)).map(drop)
     }
 
-    fn claim_with(dir: &Path, spec: &JobSpec, claim: Claim<'_>) -> Result<OutputGuard, OutputError> {
+    fn claim_with(
+        dir: &Path,
+        spec: &JobSpec,
+        claim: Claim<'_>,
+    ) -> Result<OutputGuard, OutputError> {
         let resume = matches!(claim, Claim::Resume);
         let output = (spec.output_action == OutputAction::AppendRow)
             .then(|| spec.append_row_file_name.clone());
@@ -197,12 +203,14 @@ impl OutputGuard {
                 _lock: lock,
             });
         }
-        if let Some(last) = manifest.run.take() {
+        if let Some(last) = manifest.run.take()
+            && !last.ended
+        {
             if last.fleet {
                 tracing::info!(
                     folder = %dir.display(),
                     job = last.job.as_deref().unwrap_or_default(),
-                    "Recording what the fleet job on this output folder wrote."
+                    "The fleet job on this output folder did not say it ended; recording what it wrote."
                 );
             } else {
                 tracing::warn!(
@@ -276,6 +284,7 @@ impl OutputGuard {
             output: output.clone(),
             fleet: fleet_job.is_some(),
             job: fleet_job,
+            ended: false,
         });
         manifest.save(&state)?;
         Ok(OutputGuard {
@@ -286,10 +295,11 @@ impl OutputGuard {
         })
     }
 
-    /// Ends fleet job `job`'s hold on its output folder `dir` once it has ended and its
-    /// results are written: what it wrote there is recorded as fleetrun's, and what appears
-    /// after is not. Nothing happens unless the folder was handed to that job (a run here
-    /// keeps its own guard). Returns whether it released the folder.
+    /// Records what fleet job `job` wrote in its output folder `dir` as fleetrun's, once it
+    /// has ended: called by the node that wrote its results, and by every node as it lets go
+    /// of the job (its last log lines written). What appears after the last call is not
+    /// fleetrun's. Nothing happens unless the folder was handed to that job (a run here keeps
+    /// its own guard). Returns whether anything was recorded.
     pub fn release_fleet(dir: &Path, job: &str) -> Result<bool, OutputError> {
         let state = dir.join(STATE_DIR);
         let is_job = |manifest: &Manifest| {
@@ -319,8 +329,12 @@ impl OutputGuard {
         if !is_job(&manifest) {
             return Ok(false);
         }
-        if let Some(run) = manifest.run.take() {
+        if let Some(run) = &mut manifest.run {
+            let run = run.clone();
             manifest.settle(dir, &run)?;
+        }
+        if let Some(run) = &mut manifest.run {
+            run.ended = true;
         }
         manifest.save(&state)?;
         Ok(true)
@@ -450,9 +464,13 @@ struct Run {
     #[serde(default)]
     job: Option<String>,
     /// A fleet job's ([`OutputGuard::hand_to_fleet`]): its workers write the folder until it
-    /// ends, holding no lock; the next claim settles what they wrote.
+    /// ends, holding no lock.
     #[serde(default)]
     fleet: bool,
+    /// The fleet job ended: what it wrote was recorded as each node let go of it
+    /// ([`OutputGuard::release_fleet`]), and what appeared after is not fleetrun's.
+    #[serde(default)]
+    ended: bool,
 }
 
 /// An entry found under a folder: `rel` is `None` when its name is not UTF-8 (fleetrun
@@ -783,6 +801,9 @@ mod tests {
         assert!(dir.join("logs/sys/node/n1/_main.txt").exists());
         // Another job's end releases nothing; its own does.
         assert!(!OutputGuard::release_fleet(dir, "j2").unwrap());
+        assert!(OutputGuard::release_fleet(dir, "j1").unwrap());
+        // Another node's last log lines, written after the job's results: its own release.
+        fs::write(dir.join("logs/sys/node_n2.txt"), "ended").unwrap();
         assert!(OutputGuard::release_fleet(dir, "j1").unwrap());
 
         fs::write(dir.join("logs/notes.txt"), "mine").unwrap();

@@ -156,7 +156,8 @@ async fn submit(State(served): State<Served>, body: Bytes) -> Result<Response, A
         .map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
     let fleet = &served.fleet;
     fleet_cmd::check_input(&spec, &fleet.s3, EmptyInput::Refuse).await?;
-    let registered = fleet_cmd::register(spec, fleet, job_id.as_deref()).await?;
+    let registered =
+        fleet_cmd::register(spec, fleet, job_id.as_deref(), fleet_cmd::OutputHold::Fleet).await?;
     let submitted = Submitted {
         job_id: registered.job.clone(),
         attached: registered.attached,

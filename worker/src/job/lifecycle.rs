@@ -418,14 +418,21 @@ impl Job {
             }
         }
         results::write(self, logs, status).await;
-        if let Location::Local(dir) = &self.spec.output {
-            // A fleet job's local folder: what it wrote is fleetrun's, what comes after is not.
-            let (dir, job) = (dir.clone(), self.id.clone());
-            let released =
-                tokio::task::spawn_blocking(move || OutputGuard::release_fleet(&dir, &job)).await;
-            if let Ok(Err(e)) = released {
-                warn!(job = %self.id, error = %e, "Cannot record what the job wrote in its output folder.");
-            }
+        self.release_output().await;
+    }
+
+    /// On a fleet job's local output folder, once it ended: records what the job wrote
+    /// there (its results, this node's logs) as fleetrun's; see
+    /// [`OutputGuard::release_fleet`].
+    pub async fn release_output(&self) {
+        let Location::Local(dir) = &self.spec.output else {
+            return;
+        };
+        let (dir, job) = (dir.clone(), self.id.clone());
+        let released =
+            tokio::task::spawn_blocking(move || OutputGuard::release_fleet(&dir, &job)).await;
+        if let Ok(Err(e)) = released {
+            warn!(job = %self.id, error = %e, "Cannot record what the job wrote in its output folder.");
         }
     }
 }

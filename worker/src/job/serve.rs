@@ -94,13 +94,17 @@ pub async fn serve(
                 .release_place(ctx.job.id(), &config.node_id)
                 .await;
         }
-        if let Ok(Some(status)) = fleet.ledger.status(ctx.job.id()).await {
-            note_end(&ctx, &status);
+        let status = fleet.ledger.status(ctx.job.id()).await.ok().flatten();
+        if let Some(status) = &status {
+            note_end(&ctx, status);
         }
         agent::named::finish(&ctx, &config.node_id).await;
         ctx.logs.flush();
         agent::outdir::sync_logged(&ctx).await;
         upload_logs(&ctx, &config.node_id).await;
+        if status.is_some_and(|s| s.state.is_terminal()) {
+            ctx.job.release_output().await;
+        }
     }
     // The runners are gone: the jobs' working folders and cache holds go with them.
     jobs.held.lock().unwrap_or_else(|p| p.into_inner()).clear();

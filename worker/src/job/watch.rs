@@ -104,6 +104,7 @@ pub(super) async fn watch_job(
                     ctx.logs.flush();
                     agent::outdir::sync_logged(&ctx).await;
                     upload_logs(&ctx, &node).await;
+                    ctx.job.release_output().await;
                     held.lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .remove(ctx.job.id());
