@@ -15,7 +15,7 @@ use super::dead_letters::record_dead_letters;
 use super::finalize::{check_init_failures, conclude};
 use super::load::FleetJobs;
 use super::settings::{Fleet, WorkerConfig};
-use super::watch::{note_end, upload_logs};
+use super::watch::{let_go, note_end};
 use crate::agent::{self, Agent, AgentConfig, AgentEvent, Jobs};
 
 /// How long a node's word that it serves its pool lasts (renewed every third of it).
@@ -85,8 +85,6 @@ pub async fn serve(
         _ = abort.cancelled() => finisher.abort(),
     }
     for ctx in jobs.all() {
-        // Its last sample written before the logs are flushed and sent.
-        ctx.monitor.stop().await;
         if ctx.has_place() && !config.sole_node {
             // Another node takes this one's place in the job now, not when it runs out.
             let _ = fleet
@@ -98,13 +96,8 @@ pub async fn serve(
         if let Some(status) = &status {
             note_end(&ctx, status);
         }
-        agent::named::finish(&ctx, &config.node_id).await;
-        ctx.logs.flush();
-        agent::outdir::sync_logged(&ctx).await;
-        upload_logs(&ctx, &config.node_id).await;
-        if status.is_some_and(|s| s.state.is_terminal()) {
-            ctx.job.release_output().await;
-        }
+        let ended = status.is_some_and(|s| s.state.is_terminal());
+        let_go(&ctx, &config.node_id, ended).await;
     }
     // The runners are gone: the jobs' working folders and cache holds go with them.
     jobs.held.lock().unwrap_or_else(|p| p.into_inner()).clear();

@@ -99,12 +99,7 @@ pub(super) async fn watch_job(
             state if !state.accepts_work() => {
                 ctx.stop.cancel();
                 if state.is_terminal() {
-                    ctx.monitor.stop().await;
-                    agent::named::finish(&ctx, &node).await;
-                    ctx.logs.flush();
-                    agent::outdir::sync_logged(&ctx).await;
-                    upload_logs(&ctx, &node).await;
-                    ctx.job.release_output().await;
+                    let_go(&ctx, &node, true).await;
                     held.lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .remove(ctx.job.id());
@@ -189,6 +184,20 @@ pub(super) fn note_end(ctx: &JobContext, status: &Status) {
 
 pub(super) fn input_name(spec: &fleetrun_config::JobSpec) -> String {
     spec.input.location().to_string()
+}
+
+/// This node lets go of a job: its monitor's last sample, its named outputs delivered, its
+/// logs flushed and sent where they go and, once the job has `ended`, what it wrote in a
+/// local output folder recorded as fleetrun's.
+pub(super) async fn let_go(ctx: &JobContext, node: &str, ended: bool) {
+    ctx.monitor.stop().await;
+    agent::named::finish(ctx, node).await;
+    ctx.logs.flush();
+    agent::outdir::sync_logged(ctx).await;
+    upload_logs(ctx, node).await;
+    if ended {
+        ctx.job.release_output().await;
+    }
 }
 
 /// Copies this node's log files of a job whose output is on S3 under `<output>/logs/`.
