@@ -3076,6 +3076,9 @@ fn a_fleet_jobs_local_output_folder_keeps_what_fleetrun_did_not_write() {
     let job = fleet.job("", &input, out.path().to_str().unwrap());
     let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).into_owned();
 
+    // A file of the user's beside fleetrun's, which no job touches.
+    let theirs = out.path().join("their notes.txt");
+    std::fs::write(&theirs, "mine\n").unwrap();
     let output = out.path().join("parallel_run_step.txt");
     std::fs::write(&output, "mine\n").unwrap();
     let refused = fleet.submit(&job, &[]);
@@ -3115,4 +3118,5 @@ fn a_fleet_jobs_local_output_folder_keeps_what_fleetrun_did_not_write() {
         stderr(&refused)
     );
     assert_eq!(std::fs::read_to_string(&notes).unwrap(), "mine\n");
+    assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "mine\n");
 }

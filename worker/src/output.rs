@@ -776,6 +776,14 @@ mod tests {
         guard.finish()
     }
 
+    /// The path handing `dir` to fleet job `job` is refused over.
+    fn refused_to_fleet(dir: &Path, job: &str) -> PathBuf {
+        match OutputGuard::hand_to_fleet(dir, &spec(OUT), job) {
+            Err(OutputError::NotOurs { path }) => path,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
     /// A fleet job's turn on a folder: handed over at submission (its workers write without
     /// the lock), attached to again without losing what it wrote, released when it ended;
     /// its output and logs are then fleetrun's, a file the user adds after is not.
@@ -784,10 +792,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         fs::write(dir.join(OUT), "mine").unwrap();
-        assert_eq!(
-            not_ours(OutputGuard::hand_to_fleet(dir, &spec(OUT), "j1").map(|()| unreachable!())),
-            dir.join(OUT)
-        );
+        assert_eq!(refused_to_fleet(dir, "j1"), dir.join(OUT));
         kept(&dir.join(OUT));
         fs::remove_file(dir.join(OUT)).unwrap();
 
@@ -807,16 +812,43 @@ mod tests {
         assert!(OutputGuard::release_fleet(dir, "j1").unwrap());
 
         fs::write(dir.join("logs/notes.txt"), "mine").unwrap();
-        assert_eq!(
-            not_ours(OutputGuard::hand_to_fleet(dir, &spec(OUT), "j3").map(|()| unreachable!())),
-            dir.join("logs/notes.txt")
-        );
+        assert_eq!(refused_to_fleet(dir, "j3"), dir.join("logs/notes.txt"));
         kept(&dir.join("logs/notes.txt"));
         fs::remove_file(dir.join("logs/notes.txt")).unwrap();
         // The next job takes the folder: j1's logs go, its output stays until replaced.
         OutputGuard::hand_to_fleet(dir, &spec(OUT), "j3").unwrap();
         assert!(!dir.join("logs/sys/node/n1/_main.txt").exists());
+        assert!(!dir.join("logs/sys/node_n2.txt").exists());
         assert_eq!(fs::read_to_string(dir.join(OUT)).unwrap(), "out");
+    }
+
+    /// A fleet job whose end no node recorded (every worker died) is settled by the next
+    /// claim, as a run that died: what it wrote is fleetrun's and goes, its parts stay for
+    /// `fleetrun resume`, and a run here takes the folder.
+    #[test]
+    fn a_fleet_job_nobody_saw_end_is_settled_by_the_next_claim() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        OutputGuard::hand_to_fleet(dir, &spec(OUT), "j1").unwrap();
+        fs::create_dir_all(dir.join("logs/sys")).unwrap();
+        fs::write(dir.join("logs/sys/master_role.n1.txt"), "ran").unwrap();
+        fs::create_dir_all(dir.join("_parts/j1")).unwrap();
+        fs::write(dir.join("_parts/j1/0"), "row").unwrap();
+        fs::write(dir.join(OUT), "out").unwrap();
+
+        let guard = OutputGuard::claim(dir, &spec(OUT)).unwrap();
+        assert!(!dir.join("logs/sys/master_role.n1.txt").exists());
+        assert!(
+            dir.join("_parts/j1/0").exists(),
+            "a fleet job's parts are kept"
+        );
+        guard.finish().unwrap();
+        assert_eq!(fs::read_to_string(dir.join(OUT)).unwrap(), "out");
+        // The output was the fleet job's: the next run may replace it.
+        OutputGuard::claim(dir, &spec(OUT))
+            .unwrap()
+            .finish()
+            .unwrap();
     }
 
     #[test]
