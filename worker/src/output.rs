@@ -191,9 +191,7 @@ impl OutputGuard {
         let (lock, since) = lock(dir, &state.join(LOCK_FILE))?;
         let mut manifest = Manifest::load(&state.join(MANIFEST_FILE))?;
         if let Claim::Fleet(job) = claim
-            && let Some(run) = &manifest.run
-            && run.fleet
-            && run.job.as_deref() == Some(job)
+            && manifest.handed_to(job)
         {
             // The job has the folder already: this submission attaches to it.
             return Ok(OutputGuard {
@@ -302,15 +300,8 @@ impl OutputGuard {
     /// its own guard). Returns whether anything was recorded.
     pub fn release_fleet(dir: &Path, job: &str) -> Result<bool, OutputError> {
         let state = dir.join(STATE_DIR);
-        let is_job = |manifest: &Manifest| {
-            manifest
-                .run
-                .as_ref()
-                .is_some_and(|run| run.fleet && run.job.as_deref() == Some(job))
-        };
-        if lstat(&state.join(MANIFEST_FILE))?.is_none()
-            || !is_job(&Manifest::load(&state.join(MANIFEST_FILE))?)
-        {
+        let manifest = state.join(MANIFEST_FILE);
+        if !Manifest::load(&manifest)?.handed_to(job) {
             return Ok(false);
         }
         // Another submission may hold the lock a moment.
@@ -325,17 +316,16 @@ impl OutputGuard {
                 Err(e) => return Err(e),
             }
         };
-        let mut manifest = Manifest::load(&state.join(MANIFEST_FILE))?;
-        if !is_job(&manifest) {
+        let mut manifest = Manifest::load(&manifest)?;
+        if !manifest.handed_to(job) {
             return Ok(false);
         }
-        if let Some(run) = &mut manifest.run {
-            let run = run.clone();
-            manifest.settle(dir, &run)?;
-        }
-        if let Some(run) = &mut manifest.run {
-            run.ended = true;
-        }
+        let Some(mut run) = manifest.run.take() else {
+            return Ok(false);
+        };
+        manifest.settle(dir, &run)?;
+        run.ended = true;
+        manifest.run = Some(run);
         manifest.save(&state)?;
         Ok(true)
     }
@@ -483,6 +473,13 @@ struct Found {
 }
 
 impl Manifest {
+    /// Whether the folder is handed to fleet job `job` ([`OutputGuard::hand_to_fleet`]).
+    fn handed_to(&self, job: &str) -> bool {
+        self.run
+            .as_ref()
+            .is_some_and(|run| run.fleet && run.job.as_deref() == Some(job))
+    }
+
     fn load(path: &Path) -> Result<Manifest, OutputError> {
         match fs::read(path) {
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(|source| OutputError::Manifest {
