@@ -97,11 +97,24 @@ start_rabbitmq() {
     listens_as "$AMQP_PORT" "$pid" || refuse_foreign RabbitMQ "$AMQP_PORT"
     listens_as "$MGMT_PORT" "$pid" || refuse_foreign "RabbitMQ management API" "$MGMT_PORT"
     say "RabbitMQ already running on 127.0.0.1:$AMQP_PORT (started here: node fleetrun@localhost, pid $pid)"
+    local files
+    files=$(awk '/^Max open files/ {print $4}' "/proc/$pid/limits" 2>/dev/null || true)
+    if [ -n "$files" ] && [ "$files" -lt 10000 ]; then
+      say "that node may open only $files files: it stops answering new connections once its quorum queues take them; restart it with 'scripts/services.sh stop' then 'start'"
+    fi
     enable_rabbitmq_prometheus "$pid"
     return 0
   fi
   mkdir -p /etc/rabbitmq
-  cat > /etc/rabbitmq/rabbitmq-env.conf <<CONF
+  # Sourced by the shell that starts the node, after Debian's wrapper ran `su rabbitmq`,
+  # which leaves 1024 open files. RabbitMQ spends its file handles on each quorum queue's
+  # log (the suite's jobs each have a queue) and on each connection: once they run out, it
+  # takes TCP connections and never answers their AMQP handshake. The hard limit is the most
+  # the node may have; the private brokers of the tests read this file too.
+  cat > /etc/rabbitmq/rabbitmq-env.conf <<'CONF'
+ulimit -S -n "$(ulimit -H -n)"
+CONF
+  cat >> /etc/rabbitmq/rabbitmq-env.conf <<CONF
 NODENAME=fleetrun@localhost
 NODE_IP_ADDRESS=127.0.0.1
 NODE_PORT=$AMQP_PORT
@@ -117,6 +130,8 @@ consumer_timeout = 3600000
 CONF
   echo '[rabbitmq_management,rabbitmq_prometheus].' > /etc/rabbitmq/enabled_plugins
   say "starting RabbitMQ on 127.0.0.1:$AMQP_PORT"
+  # RabbitMQ's own advice for a node's open files; as root the hard limit can be raised.
+  ulimit -n 65536 2>/dev/null || true
   rabbitmq-server -detached
   # -detached returns before the node registers; await_startup needs it registered.
   for _ in $(seq 120); do

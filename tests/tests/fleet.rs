@@ -319,8 +319,8 @@ impl Drop for Fleet {
                 eprintln!("--- worker {node}\n{}", log.unwrap_or_default());
             }
         }
-        // Each test has pools of its own: remove their queues (every quorum queue costs the
-        // broker upkeep).
+        // Each test has pools of its own: remove their queues, one per job (every quorum
+        // queue holds file handles of the broker's, and the suite runs hundreds of jobs).
         let url = self.amqp_url.clone();
         for pool in std::iter::once(&self.pool).chain(&self.other_pools) {
             let _ = self.runtime.block_on(async {
@@ -330,7 +330,7 @@ impl Drop for Fleet {
                     QueueOptions {
                         delivery_limit: Some(fleetrun_worker_delivery_limit()),
                     },
-                    None,
+                    self.management_url.as_deref(),
                 )
                 .await?
                 .delete()

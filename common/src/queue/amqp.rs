@@ -45,6 +45,7 @@
 //!   the queue's overflow is `reject-publish`) is published again with backoff; only a message
 //!   the broker returns (no such queue) is refused at once.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -118,6 +119,9 @@ mod names {
 const PERSISTENT: u8 = 2;
 /// How long a management API request may take.
 const MANAGEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a connection may take, TCP retries and AMQP handshake together: a broker can
+/// take the TCP connection and never answer the handshake.
+const CONNECT_PATIENCE: Duration = Duration::from_secs(60);
 /// Times an operation waits for a recovered connection before giving up.
 const MAX_RECOVERIES: u32 = 3;
 
@@ -306,16 +310,20 @@ impl AmqpQueue {
         &self.shared.inbox
     }
 
-    /// Deletes the pool's dead-letter queue and exchange and the lanes this handle knows,
-    /// with whatever they hold: for retiring a pool (and for tests, which each use a pool of
-    /// their own).
+    /// Deletes the pool's dead-letter queue and exchange and its lanes (every one the broker
+    /// holds, with the management API; else those this handle knows), with whatever they
+    /// hold: for retiring a pool (and for tests, which each use a pool of their own).
     pub async fn delete(&self) -> Result<(), QueueError> {
         let channel = self
             .shared
             .open_channel()
             .await
             .map_err(backend("open a channel"))?;
-        let mut queues: Vec<String> = self.shared.known_lanes().into_iter().collect();
+        let mut queues: BTreeSet<String> = self.shared.known_lanes().into_iter().collect();
+        if self.shared.management.is_some() {
+            queues.extend(self.lanes().await?.iter().map(|lane| self.lane_name(lane)));
+        }
+        let mut queues: Vec<String> = queues.into_iter().collect();
         queues.push(self.shared.dead.clone());
         queues.push(self.shared.inbox.clone());
         for queue in &queues {
@@ -387,8 +395,17 @@ async fn connect(url: &str, name: &str, blocked: &Blocked) -> Result<Connection,
         .with_connection_name(name.into())
         .enable_auto_recover()
         .with_backoff(backoff);
-    let connection = Connection::connect(url, properties)
+    let connection = tokio::time::timeout(CONNECT_PATIENCE, Connection::connect(url, properties))
         .await
+        .map_err(|_| {
+            QueueError::Backend(format!(
+                "RabbitMQ at {} did not complete a connection within {}s: it is unreachable, \
+                 or it takes connections without answering them, as a broker out of file \
+                 handles does (see its file descriptors in `rabbitmq-diagnostics status`)",
+                crate::report::redact_url(url),
+                CONNECT_PATIENCE.as_secs()
+            ))
+        })?
         .map_err(backend("connect to RabbitMQ"))?;
     tokio::spawn(watch_blocked(connection.events_listener(), blocked.clone()));
     Ok(connection)
@@ -1437,5 +1454,43 @@ impl Drop for AmqpAcker {
         if !self.settled && self.acker.usable() {
             debug!("A delivery was dropped unsettled; it returns when its channel closes.");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A broker that takes the TCP connection and never answers the handshake (RabbitMQ out
+    /// of file handles does so) fails the connect with a reason, instead of holding it.
+    #[test]
+    fn a_broker_that_never_answers_the_handshake_fails_the_connect() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("amqp://guest:secret@{}/%2f", listener.local_addr().unwrap());
+        let (sent, outcome) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            let result = runtime.block_on(AmqpQueue::connect(
+                &url,
+                "pool",
+                QueueOptions::default(),
+                None,
+            ));
+            let _ = sent.send(result.err().map(|e| e.to_string()));
+        });
+        let error = outcome
+            .recv_timeout(Duration::from_secs(60))
+            .expect("connect returned")
+            .expect("connect failed");
+        assert!(
+            error.contains("did not complete a connection within 60s"),
+            "{error}"
+        );
+        assert!(!error.contains("secret"), "{error}");
+        drop(listener);
     }
 }
