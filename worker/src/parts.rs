@@ -14,6 +14,11 @@
 //!   a local file system, whose page cache every reader on the machine shares.
 //! - [`ObjectParts`] are one storage object per part: on S3, and on a network file system,
 //!   where another machine sees a file's bytes once its writer has closed it.
+//! - [`InlineParts`] keep a small part in its reference itself, in the ledger, within a
+//!   budget per job, and hand larger ones (and every part past the budget) to
+//!   [`ObjectParts`]. A request to S3 costs more than the ledger's recording it already
+//!   makes: a job of small mini-batches on S3 writes no object per mini-batch, and its
+//!   finalizer reads a thousand parts per ledger call instead of one per request.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -220,12 +225,22 @@ fn split_header(body: Bytes) -> Result<(Bytes, Bytes), String> {
 }
 
 /// The parts a job's writer on this node keeps: segments in the output's `_parts/<job>/`
-/// when that is a local file system, else objects there.
-pub fn for_job(storage: Arc<dyn Storage>, job: &str, writer: &str) -> Arc<dyn Parts> {
+/// when that is a local file system, else small ones in the ledger and the others objects
+/// there.
+pub fn for_job(
+    storage: Arc<dyn Storage>,
+    ledger: Arc<dyn Ledger>,
+    job: &str,
+    writer: &str,
+) -> Arc<dyn Parts> {
     let prefix = format!("_parts/{job}");
     match storage.local_path(&prefix) {
         Some(dir) if !is_network_fs(&dir) => Arc::new(SegmentParts::new(dir, writer)),
-        _ => Arc::new(ObjectParts::new(storage, job, writer)),
+        _ => Arc::new(InlineParts::new(
+            ledger,
+            job,
+            ObjectParts::new(storage, job, writer),
+        )),
     }
 }
 
@@ -431,6 +446,76 @@ impl Parts for ObjectParts {
     }
 }
 
+/// The largest part kept in the ledger, before encoding.
+const INLINE_PART_MAX: usize = 8 << 10;
+/// The bytes of parts (encoded) one job may keep in the ledger: what a running job costs
+/// the ledger's memory at most, besides its few dozen bytes per mini-batch.
+const INLINE_BUDGET: u64 = 64 << 20;
+/// The first character of a reference that holds its part (base64 has none of it, nor of
+/// [`FAILED_ITEMS_MARK`]; an object's name starts with a digit).
+const INLINE_MARK: char = '~';
+
+/// Parts of up to [`INLINE_PART_MAX`] bytes kept in their ledger reference, `~<base64>`,
+/// while the job's [`INLINE_BUDGET`] lasts; the others go to `objects`.
+pub struct InlineParts {
+    ledger: Arc<dyn Ledger>,
+    job: String,
+    objects: ObjectParts,
+}
+
+impl InlineParts {
+    pub fn new(ledger: Arc<dyn Ledger>, job: &str, objects: ObjectParts) -> InlineParts {
+        InlineParts {
+            ledger,
+            job: job.to_owned(),
+            objects,
+        }
+    }
+}
+
+#[async_trait]
+impl Parts for InlineParts {
+    async fn put(&self, index: u64, body: Bytes) -> Result<String, PartError> {
+        use base64::Engine as _;
+        if body.len() <= INLINE_PART_MAX {
+            let inline = format!(
+                "{INLINE_MARK}{}",
+                base64::engine::general_purpose::STANDARD.encode(&body)
+            );
+            let within = self
+                .ledger
+                .reserve_part_bytes(&self.job, inline.len() as u64, INLINE_BUDGET)
+                .await
+                .map_err(|e| PartError::Other(e.to_string()))?;
+            if within {
+                return Ok(inline);
+            }
+        }
+        self.objects.put(index, body).await
+    }
+
+    async fn get(&self, part: &str) -> Result<Bytes, String> {
+        use base64::Engine as _;
+        match part.strip_prefix(INLINE_MARK) {
+            Some(encoded) => base64::engine::general_purpose::STANDARD
+                .decode(encoded)
+                .map(Bytes::from)
+                .map_err(|e| format!("a part kept in the ledger is corrupt: {e}")),
+            None => self.objects.get(part).await,
+        }
+    }
+
+    /// Removes the job's objects, then the references that hold the other parts: called
+    /// once the job is Completed.
+    async fn clear(&self) -> Result<(), String> {
+        self.objects.clear().await?;
+        self.ledger
+            .forget_parts(&self.job)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use fleetrun_common::ledger::{Limits, MemoryLedger, Outcome};
@@ -475,6 +560,64 @@ mod tests {
         let joined = std::fs::read_to_string(out_dir.path().join("out.txt")).unwrap();
         assert_eq!(size, joined.len() as u64);
         joined
+    }
+
+    /// Small parts travel in the ledger until the job's budget is spent; larger ones, and
+    /// every one past the budget, are objects. The join takes both, in order; clearing a
+    /// Completed job removes the objects and the references.
+    #[tokio::test]
+    async fn small_parts_are_kept_in_the_ledger_within_the_jobs_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage: Arc<dyn Storage> = Arc::new(LocalStorage::new(dir.path()));
+        let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
+        ledger.create("j", Limits::NONE).await.unwrap();
+        let parts = InlineParts::new(
+            ledger.clone(),
+            "j",
+            ObjectParts::new(storage, "j", &writer_name("n1")),
+        );
+        let small = Bytes::from_static(b"a!~\n\xff");
+        let large = Bytes::from(vec![b'x'; INLINE_PART_MAX + 1]);
+        let r0 = parts.put(0, small.clone()).await.unwrap();
+        assert!(r0.starts_with(INLINE_MARK), "{r0}");
+        let r1 = parts.put(1, large.clone()).await.unwrap();
+        assert!(!r1.starts_with(INLINE_MARK), "{r1}");
+        // The budget spent (by this node or others), small parts go to objects too.
+        assert!(
+            !ledger
+                .reserve_part_bytes("j", INLINE_BUDGET, INLINE_BUDGET)
+                .await
+                .unwrap()
+        );
+        let r2 = parts.put(2, small.clone()).await.unwrap();
+        assert!(!r2.starts_with(INLINE_MARK), "{r2}");
+        for (index, part) in [r0, r1, r2].iter().enumerate() {
+            ledger
+                .record(
+                    "j",
+                    index as u64,
+                    OK,
+                    Some(&reference(Some(part), None).unwrap()),
+                )
+                .await
+                .unwrap();
+        }
+        let out_dir = tempfile::tempdir().unwrap();
+        let out = LocalStorage::new(out_dir.path());
+        join_parts(&parts, &*ledger, "j", 3, &out, "out.txt", false)
+            .await
+            .unwrap();
+        let joined = std::fs::read(out_dir.path().join("out.txt")).unwrap();
+        assert_eq!(joined, [&small[..], &large[..], &small[..]].concat());
+
+        parts.clear().await.unwrap();
+        assert!(!dir.path().join("_parts/j").exists());
+        assert!(
+            join_parts(&parts, &*ledger, "j", 3, &out, "again.txt", false)
+                .await
+                .is_err()
+        );
+        assert!(!out_dir.path().join("again.txt").exists());
     }
 
     /// With `append_row_dataframe_header`, the first header met is written once, at the top.
@@ -570,7 +713,7 @@ mod tests {
     async fn a_local_folder_gets_segments_and_no_parts_make_an_empty_file() {
         let dir = tempfile::tempdir().unwrap();
         let storage: Arc<dyn Storage> = Arc::new(LocalStorage::new(dir.path()));
-        let parts = for_job(storage, "j", "n1-0");
+        let parts = for_job(storage, Arc::new(MemoryLedger::new()), "j", "n1-0");
         let name = parts.put(0, Bytes::from("x\n")).await.unwrap();
         assert_eq!(name, "n1-0.seg@0+2");
         assert!(dir.path().join("_parts/j/n1-0.seg").is_file());

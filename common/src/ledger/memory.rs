@@ -25,6 +25,10 @@ struct Job {
     status: Status,
     done: HashSet<u64>,
     parts: HashMap<u64, String>,
+    /// The bytes of parts the job keeps in its references ([`Ledger::reserve_part_bytes`]).
+    part_bytes: u64,
+    /// Set by [`Ledger::forget_parts`].
+    parts_forgotten: bool,
     /// Who runs an attempt of each mini-batch not yet recorded.
     holders: HashMap<u64, String>,
     /// The attempts each mini-batch spent on the script's faults.
@@ -136,6 +140,8 @@ impl Ledger for MemoryLedger {
                 },
                 done: HashSet::new(),
                 parts: HashMap::new(),
+                part_bytes: 0,
+                parts_forgotten: false,
                 holders: HashMap::new(),
                 spent: HashMap::new(),
                 failed: HashMap::new(),
@@ -290,7 +296,31 @@ impl Ledger for MemoryLedger {
         job: &str,
         indices: Range<u64>,
     ) -> Result<Vec<Option<String>>, LedgerError> {
-        self.with_job(job, |j| indices.map(|i| j.parts.get(&i).cloned()).collect())
+        self.with_job(job, |j| {
+            if j.parts_forgotten {
+                return Err(LedgerError::PartsForgotten(job.to_owned()));
+            }
+            Ok(indices.map(|i| j.parts.get(&i).cloned()).collect())
+        })?
+    }
+
+    async fn reserve_part_bytes(
+        &self,
+        job: &str,
+        bytes: u64,
+        budget: u64,
+    ) -> Result<bool, LedgerError> {
+        self.with_job(job, |j| {
+            j.part_bytes = j.part_bytes.saturating_add(bytes);
+            j.part_bytes <= budget
+        })
+    }
+
+    async fn forget_parts(&self, job: &str) -> Result<(), LedgerError> {
+        self.with_job(job, |j| {
+            j.parts = HashMap::new();
+            j.parts_forgotten = true;
+        })
     }
 
     async fn transition(

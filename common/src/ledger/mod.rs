@@ -26,6 +26,8 @@ pub enum LedgerError {
     JobExists(String),
     #[error("job {job} is {state}: only a job that failed or was canceled can be resumed")]
     NotResumable { job: String, state: JobState },
+    #[error("job {0} is Completed: its parts went once its output was written")]
+    PartsForgotten(String),
     #[error("ledger backend: {0}")]
     Backend(String),
 }
@@ -346,6 +348,21 @@ pub trait Ledger: Send + Sync {
         job: &str,
         indices: std::ops::Range<u64>,
     ) -> Result<Vec<Option<String>>, LedgerError>;
+    /// Counts `bytes` more of the job's parts kept in the ledger itself (small parts travel
+    /// in their references, [`Ledger::parts`]): true while the job's total stays within
+    /// `budget`, so the ledger's memory does not grow with the job. A refused reservation
+    /// is still counted: once over its budget, a job's parts go elsewhere.
+    async fn reserve_part_bytes(
+        &self,
+        job: &str,
+        bytes: u64,
+        budget: u64,
+    ) -> Result<bool, LedgerError>;
+    /// Forgets the part references of a Completed job, whose output is written: the parts
+    /// they name are removed with them. [`Ledger::parts`] is then an error
+    /// ([`LedgerError::PartsForgotten`]), so a finalizer that lost its lease can never
+    /// write an output without them.
+    async fn forget_parts(&self, job: &str) -> Result<(), LedgerError>;
     /// Moves the job to `to` if its state is one of `from`, keeping `reason`. Returns whether
     /// it moved, and the status after.
     async fn transition(

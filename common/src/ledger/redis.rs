@@ -16,7 +16,9 @@
 //! - `<prefix>:job:{<job>}:done`, a HASH from each recorded mini-batch index to the id of the
 //!   call that recorded it first.
 //! - `<prefix>:job:{<job>}:parts`, a HASH from each recorded mini-batch index to where its
-//!   output part is, as the first recording gave it (a few dozen bytes per mini-batch).
+//!   output part is, as the first recording gave it: a few dozen bytes per mini-batch, or
+//!   the part itself when it is small, within the job's budget (`part_bytes` in `state`
+//!   counts them). Deleted once the job is Completed.
 //! - `<prefix>:job:{<job>}:failed`, a HASH from each mini-batch first recorded with failures
 //!   to its counts (`succeeded failed batch_failed`), which [`Ledger::reopen`] takes back.
 //! - `holders`, `spent` and `report`: who runs each mini-batch in flight, the attempts each
@@ -384,6 +386,30 @@ redis.call('HSET', KEYS[1], 'started', 1)
 return 1
 "#;
 
+/// KEYS: state. ARGV: bytes, budget. Adds the bytes to the job's `part_bytes`. Returns nil
+/// for an unknown job, 1 within the budget, else 0.
+const RESERVE_PART_BYTES_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local total = redis.call('HINCRBY', KEYS[1], 'part_bytes', ARGV[1])
+if total <= tonumber(ARGV[2]) then return 1 end
+return 0
+"#;
+
+/// KEYS: state, parts. Returns nil for an unknown job, else 1.
+const FORGET_PARTS_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+redis.call('HSET', KEYS[1], 'parts_forgotten', 1)
+redis.call('DEL', KEYS[2])
+return 1
+"#;
+
+/// KEYS: state, parts. ARGV: mini-batch indices. Returns `{0, {}}` once the parts were
+/// forgotten, else `{1, HMGET parts indices}`.
+const PARTS_LUA: &str = r#"
+if redis.call('HGET', KEYS[1], 'parts_forgotten') then return {0, {}} end
+return {1, redis.call('HMGET', KEYS[2], unpack(ARGV))}
+"#;
+
 fn script(body: &str) -> Script {
     Script::new(&format!("{}{SETTLE_LUA}{body}", prelude()))
 }
@@ -400,6 +426,9 @@ static REOPEN: LazyLock<Script> = LazyLock::new(|| script(REOPEN_LUA));
 static FORGET_FAILURE: LazyLock<Script> = LazyLock::new(|| script(FORGET_FAILURE_LUA));
 static CREATED: LazyLock<Script> = LazyLock::new(|| script(CREATED_LUA));
 static STARTED: LazyLock<Script> = LazyLock::new(|| script(STARTED_LUA));
+static RESERVE_PART_BYTES: LazyLock<Script> = LazyLock::new(|| script(RESERVE_PART_BYTES_LUA));
+static FORGET_PARTS: LazyLock<Script> = LazyLock::new(|| script(FORGET_PARTS_LUA));
+static PARTS: LazyLock<Script> = LazyLock::new(|| script(PARTS_LUA));
 
 /// What seal and record return: first (0/1), moved (0/1), the state hash.
 type StepReply = (i64, i64, HashMap<String, String>);
@@ -511,6 +540,11 @@ impl RedisLedger {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         format!("{}-{n}", self.instance)
     }
+}
+
+/// The error for a script's nil answer: the job is not in the ledger.
+fn unknown(job: &str) -> LedgerError {
+    LedgerError::UnknownJob(job.to_owned())
 }
 
 /// Runs `attempt` until it succeeds, retrying errors a new try may cure (a dropped
@@ -697,7 +731,7 @@ impl Ledger for RedisLedger {
             }
         })
         .await?;
-        let (before,) = reply.ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+        let (before,) = reply.ok_or_else(|| unknown(job))?;
         Ok(before)
     }
 
@@ -777,22 +811,67 @@ impl Ledger for RedisLedger {
         while start < indices.end {
             let end = indices.end.min(start.saturating_add(PARTS_PER_CALL));
             let chunk: Vec<u64> = (start..end).collect();
-            let got: Vec<Option<String>> = retrying("parts", job, || {
+            let (kept, got): (i64, Vec<Option<String>>) = retrying("parts", job, || {
                 let mut conn = self.conn.clone();
-                let (key, chunk) = (&keys.parts, &chunk);
+                let (keys, chunk) = (&keys, &chunk);
                 async move {
-                    redis::cmd("HMGET")
-                        .arg(key)
+                    PARTS
+                        .key(&keys.state)
+                        .key(&keys.parts)
                         .arg(chunk)
-                        .query_async(&mut conn)
+                        .invoke_async(&mut conn)
                         .await
                 }
             })
             .await?;
+            if kept == 0 {
+                return Err(LedgerError::PartsForgotten(job.to_owned()));
+            }
             parts.extend(got);
             start = end;
         }
         Ok(parts)
+    }
+
+    async fn reserve_part_bytes(
+        &self,
+        job: &str,
+        bytes: u64,
+        budget: u64,
+    ) -> Result<bool, LedgerError> {
+        let keys = self.keys(job);
+        // A retry may count the bytes twice: the budget errs on the small side.
+        let within: Option<i64> = retrying("reserve part bytes", job, || {
+            let mut conn = self.conn.clone();
+            let key = &keys.state;
+            async move {
+                RESERVE_PART_BYTES
+                    .key(key)
+                    .arg(bytes)
+                    .arg(budget)
+                    .invoke_async(&mut conn)
+                    .await
+            }
+        })
+        .await?;
+        within.map(|within| within == 1).ok_or_else(|| unknown(job))
+    }
+
+    async fn forget_parts(&self, job: &str) -> Result<(), LedgerError> {
+        let keys = self.keys(job);
+        let known: Option<i64> = retrying("forget parts", job, || {
+            let mut conn = self.conn.clone();
+            let keys = &keys;
+            async move {
+                FORGET_PARTS
+                    .key(&keys.state)
+                    .key(&keys.parts)
+                    .invoke_async(&mut conn)
+                    .await
+            }
+        })
+        .await?;
+        known.map(drop).ok_or_else(|| unknown(job))
     }
 
     async fn transition(
@@ -821,7 +900,7 @@ impl Ledger for RedisLedger {
             }
         })
         .await?;
-        let (moved, fields) = reply.ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+        let (moved, fields) = reply.ok_or_else(|| unknown(job))?;
         let status = parse_status(job, &fields)?;
         if moved == 1 {
             debug!(job = %job, state = %status.state, "Job moved.");
@@ -863,8 +942,7 @@ impl Ledger for RedisLedger {
             }
         })
         .await?;
-        let (reopened, moved, fields, done) =
-            reply.ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+        let (reopened, moved, fields, done) = reply.ok_or_else(|| unknown(job))?;
         let status = parse_status(job, &fields)?;
         if reopened == 0 {
             return Err(LedgerError::NotResumable {
@@ -904,7 +982,7 @@ impl Ledger for RedisLedger {
             }
         })
         .await?;
-        let (found, fields) = reply.ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+        let (found, fields) = reply.ok_or_else(|| unknown(job))?;
         let status = parse_status(job, &fields)?;
         Ok(match found {
             1 => Forgot::Forgotten(status),
@@ -951,9 +1029,7 @@ impl Ledger for RedisLedger {
             }
         })
         .await?;
-        known
-            .map(drop)
-            .ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))
+        known.map(drop).ok_or_else(|| unknown(job))
     }
 
     async fn started(&self, job: &str) -> Result<(), LedgerError> {
@@ -964,9 +1040,7 @@ impl Ledger for RedisLedger {
             async move { STARTED.key(key).invoke_async(&mut conn).await }
         })
         .await?;
-        known
-            .map(drop)
-            .ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))
+        known.map(drop).ok_or_else(|| unknown(job))
     }
 
     async fn status(&self, job: &str) -> Result<Option<Status>, LedgerError> {
@@ -1036,7 +1110,7 @@ fn recorded(
     job: &str,
     reply: Option<StepReply>,
 ) -> Result<Recorded, LedgerError> {
-    let (first, moved, fields) = reply.ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
+    let (first, moved, fields) = reply.ok_or_else(|| unknown(job))?;
     let status = parse_status(job, &fields)?;
     let transitioned = moved == 1;
     if transitioned {

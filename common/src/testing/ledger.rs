@@ -16,7 +16,8 @@ macro_rules! ledger_conformance {
             error_threshold_fails_once_exceeded, minus_one_ignores_failures,
             failed_batch_count_and_percent, transition_only_from_allowed_states,
             concurrent_records_count_once, unknown_job_is_an_error,
-            parts_are_the_first_recordings, finalization_is_claimed_by_one_until_its_lease_ends,
+            parts_are_the_first_recordings, part_bytes_are_kept_within_a_budget_until_forgotten,
+            finalization_is_claimed_by_one_until_its_lease_ends,
             publication_is_claimed_by_one_until_sealed,
             an_ended_job_is_forgotten_in_its_time_once_retired,
             creation_and_start_are_noted, a_holder_not_let_go_is_told_to_the_next,
@@ -363,6 +364,40 @@ where
         [Some("0000000003.n1".to_owned())]
     );
     assert!(l.parts(&j, 2..2).await.unwrap().is_empty());
+}
+
+/// The bytes of parts a job keeps in its references count against its budget, over
+/// several calls; a Completed job's references are forgotten.
+pub async fn part_bytes_are_kept_within_a_budget_until_forgotten<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(&j, Limits::NONE).await.unwrap();
+    assert!(l.reserve_part_bytes(&j, 60, 100).await.unwrap());
+    assert!(l.reserve_part_bytes(&j, 40, 100).await.unwrap());
+    assert!(!l.reserve_part_bytes(&j, 1, 100).await.unwrap());
+    // Once over, the job stays over.
+    assert!(!l.reserve_part_bytes(&j, 0, 100).await.unwrap());
+    let other = job();
+    l.create(&other, Limits::NONE).await.unwrap();
+    assert!(l.reserve_part_bytes(&other, 100, 100).await.unwrap());
+    assert!(matches!(
+        l.reserve_part_bytes("no-such-job", 1, 100).await,
+        Err(LedgerError::UnknownJob(_))
+    ));
+
+    l.record(&j, 0, OK, Some("~cm93cwo=")).await.unwrap();
+    l.record(&other, 0, OK, Some("p0")).await.unwrap();
+    l.forget_parts(&j).await.unwrap();
+    assert!(matches!(
+        l.parts(&j, 0..1).await,
+        Err(LedgerError::PartsForgotten(_))
+    ));
+    assert_eq!(l.parts(&other, 0..1).await.unwrap(), [Some("p0".into())]);
+    assert_eq!(l.status(&j).await.unwrap().unwrap().done, 1);
 }
 
 /// The two leases a job has: who finalizes it, who publishes it.

@@ -46,7 +46,9 @@ impl Fleet {
 /// both outputs are whole.
 #[test]
 fn a_small_job_behind_a_large_one_finishes_long_before_it() {
-    let mut fleet = Fleet::new(&slow(0.2));
+    // Half a second a mini-batch: a runner started for the second job (a new Python, its
+    // `init()`) on a busy machine costs the first job a few mini-batches, not dozens.
+    let mut fleet = Fleet::new(&slow(0.5));
     fleet.inputs(200);
     fleet.worker("w1", 2);
     let bucket = fleet.bucket.clone();
@@ -107,7 +109,9 @@ fn a_small_job_behind_a_large_one_finishes_long_before_it() {
 /// free: once it has started, the other job runs next to nothing until it completes.
 #[test]
 fn a_job_of_a_higher_priority_is_served_first() {
-    let mut fleet = Fleet::new(&slow(0.2));
+    // Half a second a mini-batch: a runner started for the second job (a new Python, its
+    // `init()`) on a busy machine costs the first job a few mini-batches, not dozens.
+    let mut fleet = Fleet::new(&slow(0.5));
     fleet.inputs(200);
     fleet.worker("w1", 2);
     let bucket = fleet.bucket.clone();

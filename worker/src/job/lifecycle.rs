@@ -61,7 +61,7 @@ impl Job {
             submitted_at,
             ledger: fleet.ledger.clone(),
             events: fleet.events.clone(),
-            parts: parts::for_job(output.clone(), id, writer),
+            parts: parts::for_job(output.clone(), fleet.ledger.clone(), id, writer),
             output,
         }
     }
