@@ -455,12 +455,18 @@ const INLINE_BUDGET: u64 = 64 << 20;
 /// [`FAILED_ITEMS_MARK`]; an object's name starts with a digit).
 const INLINE_MARK: char = '~';
 
+/// What a writer reserves of the job's budget at once: one ledger call per this many bytes
+/// of parts, not one per part. A writer leaves at most this much of the budget unused.
+const INLINE_ALLOWANCE: u64 = 256 << 10;
+
 /// Parts of up to [`INLINE_PART_MAX`] bytes kept in their ledger reference, `~<base64>`,
 /// while the job's [`INLINE_BUDGET`] lasts; the others go to `objects`.
 pub struct InlineParts {
     ledger: Arc<dyn Ledger>,
     job: String,
     objects: ObjectParts,
+    /// Bytes this writer reserved of the budget and has not used yet.
+    allowance: tokio::sync::Mutex<u64>,
 }
 
 impl InlineParts {
@@ -469,7 +475,28 @@ impl InlineParts {
             ledger,
             job: job.to_owned(),
             objects,
+            allowance: tokio::sync::Mutex::new(0),
         }
+    }
+
+    /// Takes `bytes` of this writer's allowance, reserving more of the job's budget when it
+    /// runs short; false once the budget is spent.
+    async fn take_allowance(&self, bytes: u64) -> Result<bool, PartError> {
+        let mut allowance = self.allowance.lock().await;
+        if *allowance < bytes {
+            let more = INLINE_ALLOWANCE.max(bytes);
+            let within = self
+                .ledger
+                .reserve_part_bytes(&self.job, more, INLINE_BUDGET)
+                .await
+                .map_err(|e| PartError::Other(e.to_string()))?;
+            if !within {
+                return Ok(false);
+            }
+            *allowance += more;
+        }
+        *allowance -= bytes;
+        Ok(true)
     }
 }
 
@@ -482,12 +509,7 @@ impl Parts for InlineParts {
                 "{INLINE_MARK}{}",
                 base64::engine::general_purpose::STANDARD.encode(&body)
             );
-            let within = self
-                .ledger
-                .reserve_part_bytes(&self.job, inline.len() as u64, INLINE_BUDGET)
-                .await
-                .map_err(|e| PartError::Other(e.to_string()))?;
-            if within {
+            if self.take_allowance(inline.len() as u64).await? {
                 return Ok(inline);
             }
         }
@@ -582,15 +604,40 @@ mod tests {
         assert!(r0.starts_with(INLINE_MARK), "{r0}");
         let r1 = parts.put(1, large.clone()).await.unwrap();
         assert!(!r1.starts_with(INLINE_MARK), "{r1}");
-        // The budget spent (by this node or others), small parts go to objects too.
+        // One ledger call reserved an allowance for many parts.
+        assert!(
+            ledger
+                .reserve_part_bytes("j", 0, INLINE_ALLOWANCE)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !ledger
+                .reserve_part_bytes("j", 1, INLINE_ALLOWANCE)
+                .await
+                .unwrap()
+        );
+        // The budget spent (by this node or others), small parts go to objects too once
+        // this writer's allowance is used up.
         assert!(
             !ledger
                 .reserve_part_bytes("j", INLINE_BUDGET, INLINE_BUDGET)
                 .await
                 .unwrap()
         );
-        let r2 = parts.put(2, small.clone()).await.unwrap();
-        assert!(!r2.starts_with(INLINE_MARK), "{r2}");
+        let mut inline_after = 0;
+        let r2 = loop {
+            let part = parts.put(2, small.clone()).await.unwrap();
+            if !part.starts_with(INLINE_MARK) {
+                break part;
+            }
+            inline_after += 1;
+            assert!(
+                inline_after <= INLINE_ALLOWANCE,
+                "the allowance never ran out"
+            );
+        };
+        assert!(inline_after > 0, "the allowance was not used");
         for (index, part) in [r0, r1, r2].iter().enumerate() {
             ledger
                 .record(

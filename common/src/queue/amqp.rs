@@ -323,9 +323,7 @@ impl AmqpQueue {
         if self.shared.management.is_some() {
             queues.extend(self.lanes().await?.iter().map(|lane| self.lane_name(lane)));
         }
-        let mut queues: Vec<String> = queues.into_iter().collect();
-        queues.push(self.shared.dead.clone());
-        queues.push(self.shared.inbox.clone());
+        queues.extend([self.shared.dead.clone(), self.shared.inbox.clone()]);
         for queue in &queues {
             channel
                 .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
