@@ -232,19 +232,24 @@ mod paths_as_bytes {
     }
 }
 
-/// Writes one frame.
-pub fn write_frame<W: Write, T: Serialize>(w: &mut W, msg: &T) -> io::Result<()> {
-    let body = encode(msg)?;
-    w.write_all(&(body.len() as u32).to_be_bytes())?;
-    w.write_all(&body)?;
-    w.flush()
+/// One frame, length first, in one buffer: written with one write, so a frame costs one
+/// system call on either side of the channel. Its body may exceed [`MAX_FRAME`], which
+/// the reader refuses: a writer that can say so otherwise checks first.
+pub fn frame<T: Serialize>(msg: &T) -> io::Result<Vec<u8>> {
+    let mut frame = vec![0u8; 4];
+    rmp_serde::encode::write_named(&mut frame, msg)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let len = u32::try_from(frame.len() - 4)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "frame too large"))?;
+    frame[..4].copy_from_slice(&len.to_be_bytes());
+    Ok(frame)
 }
 
-/// Writes one frame whose body [`encode`] already produced (to check its size first).
-pub fn write_encoded<W: Write>(w: &mut W, body: &[u8]) -> io::Result<()> {
-    check_len(u32::try_from(body.len()).unwrap_or(u32::MAX))?;
-    w.write_all(&(body.len() as u32).to_be_bytes())?;
-    w.write_all(body)?;
+/// Writes one frame, refusing one larger than [`MAX_FRAME`].
+pub fn write_frame<W: Write, T: Serialize>(w: &mut W, msg: &T) -> io::Result<()> {
+    let frame = frame(msg)?;
+    check_len((frame.len() - 4) as u32)?;
+    w.write_all(&frame)?;
     w.flush()
 }
 
@@ -318,6 +323,29 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert!(read_frame::<_, Request>(&mut r).unwrap().is_none());
+    }
+
+    /// A frame reaches the channel in one write (one system call on a socket), its length
+    /// first.
+    #[test]
+    fn a_frame_is_written_whole_in_one_write() {
+        #[derive(Default)]
+        struct Writes(Vec<Vec<u8>>);
+        impl Write for Writes {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                self.0.push(buf.to_vec());
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut writes = Writes::default();
+        write_frame(&mut writes, &Request::Shutdown).unwrap();
+        assert_eq!(writes.0.len(), 1, "{:?}", writes.0);
+        let body = encode(&Request::Shutdown).unwrap();
+        assert_eq!(writes.0[0][..4], (body.len() as u32).to_be_bytes());
+        assert_eq!(writes.0[0][4..], body[..]);
     }
 
     #[test]

@@ -29,7 +29,7 @@
 //! [`ScriptError`]: protocol::ScriptError
 
 use std::ffi::{CStr, OsStr, c_char, c_int};
-use std::io;
+use std::io::{self, Write};
 use std::os::fd::FromRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
@@ -38,7 +38,7 @@ use std::path::Path;
 use pyo3::Python;
 
 use crate::protocol::{
-    InitParams, MAX_FRAME, Reply, Request, Timing, encode, read_frame, write_encoded, write_frame,
+    InitParams, MAX_FRAME, Reply, Request, Timing, frame, read_frame, write_frame,
 };
 use crate::script::EntryScript;
 
@@ -81,7 +81,7 @@ pub unsafe extern "C" fn fleetrun_runner_serve_v1(
     executable: *const c_char,
 ) -> c_int {
     // SAFETY: as the caller promises.
-    let (mut channel, init, executable) = unsafe {
+    let (channel, init, executable) = unsafe {
         (
             UnixStream::from_raw_fd(fd),
             std::slice::from_raw_parts(init, init_len),
@@ -89,7 +89,7 @@ pub unsafe extern "C" fn fleetrun_runner_serve_v1(
         )
     };
     let result = match rmp_serde::from_slice::<InitParams>(init) {
-        Ok(params) => serve(&mut channel, &params, executable),
+        Ok(params) => serve(&channel, &params, executable),
         Err(e) => Err(RunnerError::Channel(io::Error::new(
             io::ErrorKind::InvalidData,
             e,
@@ -104,14 +104,10 @@ pub unsafe extern "C" fn fleetrun_runner_serve_v1(
     }
 }
 
-fn serve(
-    channel: &mut UnixStream,
-    params: &InitParams,
-    executable: &Path,
-) -> Result<i32, RunnerError> {
+fn serve(channel: &UnixStream, params: &InitParams, executable: &Path) -> Result<i32, RunnerError> {
     if let Err(e) = interpreter::start(executable) {
         write_frame(
-            channel,
+            &mut &*channel,
             &Reply::InitFailed(script::plain_error(e.to_string())),
         )?;
         return Ok(EXIT_INIT_FAILED);
@@ -121,9 +117,13 @@ fn serve(
 
 fn serve_script(
     py: Python<'_>,
-    channel: &mut UnixStream,
+    channel: &UnixStream,
     params: &InitParams,
 ) -> Result<i32, RunnerError> {
+    // Requests are read through a buffer (a frame's length and body in one read, and one
+    // sent ahead with them); replies are written whole, one write each.
+    let mut requests = io::BufReader::new(channel);
+    let mut replies = channel;
     let loaded = EntryScript::load(py, params).and_then(|script| {
         let ready = script::ready_info(py).map_err(|e| script::script_error(py, &e))?;
         Ok((script, ready))
@@ -131,17 +131,17 @@ fn serve_script(
     script::flush_stdio(py);
     let script = match loaded {
         Ok((script, ready)) => {
-            write_frame(channel, &Reply::Ready(ready))?;
+            write_frame(&mut replies, &Reply::Ready(ready))?;
             script
         }
         Err(error) => {
-            write_frame(channel, &Reply::InitFailed(error))?;
+            write_frame(&mut replies, &Reply::InitFailed(error))?;
             return Ok(EXIT_INIT_FAILED);
         }
     };
     loop {
         // The GIL is released while waiting, so the script's own threads keep running.
-        match py.detach(|| read_frame::<_, Request>(channel))? {
+        match py.detach(|| read_frame::<_, Request>(&mut requests))? {
             None => {
                 script.write_profile(py);
                 script::flush_stdio(py);
@@ -169,7 +169,7 @@ fn serve_script(
                     },
                     Err(error) => Reply::Failed { error, timing },
                 };
-                py.detach(|| send_run_reply(channel, &reply, timing))?;
+                py.detach(|| send_run_reply(&mut replies, &reply, timing))?;
             }
             Some(Request::Shutdown) => {
                 let result = script.shutdown(py);
@@ -187,14 +187,16 @@ fn serve_script(
 
 /// Sends a `Run` reply, or a `Failed` one when the rows exceed the frame limit (the agent
 /// would refuse the frame and lose the runner).
-fn send_run_reply(channel: &mut UnixStream, reply: &Reply, timing: Timing) -> io::Result<()> {
-    let body = encode(reply)?;
-    if body.len() <= MAX_FRAME {
-        return write_encoded(channel, &body);
+fn send_run_reply(channel: &mut &UnixStream, reply: &Reply, timing: Timing) -> io::Result<()> {
+    let whole = frame(reply)?;
+    let body = whole.len() - 4;
+    if body <= MAX_FRAME {
+        channel.write_all(&whole)?;
+        return channel.flush();
     }
     let message = format!(
         "ValueError: run() returned {} MiB of rows; a mini-batch's rows must stay under {} MiB",
-        body.len() >> 20,
+        body >> 20,
         MAX_FRAME >> 20
     );
     write_frame(

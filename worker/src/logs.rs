@@ -184,18 +184,31 @@ fn open_append(path: &Path) -> std::io::Result<(File, bool)> {
     Ok((file, fresh))
 }
 
-/// The time as log lines show it.
+/// The time as log lines show it: `2026-11-27 09:30:00.123`, UTC.
 pub fn now() -> String {
-    // Parsed once: a log line per mini-batch should not parse the format each time.
-    static FORMAT: std::sync::LazyLock<Vec<chrono::format::Item<'static>>> =
-        std::sync::LazyLock::new(|| {
-            chrono::format::StrftimeItems::new("%Y-%m-%d %H:%M:%S%.3f")
-                .parse_to_owned()
-                .expect("a valid time format")
-        });
-    chrono::Utc::now()
-        .format_with_items(FORMAT.iter())
-        .to_string()
+    stamp(chrono::Utc::now())
+}
+
+/// `at` as log lines show it. The date and time of day are formatted once a second (a log
+/// line per mini-batch should not run chrono's formatter each time); the milliseconds are
+/// added to them.
+fn stamp(at: chrono::DateTime<chrono::Utc>) -> String {
+    use std::cell::RefCell;
+    use std::fmt::Write;
+    thread_local! {
+        static SECOND: RefCell<(i64, String)> = const { RefCell::new((i64::MIN, String::new())) };
+    }
+    SECOND.with_borrow_mut(|(second, formatted)| {
+        if *second != at.timestamp() {
+            *second = at.timestamp();
+            *formatted = at.format("%Y-%m-%d %H:%M:%S").to_string();
+        }
+        let mut stamp = String::with_capacity(formatted.len() + 4);
+        stamp.push_str(formatted);
+        // A leap second's milliseconds count past 999: the line shows 999.
+        let _ = write!(stamp, ".{:03}", at.timestamp_subsec_millis().min(999));
+        stamp
+    })
 }
 
 /// Quotes a CSV field when it needs it.
@@ -210,6 +223,24 @@ pub fn csv_field(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The cached second gives the same text chrono's formatter gives, across seconds and
+    /// back again.
+    #[test]
+    fn stamps_read_as_chronos_format() {
+        use chrono::TimeZone;
+        for (secs, millis) in [
+            (1_764_000_000, 5),
+            (1_764_000_000, 999),
+            (1_764_000_001, 0),
+            (1_700_000_000, 120),
+        ] {
+            let at = chrono::Utc
+                .timestamp_millis_opt(secs * 1000 + millis)
+                .unwrap();
+            assert_eq!(stamp(at), at.format("%Y-%m-%d %H:%M:%S%.3f").to_string());
+        }
+    }
 
     #[test]
     fn csv_gets_its_header_once_and_lines_land_after_flush() {

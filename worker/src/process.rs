@@ -22,7 +22,7 @@ use fleetrun_common::protocol::{
     self, InitParams, ReadyInfo, Reply, Request, RunContext, ScriptError,
 };
 use fleetrun_common::python::{Python, PythonError};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
 
@@ -219,7 +219,8 @@ impl Runner for RunnerProcess {
 
 pub struct RunnerProcess {
     child: Child,
-    channel: UnixStream,
+    /// Read through a buffer: a reply's length and body come in one read.
+    channel: BufReader<UnixStream>,
     pid: u32,
     /// Set once the runner is reaped: from then on its pid, and so its group's id, may name
     /// another process, and the group is never signalled again.
@@ -277,7 +278,7 @@ impl RunnerProcess {
         let pid = child.id().unwrap_or_default();
         let mut runner = RunnerProcess {
             child,
-            channel: UnixStream::from_std(ours)?,
+            channel: BufReader::new(UnixStream::from_std(ours)?),
             pid,
             reaped: None,
         };
@@ -420,14 +421,7 @@ impl RunnerProcess {
     }
 
     async fn send(&mut self, request: &Request) -> std::io::Result<()> {
-        // Encoded straight after a length placeholder: one buffer, one write.
-        let mut frame = vec![0u8; 4];
-        rmp_serde::encode::write_named(&mut frame, request)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        let len = u32::try_from(frame.len() - 4)
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "frame too large"))?;
-        frame[..4].copy_from_slice(&len.to_be_bytes());
-        self.channel.write_all(&frame).await
+        self.channel.write_all(&protocol::frame(request)?).await
     }
 
     async fn receive(&mut self) -> std::io::Result<Option<Reply>> {
