@@ -232,3 +232,76 @@ def run(mini_batch):
     assert!(!job.path("named/partial.txt").exists(), "never delivered");
     assert_eq!(job.log("user/outputs/o/0/process000/partial.txt"), "half");
 }
+
+/// Each attempt counts itself in the job's folder, lists what it finds in its named output,
+/// and saves into a fresh `model/` folder there, as `mlflow.save_model` does (it refuses a
+/// folder that exists and is not empty); the first two attempts raise after writing.
+const SAVES_INTO_A_FRESH_FOLDER: &str = r#"
+import os
+import sys
+
+out = sys.argv[sys.argv.index("--out") + 1]
+
+def run(mini_batch):
+    job = os.path.dirname(os.path.dirname(os.path.dirname(mini_batch[0])))
+    attempt = len([n for n in os.listdir(job) if n.startswith("attempt-")]) + 1
+    open(os.path.join(job, "attempt-%d" % attempt), "w").close()
+    found = sorted(
+        os.path.relpath(os.path.join(d, n), out)
+        for d, dirs, files in os.walk(out)
+        for n in dirs + files
+    )
+    model = os.path.join(out, "model")
+    os.makedirs(model)
+    if attempt < 3:
+        with open(os.path.join(model, "part%d.bin" % attempt), "w") as f:
+            f.write("half of attempt %d" % attempt)
+        raise RuntimeError("attempt %d fails after writing" % attempt)
+    with open(os.path.join(model, "model.bin"), "w") as f:
+        f.write("attempt %d found %r" % (attempt, found))
+    return [os.path.basename(p) for p in mini_batch]
+"#;
+
+/// A retry on the same runner finds its named-output folder without what the failed attempts
+/// left there: their files are moved to the logs before it runs (each counted once), and
+/// the retry's save into the same path succeeds.
+#[test]
+fn a_retry_never_finds_what_a_failed_attempt_left() {
+    let job = JobDir::new(
+        SAVES_INTO_A_FRESH_FOLDER,
+        "mini_batch_size = 1\nrun_max_try = 3\nprocess_count_per_node = 1\n\
+         arguments = [\"--out\", \"${{outputs.o}}\"]\n[outputs]\no = \"named\"\n",
+    );
+    job.inputs(1);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0, "{}", job.log("user/error.txt"));
+    assert_eq!(
+        std::fs::read_to_string(job.path("named/model/model.bin")).unwrap(),
+        "attempt 3 found []"
+    );
+    for attempt in [1, 2] {
+        let part = format!("model/part{attempt}.bin");
+        assert!(
+            !job.path(&format!("named/{part}")).exists(),
+            "never delivered"
+        );
+        assert_eq!(
+            job.log(&format!("user/outputs/o/0/process000/{part}")),
+            format!("half of attempt {attempt}")
+        );
+    }
+    // Each failed attempt's files are withheld once: the second attempt's count is its own.
+    let main = job.log("sys/node/0/_main.txt");
+    for attempt in [1, 2] {
+        let line = format!(
+            "1 named-output files of process000 are not delivered: mini-batch 0's attempt {attempt},"
+        );
+        assert!(main.contains(&line), "{line:?} not in:\n{main}");
+    }
+    assert!(
+        main.contains(
+            "2 named-output files that were not delivered were kept in logs/user/outputs/"
+        ),
+        "{main}"
+    );
+}

@@ -11,10 +11,11 @@
 //!   (the runner may already be writing the next mini-batch's); the others go with the next
 //!   delivery, and at the job's end.
 //! - What an attempt that did not succeed (it raised, timed out, or its runner died) left
-//!   undelivered is withheld ([`withhold`]): never delivered as it is, so a retry's file is
-//!   never replaced by a failed attempt's half-written one. A withheld file the runner writes
-//!   again in a later mini-batch is delivered as any other; the rest are kept in the job's
-//!   logs when the job ends.
+//!   undelivered is withheld ([`withhold`]): moved out of the runner's folder into the job's
+//!   logs before the runner's next attempt or mini-batch, so it is never delivered and no
+//!   later attempt finds it there (a retry's file is never replaced by a failed attempt's
+//!   half-written one, and a retry that saves into a fresh folder finds it fresh). A file
+//!   that cannot be moved stays, not delivered while it is unchanged.
 //! - The last writer of a name wins. A file fleetrun delivered for this job from another
 //!   runner or node is replaced with a warning in the node's `_main.txt`; one fleetrun
 //!   delivered for an earlier job is replaced as a re-run replaces its output.
@@ -97,9 +98,12 @@ struct Delivered {
     sent: HashMap<FileKey, (u64, i128)>,
     /// The files refused: their name is taken by a file fleetrun did not write.
     refused: HashSet<FileKey>,
-    /// Files an attempt that did not succeed left undelivered, with their (size, mtime) then:
-    /// not delivered while they are unchanged.
+    /// Files an attempt that did not succeed left undelivered and that could not be moved
+    /// out of the runner's folder, with their (size, mtime) then: not delivered while they
+    /// are unchanged.
     withheld: HashMap<FileKey, (u64, i128)>,
+    /// How many withheld files were moved into the job's logs.
+    kept: usize,
 }
 
 /// A runner's file of a named output: (process, output, relative path).
@@ -284,8 +288,10 @@ pub async fn deliver(
 
 /// After an attempt of runner `process` that did not succeed (`mini_batch`'s attempt
 /// `attempt`): the named-output files it left undelivered, last modified before `before` (all
-/// when `None`: the runner is gone or idle), are withheld from delivery while they stay as
-/// they are, and the node's `_main.txt` says how many. Returns how many.
+/// when `None`: the runner is gone or idle), are withheld: moved out of the runner's folder
+/// to `logs/user/outputs/<name>/<node>/<process>/` (folders they leave empty go too), so no
+/// later attempt there sees them; one that cannot be moved stays, not delivered while it is
+/// unchanged. The node's `_main.txt` says how many. Returns how many.
 pub async fn withhold(
     ctx: &JobContext,
     node: &str,
@@ -312,25 +318,50 @@ pub async fn withhold(
     .await
     .unwrap_or_default();
     let mut delivered = outputs.delivered.lock().await;
-    let mut withheld = 0;
-    for (name, rel, size, modified) in found {
-        if before.is_some_and(|cutoff| modified >= cutoff) {
-            continue;
+    let left: Vec<(FileKey, (u64, i128))> = found
+        .into_iter()
+        .filter(|(_, _, _, modified)| before.is_none_or(|cutoff| *modified < cutoff))
+        .map(|(name, rel, size, modified)| ((process.to_owned(), name, rel), (size, modified)))
+        .filter(|(key, stamp)| {
+            // Delivered as it is, or withheld already (it could not be moved): not this
+            // attempt's.
+            delivered.sent.get(key) != Some(stamp) && delivered.withheld.get(key) != Some(stamp)
+        })
+        .collect();
+    let withheld = left.len();
+    let keys: Vec<FileKey> = left.iter().map(|(key, _)| key.clone()).collect();
+    let (work, logs, node_owned) = (work.clone(), ctx.logs.dir().to_path_buf(), node.to_owned());
+    let moved = tokio::task::spawn_blocking(move || {
+        keys.iter()
+            .map(|key| keep_output(&work, key, &logs, &node_owned).is_ok())
+            .collect::<Vec<bool>>()
+    })
+    .await
+    .unwrap_or_else(|_| vec![false; withheld]);
+    let mut stayed = 0;
+    for ((key, stamp), moved) in left.into_iter().zip(moved) {
+        if moved {
+            delivered.withheld.remove(&key);
+            delivered.kept += 1;
+        } else {
+            delivered.withheld.insert(key, stamp);
+            stayed += 1;
         }
-        let key = (process.to_owned(), name, rel);
-        if delivered.sent.get(&key) == Some(&(size, modified)) {
-            continue;
-        }
-        delivered.withheld.insert(key, (size, modified));
-        withheld += 1;
     }
     if withheld > 0 {
         let (index, attempt) = failed;
+        let stayed = if stayed > 0 {
+            format!(
+                "; {stayed} could not be moved and stay in its folder, not delivered while \
+                 unchanged"
+            )
+        } else {
+            String::new()
+        };
         let line = format!(
             "{withheld} named-output files of {process} are not delivered: mini-batch {index}'s \
-             attempt {attempt}, which did not succeed, left them (a later mini-batch of {process} \
-             that writes one again delivers it; the others are kept in logs/{KEPT_OUTPUTS}/ when \
-             the job ends)."
+             attempt {attempt}, which did not succeed, left them; they are moved to \
+             logs/{KEPT_OUTPUTS}/<name>/{node}/{process}/, out of the runner's folder{stayed}."
         );
         warn!(job = %ctx.job.id(), process, mini_batch = index, attempt, files = withheld, "A failed attempt's named-output files are withheld.");
         ctx.logs.log(JobLogs::node_main(node), &line);
@@ -367,7 +398,7 @@ pub async fn finish(ctx: &JobContext, node: &str) {
     for process in &processes {
         deliver_logged(ctx, node, process, None).await;
     }
-    let undelivered: Vec<FileKey> = {
+    let (undelivered, kept_before): (Vec<FileKey>, usize) = {
         let delivered = ctx.named.delivered.lock().await;
         let mut left = Vec::new();
         for process in &processes {
@@ -382,7 +413,7 @@ pub async fn finish(ctx: &JobContext, node: &str) {
                 }
             }
         }
-        left
+        (left, delivered.kept)
     };
     let logs = ctx.logs.dir().to_path_buf();
     let node_owned = node.to_owned();
@@ -400,10 +431,11 @@ pub async fn finish(ctx: &JobContext, node: &str) {
         warn!(job = %ctx.job.id(), files = kept.working, "Files left in the runners' working folders were kept in the job's logs.");
         ctx.logs.log(JobLogs::node_main(node), &line);
     }
-    if kept.outputs > 0 {
+    // The failed attempts' files, moved there as they were withheld, count among them.
+    let kept_outputs = kept.outputs + kept_before;
+    if kept_outputs > 0 {
         let line = format!(
-            "{} named-output files that were not delivered were kept in logs/{KEPT_OUTPUTS}/.",
-            kept.outputs
+            "{kept_outputs} named-output files that were not delivered were kept in logs/{KEPT_OUTPUTS}/."
         );
         ctx.logs.log(JobLogs::node_main(node), &line);
     }
@@ -439,19 +471,40 @@ fn keep_leftovers(
             }
         }
     }
-    for (process, name, rel) in undelivered {
-        let from = runner_folder(work, process).join(name).join(rel);
-        let to = logs
-            .join(KEPT_OUTPUTS)
-            .join(name)
-            .join(node)
-            .join(process)
-            .join(rel);
-        if move_file(&from, &to).is_ok() {
+    for key in undelivered {
+        if keep_output(work, key, logs, node).is_ok() {
             kept.outputs += 1;
         }
     }
     kept
+}
+
+/// Moves runner `process`'s file `rel` of output `name` to
+/// `logs/user/outputs/<name>/<node>/<process>/<rel>`, and removes the folders of the
+/// runner's output folder it leaves empty.
+fn keep_output(
+    work: &Path,
+    (process, name, rel): &FileKey,
+    logs: &Path,
+    node: &str,
+) -> io::Result<()> {
+    let root = runner_folder(work, process).join(name);
+    let from = root.join(rel);
+    let to = logs
+        .join(KEPT_OUTPUTS)
+        .join(name)
+        .join(node)
+        .join(process)
+        .join(rel);
+    move_file(&from, &to)?;
+    let mut folder = from.parent();
+    while let Some(dir) = folder.filter(|dir| *dir != root && dir.starts_with(&root)) {
+        if std::fs::remove_dir(dir).is_err() {
+            break;
+        }
+        folder = dir.parent();
+    }
+    Ok(())
 }
 
 /// The runners' names: the folders under `work` other than [`OUTPUTS_DIR`].
@@ -614,6 +667,26 @@ mod tests {
         // No copy is left beside it.
         let names: Vec<_> = std::fs::read_dir(dest.join("sub")).unwrap().collect();
         assert_eq!(names.len(), 1);
+    }
+
+    #[test]
+    fn a_kept_output_file_leaves_no_folder_it_emptied_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let (work, logs) = (dir.path().join("work"), dir.path().join("logs"));
+        let root = runner_folder(&work, "process000").join("o");
+        std::fs::create_dir_all(root.join("model/deep")).unwrap();
+        std::fs::create_dir_all(root.join("other")).unwrap();
+        std::fs::write(root.join("model/deep/m.bin"), "half").unwrap();
+        let key = ("process000".into(), "o".into(), "model/deep/m.bin".into());
+        keep_output(&work, &key, &logs, "0").unwrap();
+        let kept = logs.join("user/outputs/o/0/process000/model/deep/m.bin");
+        assert_eq!(std::fs::read_to_string(kept).unwrap(), "half");
+        assert!(!root.join("model").exists(), "the folders it emptied go");
+        assert!(
+            root.join("other").exists(),
+            "a folder it did not empty stays"
+        );
+        assert!(root.exists(), "the output's folder stays");
     }
 
     #[test]
