@@ -7,8 +7,9 @@
 //!
 //! What has no meaning here (compute, the environment's image) is listed in
 //! [`Converted::ignored`]. An input or output whose path cannot be reached here (another
-//! step's output, an `azureml://` URI) is given with `--set inputs.NAME=PATH` /
-//! `--set outputs.NAME=PATH`, which [`convert`] takes out of the overrides.
+//! step's output, an `azureml://` URI) is refused, naming it, until given with
+//! `--set inputs.NAME=PATH` / `--set outputs.NAME=PATH`, which [`convert`] takes out of the
+//! overrides; an output with no path is `out/NAME`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -95,14 +96,14 @@ pub fn convert(
     };
     let doc: Yaml = yaml_serde::from_str(text).map_err(|e| fail("", e.to_string()))?;
     let (mut sets, rest) = split_overrides(overrides);
-    let (prefix, node, parent_inputs) = pick_job(&doc, job).map_err(|m| fail("jobs", m))?;
+    let (prefix, node, parent) = pick_job(&doc, job).map_err(|m| fail("jobs", m))?;
     let node = with_component(node, base_dir, &prefix).map_err(|(at, m)| fail(&at, m))?;
     let mut out = Converter {
         prefix,
         base_dir,
         lines: Vec::new(),
         ignored: Vec::new(),
-        parent_inputs,
+        parent,
         sets: &mut sets,
         data_input: None,
     };
@@ -134,7 +135,8 @@ fn split_overrides(overrides: &[String]) -> (Sets, Vec<String>) {
 }
 
 /// The parallel job of `doc`: the document itself, or one of a pipeline's `jobs`. Returns
-/// the YAML path of its keys (`jobs.train.`), the job and the pipeline's own `inputs`.
+/// the YAML path of its keys (`jobs.train.`), the job and the pipeline itself (its `inputs`
+/// and `outputs` are `${{parent.inputs.x}}` and `${{parent.outputs.x}}`).
 fn pick_job(doc: &Yaml, job: Option<&str>) -> Result<(String, Yaml, Yaml), String> {
     let kind = doc.get("type").and_then(Yaml::as_str).unwrap_or_default();
     if kind == "parallel" {
@@ -178,8 +180,7 @@ fn pick_job(doc: &Yaml, job: Option<&str>) -> Result<(String, Yaml, Yaml), Strin
             ));
         }
     };
-    let inputs = doc.get("inputs").cloned().unwrap_or(Yaml::Null);
-    Ok((format!("jobs.{}.", chosen.0), chosen.1.clone(), inputs))
+    Ok((format!("jobs.{}.", chosen.0), chosen.1.clone(), doc.clone()))
 }
 
 /// A pipeline's job that names a `component` file: the component's keys, with the job's
@@ -221,7 +222,9 @@ struct Converter<'a> {
     base_dir: &'a Path,
     lines: Vec<Line>,
     ignored: Vec<String>,
-    parent_inputs: Yaml,
+    /// The pipeline, for `${{parent.inputs.x}}` and `${{parent.outputs.x}}`; null for a
+    /// parallel job alone.
+    parent: Yaml,
     sets: &'a mut Sets,
     /// The input `input_data` names: the partitioned one.
     data_input: Option<String>,
@@ -297,7 +300,7 @@ impl Converter<'_> {
         );
 
         let inputs = node.get("inputs").cloned().unwrap_or(Yaml::Null);
-        let outputs = node.get("outputs").cloned().unwrap_or(Yaml::Null);
+        let outputs = self.declared_outputs(node);
         self.input(node, &inputs)?;
         let out_dir = self.output(&task, &outputs)?;
         self.arguments(&task, &inputs, &outputs, &out_dir)?;
@@ -355,13 +358,9 @@ impl Converter<'_> {
             *used = true;
             return Ok(value.clone());
         }
-        let declared = self.parent_value(declared);
-        let path = declared
-            .get("path")
-            .and_then(Yaml::as_str)
-            .or_else(|| declared.as_str())
-            .unwrap_or_default();
-        if path.is_empty() || path.contains("${{") || path.starts_with("azureml:") {
+        let declared = self.parent_value("inputs", declared);
+        let path = path_of(&declared);
+        if path.is_empty() || unreachable(path) {
             return Err((
                 self.at(&format!("{key}.path")),
                 format!(
@@ -373,38 +372,82 @@ impl Converter<'_> {
         Ok(path.to_owned())
     }
 
-    /// `${{parent.inputs.x}}` as the pipeline's input `x`.
-    fn parent_value(&self, value: &Yaml) -> Yaml {
+    /// `${{parent.<kind>.x}}` (`inputs` or `outputs`) as the pipeline's input or output `x`.
+    fn parent_value(&self, kind: &str, value: &Yaml) -> Yaml {
         match value
             .as_str()
             .or_else(|| value.get("path").and_then(Yaml::as_str))
-            .and_then(|text| reference_to("parent.inputs", text))
+            .and_then(|text| reference_to(&format!("parent.{kind}"), text))
         {
-            Some(name) => self.parent_inputs.get(name).cloned().unwrap_or(Yaml::Null),
+            Some(name) => dotted(&self.parent, kind)
+                .and_then(|declared| declared.get(name))
+                .cloned()
+                .unwrap_or(Yaml::Null),
             None => value.clone(),
         }
     }
 
+    /// The job's `outputs`, each bound to the pipeline's (`${{parent.outputs.x}}`) read as
+    /// the pipeline declares it.
+    fn declared_outputs(&self, node: &Yaml) -> Yaml {
+        let mut declared = yaml_serde::Mapping::new();
+        for (name, value) in node
+            .get("outputs")
+            .and_then(Yaml::as_mapping)
+            .into_iter()
+            .flatten()
+        {
+            declared.insert(name.clone(), self.parent_value("outputs", value));
+        }
+        Yaml::Mapping(declared)
+    }
+
+    /// The path of output `name`: `--set outputs.name=…`, else its own path when it is one
+    /// this machine can reach, else `out/name` when it has none. `file` is true for the
+    /// `append_row_to` output of type `uri_file`: the path is the file's.
+    fn output_path(&mut self, name: &str, declared: &Yaml, file: bool) -> Result<String, Fail> {
+        let key = format!("outputs.{name}");
+        if let Some((value, used)) = self.sets.get_mut(&key) {
+            *used = true;
+            return Ok(value.clone());
+        }
+        let path = path_of(declared);
+        if path.is_empty() {
+            return Ok(format!("out/{name}"));
+        }
+        if unreachable(path) {
+            let give = if file {
+                let example = path.rsplit('/').next().filter(|f| !f.contains("${{"));
+                format!(
+                    "give the output's file with --set {key}=PATH{}",
+                    example.map_or(String::new(), |f| format!(" (such as out/{f})"))
+                )
+            } else {
+                format!("give the output with --set {key}=PATH")
+            };
+            return Err((
+                self.at(&format!("{key}.path")),
+                format!("{path} cannot be reached here; {give}"),
+            ));
+        }
+        Ok(path.to_owned())
+    }
+
     /// The job's output folder: the folder of `task.append_row_to` (its file the
     /// `append_row` file), else `out`; the other outputs are the job's named outputs
-    /// (`[outputs]`), `out/NAME` or where `--set outputs.NAME=…` says. Returns the path of
-    /// the `append_row_to` output, by name.
+    /// (`[outputs]`), each where `--set outputs.NAME=…` says, at its own path, or `out/NAME`
+    /// when it has none ([`Self::output_path`]). Returns the path of the `append_row_to`
+    /// output, by name.
     fn output(&mut self, task: &Yaml, outputs: &Yaml) -> Result<BTreeMap<String, String>, Fail> {
         let mut named = BTreeMap::new();
-        for name in outputs
+        for (name, declared) in outputs
             .as_mapping()
             .into_iter()
-            .flat_map(|m| m.keys())
-            .filter_map(Yaml::as_str)
+            .flatten()
+            .filter_map(|(name, declared)| Some((name.as_str()?, declared)))
         {
-            let key = format!("outputs.{name}");
-            let path = match self.sets.get_mut(&key) {
-                Some((value, used)) => {
-                    *used = true;
-                    value.clone()
-                }
-                None => format!("out/{name}"),
-            };
+            let file = append_row_file_output(task, outputs) == Some(name);
+            let path = self.output_path(name, declared, file)?;
             named.insert(name.to_owned(), path);
         }
         let appended = self.append_row(task, outputs, &named)?;
@@ -528,7 +571,7 @@ impl Converter<'_> {
             let reference = &rest[start..end];
             let value = if let Some(name) = reference_to("inputs", reference) {
                 let declared = inputs.get(name).cloned().unwrap_or(Yaml::Null);
-                let declared = self.parent_value(&declared);
+                let declared = self.parent_value("inputs", &declared);
                 if declared.is_mapping() {
                     let path = self.input_path(name, &declared)?;
                     if self.data_input.as_deref() == Some(name) {
@@ -633,6 +676,33 @@ impl Converter<'_> {
         }
         Ok(())
     }
+}
+
+/// The output `task.append_row_to` names when it is the `append_row` file itself: a
+/// `uri_file` output named alone (`${{outputs.x}}`, no file after it).
+fn append_row_file_output<'a>(task: &'a Yaml, outputs: &Yaml) -> Option<&'a str> {
+    let name = reference_to("outputs", task.get("append_row_to")?.as_str()?)?;
+    (outputs.get(name)?.get("type")?.as_str()? == "uri_file").then_some(name)
+}
+
+/// The `path` of an input or output declared in YAML (a mapping with a `path`, or the path
+/// alone); empty when it has none.
+fn path_of(declared: &Yaml) -> &str {
+    declared
+        .get("path")
+        .and_then(Yaml::as_str)
+        .or_else(|| declared.as_str())
+        .unwrap_or_default()
+}
+
+/// Whether a YAML path names a place this machine cannot reach: another step's output
+/// (`${{parent.jobs.…}}`), an `azureml://` URI (or `azureml:name:version`), or a URI of any
+/// scheme but `s3://` (`https://`, `wasbs://`, `abfss://`).
+fn unreachable(path: &str) -> bool {
+    let scheme = path.split_once("://").map(|(scheme, _)| scheme);
+    path.contains("${{")
+        || path.starts_with("azureml:")
+        || scheme.is_some_and(|scheme| !scheme.eq_ignore_ascii_case("s3"))
 }
 
 /// `x` of `${{<scope>.x}}` (spaces inside the braces allowed).

@@ -291,3 +291,112 @@ fn an_input_the_arguments_name_is_a_side_input() {
         ["--model", model, "--again", model, "--target"]
     );
 }
+
+/// An output at an `azureml://` path (as Azure's samples give one) cannot be written here:
+/// it is refused, naming the output and the `--set` that gives it, never replaced by a folder
+/// under `out/` (which would also lose the file's name); given, it is where `--set` says.
+#[test]
+fn an_azureml_output_is_refused_until_given_with_set() {
+    let dir = folder();
+    let yml = dir.path().join("p.yml");
+    let uri = "azureml://datastores/${{default_datastore}}/paths/${{name}}/scores.csv";
+    let text = PIPELINE
+        .replace(
+            "      models:\n        type: uri_folder\n",
+            &format!(
+                "      models:\n        type: uri_folder\n      scores:\n        type: uri_file\n        path: {uri}\n        mode: rw_mount\n"
+            ),
+        )
+        .replace(
+            "      program_arguments:",
+            "      append_row_to: ${{outputs.scores}}\n      program_arguments:",
+        );
+    fs::write(&yml, text).unwrap();
+    let err = load_aml(&yml, None, &sets(&["inputs.sales=table"]))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        format!(
+            "{}: jobs.train_stores.outputs.scores.path: {uri} cannot be reached here; give the output's file with --set outputs.scores=PATH (such as out/scores.csv)",
+            yml.display()
+        )
+    );
+    // `fleetrun convert` refuses it alike.
+    let converted = fleetrun_config::aml::convert(
+        &fs::read_to_string(&yml).unwrap(),
+        "p.yml",
+        dir.path(),
+        None,
+        &sets(&["inputs.sales=table"]),
+    );
+    assert!(converted.is_err(), "{converted:?}");
+
+    let (spec, _) = load_aml(
+        &yml,
+        None,
+        &sets(&["inputs.sales=table", "outputs.scores=results/scores.csv"]),
+    )
+    .unwrap();
+    assert_eq!(spec.output_action, OutputAction::AppendRow);
+    assert_eq!(spec.output, Location::Local(dir.path().join("results")));
+    assert_eq!(spec.append_row_file_name, "scores.csv");
+}
+
+/// A named output's own path: used when fleetrun can reach it, refused when it cannot, read
+/// from the pipeline when the job's output is the pipeline's (`${{parent.outputs.x}}`).
+#[test]
+fn a_named_outputs_own_path_is_used_or_asked_for() {
+    let dir = folder();
+    let yml = dir.path().join("p.yml");
+    let with_path = |path: &str| {
+        PIPELINE.replace(
+            "      models:\n        type: uri_folder\n",
+            &format!("      models:\n        type: uri_folder\n        path: {path}\n"),
+        )
+    };
+    fs::write(&yml, with_path("./trained")).unwrap();
+    let (spec, _) = load_aml(&yml, None, &sets(&["inputs.sales=table"])).unwrap();
+    assert_eq!(
+        spec.outputs["models"],
+        Location::Local(dir.path().join("trained"))
+    );
+
+    fs::write(&yml, with_path("azureml://datastores/blobs/paths/models")).unwrap();
+    let err = load_aml(&yml, None, &sets(&["inputs.sales=table"]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.ends_with(
+            "jobs.train_stores.outputs.models.path: azureml://datastores/blobs/paths/models cannot be reached here; give the output with --set outputs.models=PATH"
+        ),
+        "{err}"
+    );
+
+    let bound = PIPELINE
+        .replace(
+            "      models:\n        type: uri_folder\n",
+            "      models: ${{parent.outputs.trained}}\n",
+        )
+        .replace(
+            "display_name: many stores\n",
+            "display_name: many stores\noutputs:\n  trained:\n    type: uri_folder\n    path: wasbs://models@account.blob.core.windows.net/trained\n",
+        );
+    fs::write(&yml, bound).unwrap();
+    let err = load_aml(&yml, None, &sets(&["inputs.sales=table"]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.ends_with(
+            "wasbs://models@account.blob.core.windows.net/trained cannot be reached here; give the output with --set outputs.models=PATH"
+        ),
+        "{err}"
+    );
+    let (spec, _) = load_aml(
+        &yml,
+        None,
+        &sets(&["inputs.sales=table", "outputs.models=s3://bucket/trained/"]),
+    )
+    .unwrap();
+    assert_eq!(spec.arguments[3], "${{outputs.models}}");
+}

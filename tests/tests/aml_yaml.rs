@@ -7,7 +7,7 @@
 use std::fs;
 use std::process::Command;
 
-use fleetrun_tests::{RUN_LIMIT, bin, code, output_within};
+use fleetrun_tests::{RUN_LIMIT, bin, code, command, output_within};
 
 const PIPELINE: &str = r#"
 type: pipeline
@@ -135,4 +135,72 @@ fn a_many_models_pipeline_yaml_runs_unchanged() {
     // and fleetrun delivered the files, recording them as its own.
     let record = fs::read_to_string(path("out/models/.fleetrun/outputs.json")).unwrap();
     assert!(record.contains("\"1000/dominicks/total.txt\""), "{record}");
+}
+
+/// A prediction job whose `append_row_to` output is a file on an Azure datastore.
+const TO_AZURE: &str = r#"
+type: pipeline
+jobs:
+  predict:
+    type: parallel
+    inputs:
+      data:
+        type: uri_folder
+        path: ./data
+    outputs:
+      scores:
+        type: uri_file
+        path: azureml://datastores/${{default_datastore}}/paths/${{name}}/scores.csv
+        mode: rw_mount
+    input_data: ${{inputs.data}}
+    mini_batch_size: "1"
+    task:
+      type: run_function
+      code: ./src
+      entry_script: score.py
+      append_row_to: ${{outputs.scores}}
+"#;
+
+/// An `azureml://` output cannot be written here: `run`, `submit` and `convert` refuse it
+/// before anything runs, on one line naming the output and the `--set` that gives it, and
+/// nothing is written in its stead; given with `--set`, the job writes that file.
+#[test]
+fn an_azureml_output_is_refused_until_given_with_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |rel: &str| dir.path().join(rel);
+    fs::create_dir_all(path("src")).unwrap();
+    fs::write(
+        path("src/score.py"),
+        "import os\ndef run(mini_batch):\n    return [os.path.basename(p) for p in mini_batch]\n",
+    )
+    .unwrap();
+    fs::create_dir_all(path("data")).unwrap();
+    fs::write(path("data/a.txt"), "a\n").unwrap();
+    fs::write(path("pipeline.yml"), TO_AZURE).unwrap();
+    let yml = path("pipeline.yml");
+    let expected = format!(
+        "error: {}: jobs.predict.outputs.scores.path: azureml://datastores/${{{{default_datastore}}}}/paths/${{{{name}}}}/scores.csv cannot be reached here; give the output's file with --set outputs.scores=PATH (such as out/scores.csv)\n",
+        yml.display()
+    );
+    for verb in ["run", "submit", "convert"] {
+        let mut cmd = command("fleetrun");
+        cmd.arg(verb).arg(&yml);
+        let out = output_within(&mut cmd, RUN_LIMIT);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 2, "{verb}: {stderr}");
+        assert_eq!(stderr, expected, "{verb}");
+        assert!(out.stdout.is_empty(), "{verb}");
+        assert!(!path("out").exists(), "{verb} wrote nothing in its stead");
+    }
+
+    let mut cmd = command("fleetrun");
+    cmd.arg("run")
+        .arg(&yml)
+        .args(["--quiet", "--set", "outputs.scores=results/scores.csv"]);
+    let out = output_within(&mut cmd, RUN_LIMIT);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        fs::read_to_string(path("results/scores.csv")).unwrap(),
+        "a.txt\n"
+    );
 }
