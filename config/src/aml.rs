@@ -25,7 +25,7 @@ pub struct Line {
     /// Dotted inside a table: `input.tabular`, `environment_variables.MODE`.
     pub key: String,
     pub value: Value,
-    /// `jobs.parallel_train.retry_settings.max_retries`.
+    /// `jobs.parallel_train.retry_settings.max_retries`, or the `--set key=value` that gave it.
     pub from: String,
 }
 
@@ -812,6 +812,14 @@ impl Converted {
         for l in self.lines.iter().filter(|l| !l.key.contains('.')) {
             text.push_str(&line(&l.key, l));
         }
+        // ParallelRunStep's settings in `arguments` are the job's keys (they stay in the
+        // script's argv): one comment each, as `run` and `submit` say them.
+        let from = self.lines.iter().find(|l| l.key == "arguments");
+        if let Some(from) = from {
+            for setting in crate::load::arguments::take(&mut self.table()) {
+                text.push_str(&format!("# {setting} ({})\n", from.from));
+            }
+        }
         let mut tables: Vec<&str> = Vec::new();
         for l in &self.lines {
             if let Some((table, _)) = l.key.split_once('.')
@@ -860,6 +868,24 @@ impl Converted {
             }
         }
         doc
+    }
+
+    /// The `--set key=value` of `overrides` that [`convert`] left (the job file's keys:
+    /// `environment`, `run_max_try`) written into the job, as `run` and `submit` apply them:
+    /// each replaces its key's line, its comment naming the `--set`.
+    pub fn set(&mut self, overrides: &[String]) -> Result<(), ConfigError> {
+        for arg in overrides {
+            let (key, value) = crate::load::override_value(arg)?;
+            let from = format!("--set {}", arg.trim());
+            match self.lines.iter_mut().find(|l| l.key == key) {
+                Some(line) => {
+                    line.value = value;
+                    line.from = from;
+                }
+                None => self.lines.push(Line { key, value, from }),
+            }
+        }
+        Ok(())
     }
 
     /// One warning naming the YAML keys fleetrun does not use, if any.

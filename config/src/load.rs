@@ -93,6 +93,21 @@ fn check_with(
     })
 }
 
+/// One `--set key=value` read as [`load`] applies it: the job file's key (dotted into a
+/// table: `input.files`) and its value.
+pub(crate) fn override_value(arg: &str) -> Result<(String, toml::Value), ConfigError> {
+    let mut doc = Table::new();
+    let key = Override::apply(&mut doc, arg)?.key().to_owned();
+    let value = match key.split_once('.') {
+        None => doc.remove(&key),
+        Some((table, nested)) => doc
+            .get_mut(table)
+            .and_then(toml::Value::as_table_mut)
+            .and_then(|table| table.remove(nested)),
+    };
+    Ok((key, value.expect("an override sets its key")))
+}
+
 /// [`load`] for a job file already read: relative paths are resolved against `base_dir`,
 /// and errors name `source` as the file.
 pub fn load_str(

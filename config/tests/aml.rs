@@ -204,6 +204,7 @@ fn convert_prints_toml_naming_each_yaml_key() {
         "\n[input]\ntabular = \"table\"  # jobs.train_stores.inputs.sales.path\n",
         "\n[outputs]\nmodels = \"out/models\"  # jobs.train_stores.outputs.models\n",
         "\"${{outputs.models}}\"",
+        "# allowed_failed_percent = 40, from --allowed_failed_percent in arguments (jobs.train_stores.task.program_arguments)\n",
     ] {
         assert!(toml.contains(line), "{line:?} not in:\n{toml}");
     }
@@ -399,4 +400,25 @@ fn a_named_outputs_own_path_is_used_or_asked_for() {
     )
     .unwrap();
     assert_eq!(spec.arguments[3], "${{outputs.models}}");
+}
+
+/// `convert` takes the job file's `--set` keys as `run` does: written into the TOML, each
+/// comment naming the `--set`; an unknown key is refused as `run` refuses it.
+#[test]
+fn convert_writes_the_job_files_set_keys_into_the_toml() {
+    let dir = folder();
+    let text = fs::read_to_string(dir.path().join("pipeline.yml")).unwrap();
+    let overrides = sets(&["inputs.sales=table", "environment=.venv", "run_max_try=5"]);
+    let (mut converted, rest) =
+        fleetrun_config::aml::convert(&text, "pipeline.yml", dir.path(), None, &overrides).unwrap();
+    converted.set(&rest).unwrap();
+    let toml = converted.to_toml("pipeline.yml");
+    for line in [
+        "environment = \".venv\"  # --set environment=.venv\n",
+        "run_max_try = 5  # --set run_max_try=5\n",
+    ] {
+        assert!(toml.contains(line), "{line:?} not in:\n{toml}");
+    }
+    assert_eq!(toml.matches("run_max_try = ").count(), 1, "{toml}");
+    assert!(converted.set(&sets(&["no_such_key=1"])).is_err());
 }

@@ -542,15 +542,10 @@ fn convert(yaml: &std::path::Path, aml_job: Option<&str>, overrides: &[String]) 
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(std::path::Path::new("."));
     let source = yaml.display().to_string();
-    match fleetrun_config::aml::convert(&text, &source, base_dir, aml_job, overrides) {
-        Ok((_, rest)) if !rest.is_empty() => {
-            eprintln!(
-                "error: --set {}: convert takes inputs.NAME=PATH and outputs.NAME=PATH; set other keys in the TOML it prints",
-                rest[0]
-            );
-            ExitCode::from(exit::REFUSED)
-        }
-        Ok((converted, _)) => {
+    let converted = fleetrun_config::aml::convert(&text, &source, base_dir, aml_job, overrides)
+        .and_then(|(mut converted, rest)| converted.set(&rest).map(|()| converted));
+    match converted {
+        Ok(converted) => {
             say!("{}", converted.to_toml(&source).trim_end());
             ExitCode::SUCCESS
         }

@@ -25,7 +25,7 @@ pub const SETTINGS: [&str; 11] = [
 
 /// Takes the settings `doc`'s `arguments` give into `doc` where it has no value of its own,
 /// and says what became of each, in the order of `arguments`.
-pub(super) fn take(doc: &mut Table) -> Vec<ArgumentSetting> {
+pub(crate) fn take(doc: &mut Table) -> Vec<ArgumentSetting> {
     let found = match doc.get("arguments") {
         Some(Value::Array(arguments)) => find(arguments),
         _ => Vec::new(),

@@ -53,6 +53,11 @@ impl<'a> Override<'a> {
             .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
     }
 
+    /// The job file's key it sets, dotted into a table (`input.files`).
+    pub(super) fn key(&self) -> &str {
+        self.key
+    }
+
     /// `--set key=value`, as an error names it.
     pub(super) fn origin(&self) -> String {
         format!("--set {}", self.arg)
