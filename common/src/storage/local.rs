@@ -100,6 +100,11 @@ fn write_atomic(path: &Path, body: &[u8]) -> io::Result<()> {
 /// less than a hop to the blocking pool and back (mini-batch parts are this small).
 const INLINE_PUT: usize = 256 << 10;
 
+/// What a writer gathers before each write to its file. tokio's file copies each write into
+/// a buffer of its own for the blocking thread that does it, so a writer holds twice this:
+/// a job's output joined at its end then costs half a MB beside the rest of the agent.
+const WRITER_BUFFER: usize = 256 << 10;
+
 fn temp_sibling(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(format!(".{}.tmp", std::process::id()));
@@ -203,7 +208,7 @@ impl Storage for LocalStorage {
             key: key.to_owned(),
             path,
             tmp,
-            file: tokio::io::BufWriter::with_capacity(1 << 20, file),
+            file: tokio::io::BufWriter::with_capacity(WRITER_BUFFER, file),
             size: 0,
         }))
     }
