@@ -131,7 +131,8 @@ pub enum EmptyInput {
 }
 
 /// Refuses a job whose input lists no item, unless `empty` accepts it. Reads the first item
-/// of the listing only.
+/// of a listing in any order only: a local folder is not read whole and sorted for it, as
+/// publishing reads it again.
 pub async fn check_input(
     spec: &JobSpec,
     s3: &fleetrun_common::storage::s3::S3Settings,
@@ -150,7 +151,7 @@ pub async fn check_input(
         ),
     };
     let first = input
-        .list_keys(one.as_deref().unwrap_or(""))
+        .list_keys_any_order(one.as_deref().unwrap_or(""))
         .next()
         .await
         .transpose()?;

@@ -16,8 +16,15 @@ use std::fmt::Write as _;
 use std::os::unix::ffi::OsStringExt;
 
 /// The key of a file name, or of a relative path of names joined by `/`.
+#[cfg(test)]
 pub(super) fn key(name: &[u8]) -> String {
     let mut key = String::with_capacity(name.len());
+    push_key(name, &mut key);
+    key
+}
+
+/// Appends the key of `name` to `key`: a listing packs its folder's keys in one buffer.
+pub(super) fn push_key(name: &[u8], key: &mut String) {
     for chunk in name.utf8_chunks() {
         let mut rest = chunk.valid();
         while let Some(i) = rest.find('%') {
@@ -34,7 +41,6 @@ pub(super) fn key(name: &[u8]) -> String {
             let _ = write!(key, "%{byte:02X}");
         }
     }
-    key
 }
 
 /// The file name (or relative path) a key stands for.

@@ -53,6 +53,15 @@ pub trait Storage: Send + Sync {
         use futures::StreamExt;
         self.list(prefix).map(|o| o.map(|o| o.key)).boxed()
     }
+    /// The keys of [`Storage::list_keys`] in any order, for a caller that needs the set or
+    /// any one of them (is the input empty?): a local folder is then read as it comes, not
+    /// whole and sorted first.
+    fn list_keys_any_order<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> BoxStream<'a, Result<String, StorageError>> {
+        self.list_keys(prefix)
+    }
     async fn get(&self, key: &str) -> Result<Bytes, StorageError>;
     /// The object's bytes in pieces, in order, so that a caller copying it holds one piece
     /// at a time whatever its size. The default holds the whole object, as [`Storage::get`].

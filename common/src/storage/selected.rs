@@ -43,6 +43,16 @@ impl Storage for SelectedStorage {
             .boxed()
     }
 
+    fn list_keys_any_order<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> BoxStream<'a, Result<String, StorageError>> {
+        self.inner
+            .list_keys_any_order(prefix)
+            .try_filter(move |key| futures::future::ready((self.selects)(key)))
+            .boxed()
+    }
+
     async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
         self.inner.get(key).await
     }

@@ -30,12 +30,26 @@ macro_rules! storage_conformance {
     };
 }
 
+/// The keys `list` gives under `prefix`, checked against `list_keys` (the same, in the same
+/// order) and `list_keys_any_order` (the same set).
 async fn keys(s: &dyn Storage, prefix: &str) -> Vec<String> {
-    s.list(prefix)
+    let keys: Vec<String> = s
+        .list(prefix)
         .map_ok(|m| m.key)
         .try_collect()
         .await
-        .unwrap()
+        .unwrap();
+    let names: Vec<String> = s.list_keys(prefix).try_collect().await.unwrap();
+    assert_eq!(names, keys, "list_keys and list agree under {prefix:?}");
+    let mut any: Vec<String> = s.list_keys_any_order(prefix).try_collect().await.unwrap();
+    any.sort();
+    let mut set = keys.clone();
+    set.sort();
+    assert_eq!(
+        any, set,
+        "list_keys_any_order lists the keys of list under {prefix:?}"
+    );
+    keys
 }
 
 pub async fn put_then_get<F, Fut>(make: F)
