@@ -194,12 +194,16 @@ pub async fn publish_files(
     while !stop.is_cancelled() {
         let next = listing.next().await.transpose()?;
         let exhausted = next.is_none();
-        if let Some(listed) = next {
-            let key = listed
-                .strip_prefix(prefix)
-                .unwrap_or(&listed)
-                .trim_start_matches('/');
-            items.push(key.to_owned());
+        if let Some(mut listed) = next {
+            // The key relative to the input, cut in place: no copy per item.
+            let cut = listed.len()
+                - listed
+                    .strip_prefix(prefix)
+                    .unwrap_or(&listed)
+                    .trim_start_matches('/')
+                    .len();
+            listed.drain(..cut);
+            items.push(listed);
             if items.len() < size {
                 continue;
             }
@@ -389,6 +393,30 @@ mod tests {
             assert_eq!(total, 1);
             assert_eq!(drain(&queue, 1).await[0].items, ["a", "b", "c"]);
         }
+    }
+
+    /// Under a prefix, items are the keys relative to it, cut in place.
+    #[tokio::test]
+    async fn items_under_a_prefix_are_relative_to_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = LocalStorage::new(dir.path());
+        for key in ["in/a", "in/d/b", "other"] {
+            storage.put(key, Bytes::from_static(b"x")).await.unwrap();
+        }
+        let queue = MemoryQueue::new(QueueOptions::default());
+        let total = publish_files(
+            &storage,
+            "in/",
+            "j",
+            10,
+            &queue,
+            &Produced::default(),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(total, 1);
+        assert_eq!(drain(&queue, 1).await[0].items, ["a", "d/b"]);
     }
 
     #[tokio::test]
