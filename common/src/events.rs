@@ -48,6 +48,8 @@ pub struct JobEvent {
     pub job_id: String,
     /// The job's name (its file's `name`).
     pub name: String,
+    /// The pool whose workers serve the job.
+    pub pool: String,
     /// The state the job moved to.
     pub state: JobState,
     pub counts: Counts,
@@ -85,6 +87,13 @@ pub trait Events: Send + Sync {
     fn changes(&self) -> Option<broadcast::Receiver<JobEvent>> {
         None
     }
+
+    /// Every event published from now on, by any process: a worker shares its slots out
+    /// again as soon as a job of its pool starts or ends. Events published while the
+    /// follower cannot hear them (its broker connection is being restored) are missed, and
+    /// one who falls far behind skips the oldest (`RecvError::Lagged`): what an event says
+    /// is re-read from the ledger.
+    async fn follow(&self) -> Result<broadcast::Receiver<JobEvent>, QueueError>;
 }
 
 /// Events in one process: each subscriber gets every event published after it subscribed.
@@ -121,5 +130,9 @@ impl Events for MemoryEvents {
 
     fn changes(&self) -> Option<broadcast::Receiver<JobEvent>> {
         Some(self.subscribe())
+    }
+
+    async fn follow(&self) -> Result<broadcast::Receiver<JobEvent>, QueueError> {
+        Ok(self.subscribe())
     }
 }

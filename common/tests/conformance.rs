@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use fleetrun_common::events::{Events, MemoryEvents};
 use fleetrun_common::ledger::{JobRegistry, Ledger, MemoryLedger, MemoryRegistry};
 use fleetrun_common::queue::{MemoryQueue, Queue};
 use fleetrun_common::storage::{LocalStorage, Storage};
@@ -10,6 +11,17 @@ mod memory_queue {
     use super::*;
     fleetrun_common::queue_conformance!(|opts| async move {
         Arc::new(MemoryQueue::new(opts)) as Arc<dyn Queue>
+    });
+}
+
+mod memory_events {
+    use super::*;
+    fleetrun_common::events_conformance!({
+        let events = MemoryEvents::new();
+        move || {
+            let events = events.clone();
+            async move { Arc::new(events) as Arc<dyn Events> }
+        }
     });
 }
 

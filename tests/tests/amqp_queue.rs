@@ -52,6 +52,19 @@ mod conformance {
     });
 }
 
+mod events_conformance {
+    use fleetrun_common::events::Events;
+
+    use super::*;
+
+    /// Every case's handles connect for one pool: what they declare is the same each time.
+    const POOL: &str = "events-conformance";
+
+    fleetrun_common::events_conformance!(|| async {
+        Arc::new(queue(POOL, QueueOptions::default()).await) as Arc<dyn Events>
+    });
+}
+
 /// A queue that deletes its pool's queues when the case is done with it.
 struct Scoped {
     queue: AmqpQueue,
@@ -314,6 +327,55 @@ async fn lost_connection_redelivers_and_late_ack_is_refused() {
     assert!(d.settle(Disposition::Ack).await.unwrap());
     drop(c);
     delete_pool(&pool);
+}
+
+/// A follower of the job events hears them again once its connection was lost and restored
+/// (events published meanwhile may be missed: a worker's share period finds what they said).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_hears_events_again_after_its_connection_is_lost() {
+    use fleetrun_common::events::Events;
+    use fleetrun_common::ledger::JobState;
+    use fleetrun_common::testing::events::event;
+
+    // Two pools, so that only the follower's connection has its name.
+    let (follower_pool, publisher_pool) = (pool(), pool());
+    let follower = queue(&follower_pool, QueueOptions::default()).await;
+    let publisher = queue(&publisher_pool, QueueOptions::default()).await;
+    let mut heard = follower.follow().await.unwrap();
+    let closed = follower.clone();
+    tokio::task::spawn_blocking(move || close_connection(&closed))
+        .await
+        .unwrap();
+
+    let job = format!("job-{}", random_suffix());
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let hears_it = async {
+        loop {
+            match heard.recv().await {
+                Ok(event) if event.job_id == job => return,
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(e) => panic!("the follower stopped: {e}"),
+            }
+        }
+    };
+    tokio::pin!(hears_it);
+    loop {
+        Events::publish(&publisher, &event(&job, JobState::Running))
+            .await
+            .unwrap();
+        if tokio::time::timeout(Duration::from_millis(200), &mut hears_it)
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing heard after the connection came back"
+        );
+    }
+    delete_pool(&follower_pool);
+    delete_pool(&publisher_pool);
 }
 
 /// A body the agent cannot decode is dead-lettered at once: it lands in the dead queue with

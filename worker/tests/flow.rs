@@ -15,6 +15,7 @@ use fleetrun_common::storage::s3::S3Settings;
 use fleetrun_common::wire::MiniBatch;
 use fleetrun_config::MiniBatchSize;
 use fleetrun_worker::agent::DEFAULT_PREFETCH;
+use fleetrun_worker::agent::share::SHARE_PERIOD;
 use fleetrun_worker::job::{self, Fleet, JobRecord, WorkerConfig};
 use fleetrun_worker::logs;
 use fleetrun_worker::metrics::Metrics;
@@ -40,6 +41,8 @@ struct Options {
     sole_node: bool,
     /// Init failures other nodes already counted for the job.
     other_init_failures: u64,
+    /// Submit the job once the worker serves its pool, not before it starts.
+    submit_late: bool,
 }
 
 impl Default for Options {
@@ -51,6 +54,7 @@ impl Default for Options {
             delivery_limit: None,
             sole_node: true,
             other_init_failures: 0,
+            submit_late: false,
         }
     }
 }
@@ -104,35 +108,9 @@ impl Flow {
             s3: S3Settings::default(),
             pool: POOL.to_owned(),
         };
-        let limits = Limits {
-            error_threshold: spec.error_threshold,
-            allowed_failed_count: spec.allowed_failed_count,
-            allowed_failed_percent: spec.allowed_failed_percent,
-        };
-        fleet.ledger.create(JOB, limits).await.unwrap();
-        let record = JobRecord::new(spec.clone(), POOL);
-        fleet
-            .registry
-            .register(JOB, POOL, &record.encode())
-            .await
-            .unwrap();
-        for _ in 0..options.other_init_failures {
-            fleet.registry.add_init_failure(JOB).await.unwrap();
+        if !options.submit_late {
+            submit(&fleet, &spec, &names, &options).await;
         }
-        if options.publish {
-            let MiniBatchSize::Files(size) = spec.mini_batch_size else {
-                unreachable!("a file input")
-            };
-            let batches: Vec<_> = names.chunks(size as usize).collect();
-            for (index, items) in batches.iter().enumerate() {
-                let batch = MiniBatch::new(JOB, index as u64, items.to_vec());
-                fleet.queue.publish(JOB, batch.encode()).await.unwrap();
-            }
-            let total = batches.len() as u64;
-            fleet.ledger.created(JOB, total).await.unwrap();
-            fleet.ledger.seal(JOB, total).await.unwrap();
-        }
-
         let config = WorkerConfig {
             node_id: NODE.to_owned(),
             processes: options.processes,
@@ -154,6 +132,11 @@ impl Flow {
             drain.clone(),
             abort.clone(),
         ));
+        if options.submit_late {
+            // The worker serves its pool, and has found it without a job.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            submit(&fleet, &spec, &names, &options).await;
+        }
         Flow {
             dir,
             fleet,
@@ -286,6 +269,54 @@ impl Flow {
 
     fn output(&self) -> String {
         std::fs::read_to_string(self.out().join("parallel_run_step.txt")).unwrap()
+    }
+}
+
+/// Registers the job over the files `names` and (unless told otherwise) publishes it, as
+/// `fleetrun submit` does: its first state is told to the fleet's events.
+async fn submit(
+    fleet: &Fleet,
+    spec: &fleetrun_config::JobSpec,
+    names: &[String],
+    options: &Options,
+) {
+    let limits = Limits {
+        error_threshold: spec.error_threshold,
+        allowed_failed_count: spec.allowed_failed_count,
+        allowed_failed_percent: spec.allowed_failed_percent,
+    };
+    fleet.ledger.create(JOB, limits).await.unwrap();
+    let record = JobRecord::new(spec.clone(), POOL);
+    fleet
+        .registry
+        .register(JOB, POOL, &record.encode())
+        .await
+        .unwrap();
+    // The job's first state, told as the submitter tells it.
+    let running = fleetrun_common::testing::events::event(JOB, JobState::Running);
+    fleet
+        .events
+        .publish(&JobEvent {
+            pool: POOL.to_owned(),
+            ..running
+        })
+        .await
+        .unwrap();
+    for _ in 0..options.other_init_failures {
+        fleet.registry.add_init_failure(JOB).await.unwrap();
+    }
+    if options.publish {
+        let MiniBatchSize::Files(size) = spec.mini_batch_size else {
+            unreachable!("a file input")
+        };
+        let batches: Vec<_> = names.chunks(size as usize).collect();
+        for (index, items) in batches.iter().enumerate() {
+            let batch = MiniBatch::new(JOB, index as u64, items.to_vec());
+            fleet.queue.publish(JOB, batch.encode()).await.unwrap();
+        }
+        let total = batches.len() as u64;
+        fleet.ledger.created(JOB, total).await.unwrap();
+        fleet.ledger.seal(JOB, total).await.unwrap();
     }
 }
 
@@ -577,11 +608,19 @@ async fn every_change_of_a_jobs_state_is_an_event_once() {
     let (mut flow, _) = two_of_four_failing("allowed_failed_count = 2").await;
     let heard = flow.heard().await;
     let states: Vec<JobState> = heard.iter().map(|e| e.state).collect();
-    assert_eq!(states, [JobState::Finalizing, JobState::Completed]);
-    let completed = &heard[1];
+    // Running is the submitter's; the worker tells the rest.
     assert_eq!(
-        (completed.job_id.as_str(), completed.name.as_str()),
-        (JOB, "flow")
+        states,
+        [JobState::Running, JobState::Finalizing, JobState::Completed]
+    );
+    let completed = &heard[2];
+    assert_eq!(
+        (
+            completed.job_id.as_str(),
+            completed.name.as_str(),
+            completed.pool.as_str()
+        ),
+        (JOB, "flow", POOL)
     );
     assert_eq!(completed.counts.completed_mini_batches, 4);
     assert_eq!(completed.counts.failed_items, 2);
@@ -593,9 +632,9 @@ async fn every_change_of_a_jobs_state_is_an_event_once() {
 
     let (mut flow, _) = two_of_four_failing("allowed_failed_count = 1").await;
     let heard = flow.heard().await;
-    assert_eq!(heard.len(), 1, "{heard:?}");
-    assert_eq!(heard[0].state, JobState::Failed);
-    let cause = heard[0].cause.as_deref().unwrap_or_default();
+    assert_eq!(heard.len(), 2, "{heard:?}");
+    assert_eq!(heard[1].state, JobState::Failed);
+    let cause = heard[1].cause.as_deref().unwrap_or_default();
     assert!(
         cause.starts_with("allowed_failed_count exceeded"),
         "{cause}"
@@ -772,6 +811,30 @@ async fn init_failures_over_the_job_fail_it_once_it_has_run_two_minutes() {
     );
     assert_eq!(fake.starts(), 3, "this node gave up after 3");
     assert_ended_within(ended, 120, 122);
+}
+
+/// A job submitted while a worker serves its pool idle starts at once: the worker hears the
+/// job's first event and shares its slots out then, not at its next period.
+#[tokio::test(start_paused = true)]
+async fn a_job_submitted_to_an_idle_worker_starts_at_once() {
+    let fake = FakeLauncher::new();
+    let options = Options {
+        warm: false,
+        sole_node: false,
+        submit_late: true,
+        ..Options::default()
+    };
+    let mut flow = Flow::start(&fake, "mini_batch_size = 1", 2, options).await;
+    let submitted = Instant::now();
+    let (status, _) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    let first = fake.calls().iter().map(|c| c.started).min().unwrap();
+    let waited = first.duration_since(submitted);
+    assert!(
+        waited < SHARE_PERIOD / 10,
+        "the first mini-batch started {waited:?} after the job was submitted"
+    );
 }
 
 /// On a fleet node the job's `process_count_per_node` decides how many runners it gets, not

@@ -15,6 +15,11 @@
 //!   `at-least-once` to the pool's exchange. [`Queue::close_lane`] deletes it when the job
 //!   has ended.
 //!
+//! and each process following the job events ([`Events::follow`]: a worker, to share its
+//! slots out as soon as a job starts or ends) declares:
+//! - `fleetrun.p.events.<random>`: its own exclusive classic queue bound to `job.#` on the
+//!   events exchange, deleted with its connection.
+//!
 //! Redeclaring a queue with other arguments (another delivery limit) fails with
 //! `PRECONDITION_FAILED`; delete the pool's queues to change them.
 //!
@@ -73,6 +78,8 @@ use super::{
 };
 use crate::events::{Events, JobEvent};
 
+mod follow;
+
 /// Every name the backend gives the broker, in one place.
 mod names {
     pub const PREFIX: &str = "fleetrun";
@@ -97,6 +104,11 @@ mod names {
         format!("{PREFIX}.{pool}.dead.inbox")
     }
 
+    /// A process's own queue of every job event (see `follow`).
+    pub fn follower(pool: &str, id: u64) -> String {
+        format!("{PREFIX}.{pool}.events.{id:016x}")
+    }
+
     /// The topic exchange of job events, shared by every pool.
     pub const EVENTS: &str = crate::events::EXCHANGE;
 
@@ -113,6 +125,7 @@ mod names {
     pub const DEAD_LETTER_EXCHANGE: &str = "x-dead-letter-exchange";
     pub const DEAD_LETTER_STRATEGY: &str = "x-dead-letter-strategy";
     pub const OVERFLOW: &str = "x-overflow";
+    pub const MAX_LENGTH: &str = "x-max-length";
 }
 
 /// AMQP 0-9-1 `delivery_mode` for messages written to disk.
@@ -762,6 +775,10 @@ fn long_string(s: &str) -> AMQPValue {
 impl Events for AmqpQueue {
     async fn publish(&self, event: &JobEvent) -> Result<(), QueueError> {
         self.shared.announce(event).await
+    }
+
+    async fn follow(&self) -> Result<tokio::sync::broadcast::Receiver<JobEvent>, QueueError> {
+        follow::follow(self.shared.clone()).await
     }
 }
 

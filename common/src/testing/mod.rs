@@ -12,6 +12,7 @@
 //! The embedded implementations run them in this crate's tests; the distributed ones run the
 //! very same cases against real servers.
 
+pub mod events;
 pub mod ledger;
 pub mod queue;
 pub mod registry;

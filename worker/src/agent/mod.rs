@@ -252,6 +252,13 @@ pub trait Jobs: Send + Sync {
     /// The pool's jobs not yet retired, oldest first: those whose lanes the node's slots
     /// share (see [`share`]).
     async fn live(&self) -> Result<Vec<String>, crate::job::JobError>;
+
+    /// Returns once the pool's jobs may have changed (one was submitted, or one ended), for
+    /// the node to share its slots out again at once. Never, by default: the share's period
+    /// alone finds them.
+    async fn changed(&self) {
+        std::future::pending().await
+    }
 }
 
 /// What the agent reports to whoever drives the job.

@@ -1,8 +1,9 @@
 //! Sharing a node's slots among the jobs of its pool.
 //!
 //! Each job's mini-batches wait in a lane of their own (see `fleetrun_common::queue`), and
-//! each slot consumes from one lane at a time: the one this module gives it. Every second (and
-//! whenever asked) the node looks at its pool's unfinished jobs (each one's priority, its
+//! each slot consumes from one lane at a time: the one this module gives it. Every second,
+//! whenever a job of its pool starts or ends (the job events the node follows), and whenever
+//! asked, the node looks at its pool's unfinished jobs (each one's priority, its
 //! seats on the node, the mini-batches waiting in its lane, whether it is still being
 //! published) and shares its slots out again:
 //!
@@ -15,7 +16,8 @@
 //!
 //! Every node shares its own slots this way, so over a fleet each job of the highest
 //! priority with work gets about an equal part of the runners, and a small job submitted
-//! behind a large one starts within a second or so instead of after it.
+//! behind a large one starts at once instead of after it (within a second when its event
+//! is missed).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -172,13 +174,15 @@ impl Share {
         }
     }
 
-    /// Shares the node's slots out every [`SHARE_PERIOD`] (and when woken) until `stop`.
+    /// Shares the node's slots out every [`SHARE_PERIOD`], when woken, and when the pool's
+    /// jobs changed ([`super::Jobs::changed`]), until `stop`.
     pub(super) async fn keep(&self, agent: &Agent, stop: CancellationToken) {
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(SHARE_PERIOD) => {}
                 _ = self.wake.notified() => {}
+                _ = agent.jobs.changed() => {}
             }
             self.share(agent).await;
         }

@@ -32,6 +32,8 @@ use crate::parts::{self, Parts};
 #[derive(Clone)]
 pub struct Job {
     id: String,
+    /// The pool whose workers serve it.
+    pool: String,
     /// The spec as this process uses it (on a node, with its code and side inputs staged).
     spec: Arc<JobSpec>,
     /// Seconds since the Unix epoch, from the job's record.
@@ -57,6 +59,7 @@ impl Job {
     ) -> Job {
         Job {
             id: id.to_owned(),
+            pool: fleet.pool.clone(),
             spec: Arc::new(spec),
             submitted_at,
             ledger: fleet.ledger.clone(),
@@ -318,6 +321,7 @@ impl Job {
         let event = JobEvent {
             job_id: self.id.clone(),
             name: self.spec.name.clone(),
+            pool: self.pool.clone(),
             state: status.state,
             counts: Counts::of(status),
             cause: status.reason.clone(),

@@ -50,6 +50,8 @@ pub(super) struct FleetJobs {
     /// One job is loaded at a time, so slots asking for the same new job load it once.
     pub(super) loading: tokio::sync::Mutex<()>,
     pub(super) stop: CancellationToken,
+    /// Told when a job of the pool starts or ends (see `serve::follow_changes`).
+    pub(super) changed: tokio::sync::Notify,
 }
 
 impl FleetJobs {
@@ -164,6 +166,10 @@ pub(super) fn job_processes(config: &WorkerConfig, spec: &fleetrun_config::JobSp
 impl Jobs for FleetJobs {
     async fn live(&self) -> Result<Vec<String>, JobError> {
         Ok(self.fleet.registry.unfinished(&self.fleet.pool).await?)
+    }
+
+    async fn changed(&self) {
+        self.changed.notified().await;
     }
 
     async fn claim_place(&self, ctx: &JobContext) -> bool {

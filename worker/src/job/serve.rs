@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleetrun_common::ledger::JobState;
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -37,7 +37,9 @@ pub async fn serve(
         unserved: Mutex::new(HashMap::new()),
         loading: tokio::sync::Mutex::new(()),
         stop: abort.clone(),
+        changed: tokio::sync::Notify::new(),
     });
+    let follower = tokio::spawn(follow_changes(fleet.clone(), jobs.clone()));
     let agent = tokio::spawn(agent::run(
         Agent {
             config: AgentConfig {
@@ -75,6 +77,7 @@ pub async fn serve(
         })
     };
     let _ = agent.await;
+    follower.abort();
     recorder.abort();
     adopter.abort();
     beater.abort();
@@ -113,6 +116,26 @@ pub(super) async fn beat(fleet: Fleet, node: String, drain: CancellationToken) {
         tokio::select! {
             _ = drain.cancelled() => return,
             _ = tokio::time::sleep(BEAT_TTL / 3) => {}
+        }
+    }
+}
+
+/// Tells the node's share when a job of its pool starts or ends, as the job events say: a
+/// job submitted to idle workers starts at once, not at the share's next period. Without
+/// events to follow, the period alone finds new jobs.
+async fn follow_changes(fleet: Fleet, jobs: Arc<FleetJobs>) {
+    let mut events = match fleet.events.follow().await {
+        Ok(events) => events,
+        Err(e) => {
+            warn!(error = %e, "Cannot follow the job events; new jobs are found within a second instead.");
+            return;
+        }
+    };
+    loop {
+        match events.recv().await {
+            Ok(event) if event.pool != fleet.pool => {}
+            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => jobs.changed.notify_one(),
+            Err(broadcast::error::RecvError::Closed) => return,
         }
     }
 }
