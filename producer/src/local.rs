@@ -30,13 +30,6 @@ use crate::exit;
 use crate::fleet::{self as fleet_cmd, FleetError};
 use crate::partition::Produced;
 
-/// Deliveries each slot of a local run may hold: [`agent::DEFAULT_PREFETCH`] and one more.
-/// On the embedded queue a mini-batch is recorded in moments, but the one before it may
-/// still be settling when the slot takes the next to send ahead; with one delivery more the
-/// runner finds its next mini-batch waiting instead of waiting for the agent (about a
-/// tenth of the flat 300,000-file bench's time, docs/benchmarks.md).
-const LOCAL_PREFETCH: u16 = agent::DEFAULT_PREFETCH + 1;
-
 /// The pool name of the one-process fleet.
 const LOCAL_POOL: &str = "local";
 /// The node id of the one-process fleet, as its logs show it (`sys/node/0/`).
@@ -249,7 +242,7 @@ pub async fn run_local(
     let config = WorkerConfig {
         node_id: LOCAL_NODE.to_owned(),
         processes,
-        prefetch: LOCAL_PREFETCH,
+        prefetch: agent::DEFAULT_PREFETCH,
         runner_exe,
         launcher: fleetrun_worker::process::ProcessLauncher::shared(),
         cache_dir: scratch.clone(),

@@ -755,7 +755,8 @@ fn sigterm_drains_a_worker_without_losing_work() {
     let at_sigterm = started();
     let exit = exit_within(draining, Duration::from_secs(60));
     assert_eq!(exit.code(), Some(0), "a drained worker exits 0");
-    // It finishes what it holds (at most its prefetch, 3), and takes nothing more.
+    // It finishes what it holds (at most its prefetch, 4, with the one it runs), and takes
+    // nothing more.
     let after = started() - at_sigterm;
     assert!(after <= 3, "{after} mini-batches started after SIGTERM");
     assert!(started() < 20, "the draining worker ran the whole job");

@@ -69,8 +69,10 @@ use slot::Slot;
 const STATE_RECHECK: Duration = Duration::from_millis(500);
 
 /// Deliveries a slot holds by default: one running, the next waiting in the runner's
-/// channel, and one being finished in the background.
-pub const DEFAULT_PREFETCH: u16 = 3;
+/// channel, and two being finished in the background (a part stored, a recording in the
+/// ledger, an acknowledgement: for a short `run()` they take longer than the run, and with
+/// one fewer the slot often had nothing to send ahead; docs/benchmarks.md).
+pub const DEFAULT_PREFETCH: u16 = 4;
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
