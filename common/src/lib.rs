@@ -21,6 +21,8 @@
 //! messages that travel on the queue, [`protocol`] the frames between a node agent and its
 //! runner processes, and [`python`] which CPython a job's runners use.
 
+#[cfg(test)]
+mod allocation;
 pub mod events;
 pub mod ledger;
 pub mod protocol;

@@ -24,7 +24,7 @@ struct Job {
     limits: Limits,
     status: Status,
     done: HashSet<u64>,
-    parts: HashMap<u64, String>,
+    parts: Refs,
     /// The bytes of parts the job keeps in its references ([`Ledger::reserve_part_bytes`]).
     part_bytes: u64,
     /// Set by [`Ledger::forget_parts`].
@@ -37,7 +37,7 @@ struct Job {
     /// is reopened.
     failed: HashMap<u64, Outcome>,
     /// The job's report rows, in the order they were kept.
-    report: Vec<String>,
+    report: Rows,
     /// Who finalizes the job, and until when.
     finalizer: Option<(String, Instant)>,
     /// Who publishes the job, and until when.
@@ -72,9 +72,11 @@ impl MemoryLedger {
                 }
                 taken += 1;
                 if let Some(part) = &entry.part {
-                    j.parts.insert(entry.index, part.clone());
+                    j.parts.insert(entry.index, part);
                 }
-                j.report.extend(entry.row.clone());
+                if let Some(row) = &entry.row {
+                    j.report.push(row);
+                }
                 j.status.done += 1;
                 j.status.items_succeeded += entry.succeeded;
             }
@@ -139,13 +141,13 @@ impl Ledger for MemoryLedger {
                     ..Status::new()
                 },
                 done: HashSet::new(),
-                parts: HashMap::new(),
+                parts: Refs::default(),
                 part_bytes: 0,
                 parts_forgotten: false,
                 holders: HashMap::new(),
                 spent: HashMap::new(),
                 failed: HashMap::new(),
-                report: Vec::new(),
+                report: Rows::default(),
                 finalizer: None,
                 publisher: None,
                 forget_at: None,
@@ -183,12 +185,14 @@ impl Ledger for MemoryLedger {
         let journal = self.journal.as_ref();
         let recorded = self.with_job(job, |j| {
             j.holders.remove(&index);
-            j.report.extend(row.map(str::to_owned));
+            if let Some(row) = row {
+                j.report.push(row);
+            }
             let first = j.done.insert(index);
             let mut transitioned = false;
             if first {
                 if let Some(part) = part {
-                    j.parts.insert(index, part.to_owned());
+                    j.parts.insert(index, part);
                 }
                 let s = &mut j.status;
                 s.updated_at = Some(unix_now());
@@ -246,7 +250,9 @@ impl Ledger for MemoryLedger {
         charged: bool,
     ) -> Result<Option<String>, LedgerError> {
         self.with_job(job, |j| {
-            j.report.extend(row.map(str::to_owned));
+            if let Some(row) = row {
+                j.report.push(row);
+            }
             if charged {
                 *j.spent.entry(index).or_default() += 1;
             }
@@ -271,7 +277,7 @@ impl Ledger for MemoryLedger {
     }
 
     async fn report(&self, job: &str, row: &str) -> Result<(), LedgerError> {
-        self.with_job(job, |j| j.report.push(row.to_owned()))
+        self.with_job(job, |j| j.report.push(row))
     }
 
     async fn report_rows(
@@ -280,15 +286,7 @@ impl Ledger for MemoryLedger {
         start: u64,
         count: u64,
     ) -> Result<Vec<String>, LedgerError> {
-        self.with_job(job, |j| {
-            let rows = j
-                .report
-                .iter()
-                .skip(usize::try_from(start).unwrap_or(usize::MAX));
-            rows.take(usize::try_from(count).unwrap_or(usize::MAX))
-                .cloned()
-                .collect()
-        })
+        self.with_job(job, |j| j.report.range(start, count))
     }
 
     async fn parts(
@@ -300,7 +298,7 @@ impl Ledger for MemoryLedger {
             if j.parts_forgotten {
                 return Err(LedgerError::PartsForgotten(job.to_owned()));
             }
-            Ok(indices.map(|i| j.parts.get(&i).cloned()).collect())
+            Ok(indices.map(|i| j.parts.get(i)).collect())
         })?
     }
 
@@ -318,7 +316,7 @@ impl Ledger for MemoryLedger {
 
     async fn forget_parts(&self, job: &str) -> Result<(), LedgerError> {
         self.with_job(job, |j| {
-            j.parts = HashMap::new();
+            j.parts = Refs::default();
             j.parts_forgotten = true;
         })
     }
@@ -393,7 +391,7 @@ impl Ledger for MemoryLedger {
             let s = &mut j.status;
             for (index, outcome) in j.failed.drain() {
                 if j.done.remove(&index) {
-                    j.parts.remove(&index);
+                    j.parts.remove(index);
                     s.done -= 1;
                     s.items_succeeded -= outcome.succeeded;
                     s.items_failed -= outcome.failed;
@@ -436,7 +434,7 @@ impl Ledger for MemoryLedger {
                 };
             };
             j.done.remove(&index);
-            j.parts.remove(&index);
+            j.parts.remove(index);
             j.holders.remove(&index);
             j.spent.remove(&index);
             let s = &mut j.status;
@@ -471,4 +469,114 @@ fn take_lease(held: &mut Option<(String, Instant)>, owner: &str, lease: Duration
     }
     *held = Some((owner.to_owned(), now + lease));
     true
+}
+
+/// A job's report rows in one buffer: a running job keeps one row per mini-batch, and a
+/// `String` each would cost a third more than the rows' own bytes (a local run's memory is
+/// mostly these and the part references, docs/benchmarks.md).
+#[derive(Default)]
+struct Rows {
+    text: String,
+    /// Where each row ends in `text`.
+    ends: Vec<usize>,
+}
+
+impl Rows {
+    fn push(&mut self, row: &str) {
+        self.text.push_str(row);
+        self.ends.push(self.text.len());
+    }
+
+    /// Rows `start..start + count` (those of them there are).
+    fn range(&self, start: u64, count: u64) -> Vec<String> {
+        let first = usize::try_from(start).unwrap_or(usize::MAX);
+        let last = first.saturating_add(usize::try_from(count).unwrap_or(usize::MAX));
+        (first..last.min(self.ends.len()))
+            .map(|i| {
+                let from = if i == 0 { 0 } else { self.ends[i - 1] };
+                self.text[from..self.ends[i]].to_owned()
+            })
+            .collect()
+    }
+}
+
+/// A job's part references by mini-batch, in one buffer (see [`Rows`]). A reference taken
+/// back leaves its bytes behind, which only a reopened job's failed mini-batches do.
+#[derive(Default)]
+struct Refs {
+    text: String,
+    /// Where each mini-batch's reference is in `text`.
+    spans: HashMap<u64, (usize, usize)>,
+}
+
+impl Refs {
+    fn insert(&mut self, index: u64, part: &str) {
+        let start = self.text.len();
+        self.text.push_str(part);
+        self.spans.insert(index, (start, self.text.len()));
+    }
+
+    fn get(&self, index: u64) -> Option<String> {
+        let &(start, end) = self.spans.get(&index)?;
+        Some(self.text[start..end].to_owned())
+    }
+
+    fn remove(&mut self, index: u64) {
+        self.spans.remove(&index);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a job keeps per recorded mini-batch (its report row, its part's reference) is
+    /// packed: no allocation of its own, however many mini-batches it has.
+    #[test]
+    fn recordings_are_kept_without_an_allocation_each() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let ledger = MemoryLedger::new();
+        runtime
+            .block_on(ledger.create(
+                "j",
+                Limits {
+                    error_threshold: -1,
+                    allowed_failed_count: None,
+                    allowed_failed_percent: 100.0,
+                },
+            ))
+            .unwrap();
+        let n = 10_000;
+        let kept = crate::allocation::kept_during(|| {
+            runtime.block_on(async {
+                for index in 0..n {
+                    let outcome = Outcome {
+                        succeeded: 10,
+                        failed: 0,
+                        batch_failed: false,
+                    };
+                    let part = format!("0-writer-000@{}+180", index * 180);
+                    let row = format!("{index},1,succeeded,10,10,0,0,process000,2026-11-27 12:14:45.691,0.001,0.000,");
+                    ledger
+                        .record_attempt("j", index, outcome, Some(&part), Some(&row))
+                        .await
+                        .unwrap();
+                }
+            });
+        });
+        assert!(kept < 100, "{kept} allocations kept for {n} recordings");
+        let rows = runtime.block_on(ledger.report_rows("j", 9_999, 5)).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert!(rows[0].starts_with("9999,1,succeeded"), "{rows:?}");
+        let parts = runtime.block_on(ledger.parts("j", 4..6)).unwrap();
+        assert_eq!(
+            parts,
+            [
+                Some("0-writer-000@720+180".to_owned()),
+                Some("0-writer-000@900+180".to_owned())
+            ]
+        );
+    }
 }
