@@ -22,6 +22,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_DATA = os.path.join(HERE, "work", "data")
 FLAT_DATA = os.path.join(HERE, "work", "data-flat")
+LARGE_DATA = os.path.join(HERE, "work", "data-large")
 FILE_SIZE = 1024
 PER_FOLDER = 1000
 SEED = 20240611

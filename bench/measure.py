@@ -1,7 +1,7 @@
 """fleetrun vs multiprocessing.Pool(2) and one plain Python loop: the benchmark driver
 (bench/run.sh runs it).
 
-    python3 bench/measure.py [--quick] [--files N] [--flat-files N] [--reps K]
+    python3 bench/measure.py [--quick] [--files N] [--flat-files N] [--large-files N] [--reps K]
                              [--cases a,b] [--pool-only] [--bin-dir DIR]
 
 For every case (an entry script + a fleetrun job file running it), each repetition
@@ -61,6 +61,8 @@ class Case:
     # its input is --flat-files files in one folder (work/data-flat), not --files in
     # folders of 1,000
     flat: bool = False
+    # its input is --large-files files in folders of 1,000 (work/data-large)
+    large: bool = False
     # also measured against one plain Python loop (loop_baseline.py)
     loop: bool = False
 
@@ -117,9 +119,12 @@ CASES = [
     # mini-batches per second fleetrun is asked for.
     Case("trivial-flat", "trivial.py", "job-trivial-flat.toml", flat=True, loop=True),
     Case("sleep1ms", "sleep1ms.py", "job-sleep1ms.toml"),
-    # The same jobs through RabbitMQ + Redis: one fleetrun-worker with 2 processes.
+    # The same jobs through RabbitMQ + Redis: one fleetrun-worker with 2 processes. The
+    # trivial one over --large-files (100,000), the size the fleet's rate is judged at:
+    # what a fleet job costs once (a worker's start, the job's queue, finalizing) weighs
+    # about half a second, a quarter of a 20,000-file run.
     Case("trivial-distributed", "trivial.py", "job-trivial-distributed.toml",
-         command=distributed, skip=broker_reachable),
+         command=distributed, skip=broker_reachable, large=True),
     Case("sleep1ms-distributed", "sleep1ms.py", "job-sleep1ms-distributed.toml",
          command=distributed, skip=broker_reachable),
     # A CSV, 1 ms per 100 rows, against pandas read_csv(chunksize=...) in Pool(2).
@@ -224,7 +229,8 @@ def run_case(case: Case, reps: int, n_files: int, pool_only: bool) -> dict:
     pool_out = os.path.join(WORK, f"out-{case.name}-pool", "parallel_run_step.txt")
     loop_out = os.path.join(WORK, f"out-{case.name}-loop", "parallel_run_step.txt")
     script = os.path.join(BENCH, case.script)
-    data = gen_data.FLAT_DATA if case.flat else gen_data.DEFAULT_DATA
+    data = (gen_data.FLAT_DATA if case.flat
+            else gen_data.LARGE_DATA if case.large else gen_data.DEFAULT_DATA)
     pool_argv = [sys.executable, os.path.join(BENCH, "pool_baseline.py"),
                  "--script", script, "--data", data, "--out", pool_out,
                  "--processes", "2", "--mini-batch-size", "10"]
@@ -351,6 +357,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--flat-files", type=int,
                         help="input files of the flat cases, in one folder (default 300,000; "
                              "3,000 with --quick)")
+    parser.add_argument("--large-files", type=int,
+                        help="input files of the large cases, in folders of 1,000 (default "
+                             "100,000; 4,000 with --quick)")
     parser.add_argument("--bin-dir", help="where fleetrun and fleetrun-runner are "
                                           f"(default {BIN_DIR})")
     parser.add_argument("--reps", type=int, help="repetitions (default 3; 1 with --quick)")
@@ -360,6 +369,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     n_files = args.files or (2000 if args.quick else 20000)
     n_flat = args.flat_files or (3000 if args.quick else 300000)
+    n_large = args.large_files or (4000 if args.quick else 100000)
     global FLEETRUN, RUNNER
     if args.bin_dir:
         FLEETRUN = os.path.join(args.bin_dir, "fleetrun")
@@ -385,13 +395,16 @@ def main(argv: list[str]) -> int:
                   file=sys.stderr)
             return 3
 
-    print(f"bench: {n_files} files x 1 KB ({n_flat} in one folder for the flat cases), "
+    print(f"bench: {n_files} files x 1 KB ({n_flat} in one folder for the flat cases, "
+          f"{n_large} for the large ones), "
           f"mini-batch 10, 2 processes, {reps} repetition(s); fleetrun from {FLEETRUN}; "
           f"{os.cpu_count()} CPUs, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"pool on Python {sys.version.split()[0]} ({sys.executable})")
     gen_data.ensure_data(n_files)
     if any(c.flat for c in cases):
         gen_data.ensure_data(n_flat, gen_data.FLAT_DATA, flat=True)
+    if any(c.large for c in cases):
+        gen_data.ensure_data(n_large, gen_data.LARGE_DATA)
 
     rows = []
     for case in cases:
@@ -399,12 +412,13 @@ def main(argv: list[str]) -> int:
         if reason:
             rows.append({"case": case.name, "skipped": reason, "errors": []})
             continue
-        rows.append(run_case(case, reps, n_flat if case.flat else n_files, args.pool_only))
+        size = n_flat if case.flat else n_large if case.large else n_files
+        rows.append(run_case(case, reps, size, args.pool_only))
 
     print_table(rows)
     with open(os.path.join(WORK, "results.json"), "w", encoding="utf-8") as f:
         json.dump({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": n_files,
-                   "flat_files": n_flat,
+                   "flat_files": n_flat, "large_files": n_large,
                    "reps": reps, "cpus": os.cpu_count(), "rows": rows}, f, indent=1)
 
     failed = [r for r in rows if r["errors"]]
