@@ -768,6 +768,36 @@ fn sigterm_drains_a_worker_without_losing_work() {
     );
 }
 
+/// A worker lets a job go once, when the job ends: its logs reach S3 then, and a worker
+/// stopped later does not copy the logs of every job it ever served again.
+#[test]
+fn a_stopping_worker_leaves_the_logs_of_ended_jobs_as_they_were_let_go() {
+    let mut fleet = Fleet::new(ECHO);
+    fleet.inputs(6);
+    fleet.worker("w1", 1);
+    let job = fleet.s3_job("mini_batch_size = 3");
+    assert_eq!(code(&fleet.submit(&job, &["--wait"])), 0);
+    let main_key = "out/logs/sys/node/w1/_main.txt";
+    let s3 = fleet.storage("");
+    wait_for("w1's _main.txt on S3", Duration::from_secs(30), || {
+        fleet.runtime.block_on(s3.get(main_key)).is_ok()
+    });
+    // What the job's end sent is gone (as an operator tidying the output would leave it).
+    fleet
+        .runtime
+        .block_on(s3.delete_prefix("out/logs/sys/node/w1/"))
+        .unwrap();
+
+    let (_, worker) = &mut fleet.workers[0];
+    // SAFETY: kill(2) with SIGTERM on our own child.
+    assert_eq!(unsafe { libc::kill(worker.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(exit_within(worker, Duration::from_secs(60)).code(), Some(0));
+    assert!(
+        fleet.runtime.block_on(s3.get(main_key)).is_err(),
+        "the stopping worker sent the ended job's logs again"
+    );
+}
+
 /// A worker told to drain while it runs a job's last mini-batch records it and, as the
 /// one that completed the job, finalizes it before it exits: no other
 /// worker is needed.

@@ -114,6 +114,8 @@ pub struct JobContext {
     python: tokio::sync::OnceCell<Result<fleetrun_common::python::Python, String>>,
     started_noted: AtomicBool,
     end_noted: AtomicBool,
+    /// The node has let the job go (see `job::watch::let_go`): held while it does.
+    pub(crate) let_go: tokio::sync::Mutex<bool>,
     gpus_noted: AtomicBool,
     /// This node's runners of the job that finished init and live.
     ready_runners: Arc<AtomicU32>,
@@ -139,6 +141,7 @@ impl JobContext {
             job,
             started_noted: AtomicBool::new(false),
             end_noted: AtomicBool::new(false),
+            let_go: tokio::sync::Mutex::new(false),
             gpus_noted: AtomicBool::new(false),
             ready_runners: Arc::new(AtomicU32::new(0)),
             seats: seats::Seats::new(crate::node::MAX_PROCESSES as usize),

@@ -186,10 +186,16 @@ pub(super) fn input_name(spec: &fleetrun_config::JobSpec) -> String {
     spec.input.location().to_string()
 }
 
-/// This node lets go of a job: its monitor's last sample, its named outputs delivered, its
-/// logs flushed and sent where they go and, once the job has `ended`, what it wrote in a
-/// local output folder recorded as fleetrun's.
+/// This node lets go of a job, once: its monitor's last sample, its named outputs
+/// delivered, its logs flushed and sent where they go and, once the job has `ended`, what
+/// it wrote in a local output folder recorded as fleetrun's. A job its end let go is not
+/// let go again when the node stops (a worker that served many jobs would send all their
+/// logs again); one being let go is waited for.
 pub(super) async fn let_go(ctx: &JobContext, node: &str, ended: bool) {
+    let mut done = ctx.let_go.lock().await;
+    if *done {
+        return;
+    }
     ctx.monitor.stop().await;
     agent::named::finish(ctx, node).await;
     ctx.logs.flush();
@@ -198,6 +204,7 @@ pub(super) async fn let_go(ctx: &JobContext, node: &str, ended: bool) {
     if ended {
         ctx.job.release_output().await;
     }
+    *done = true;
 }
 
 /// Copies this node's log files of a job whose output is on S3 under `<output>/logs/`.
