@@ -3097,6 +3097,19 @@ fn a_misspelled_pool_is_refused_and_declares_no_queue() {
     );
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
     assert!(declared("dead") && declared("dead.inbox"));
+    // The pool is known from then on, before any worker of it starts (one scaled from
+    // zero by its queue): its job can be followed and canceled.
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    for (args, exit) in [(["status", &id], 75), (["cancel", &id], 0)] {
+        let mut cmd = command("fleetrun");
+        fleet.env(&mut cmd);
+        let out = output_within(
+            cmd.args(args).args(["--pool", &typo]),
+            Duration::from_secs(60),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), exit, "{args:?}: {stderr}");
+    }
 }
 
 /// A fleet job's local output folder keeps `fleetrun run`'s rules: a file fleetrun did not

@@ -53,8 +53,9 @@ pub trait JobRegistry: Send + Sync {
     async fn beat(&self, pool: &str, node: &str, ttl: Duration) -> Result<(), LedgerError>;
     /// The nodes whose last beat for `pool` has not run out.
     async fn nodes(&self, pool: &str) -> Result<u64, LedgerError>;
-    /// Every pool a worker has beaten for, sorted: a pool exists once a worker of it has
-    /// started, and stays when it has none left (an autoscaler may have scaled it to zero).
+    /// Every pool a worker has beaten for or a job was registered to, sorted: a pool exists
+    /// once a worker of it has started or a job was submitted to it on purpose, and stays
+    /// when it has no worker left (an autoscaler may have scaled it to zero, or not yet up).
     async fn pools(&self) -> Result<Vec<String>, LedgerError>;
     /// Claims, or renews, one of the job's `places` places (its `node_count`) for `node`
     /// until `ttl` from now. True if `node` holds one: it held one already, or fewer than
@@ -142,6 +143,10 @@ impl JobRegistry for MemoryRegistry {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(job.to_owned());
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pool.to_owned());
         Ok(())
     }
 
@@ -487,12 +492,15 @@ impl JobRegistry for RedisRegistry {
         let now = unix_now();
         retrying("register", job, || {
             let mut conn = self.conn.clone();
-            let (jobs, unfinished) = (self.jobs_key(), self.unfinished_key(pool));
+            let (jobs, unfinished, pools) =
+                (self.jobs_key(), self.unfinished_key(pool), self.pools_key());
             async move {
                 redis::pipe()
                     .zadd(jobs, job, now)
                     .ignore()
                     .zadd(unfinished, job, now)
+                    .ignore()
+                    .sadd(pools, pool)
                     .ignore()
                     .query_async::<()>(&mut conn)
                     .await

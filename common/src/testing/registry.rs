@@ -19,7 +19,7 @@ macro_rules! registry_conformance {
             unfinished_jobs_are_the_pools_until_retired, init_failures_are_counted_per_job,
             a_retired_job_is_forgotten_in_its_time, a_pools_nodes_are_counted_while_they_beat,
             a_jobs_places_go_to_node_count_nodes_at_once, a_reopened_job_is_unfinished_again,
-            a_pool_is_known_once_a_node_beat_for_it);
+            a_pool_is_known_from_its_first_beat_or_job);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -220,8 +220,9 @@ where
     assert_eq!(r.unfinished("p").await.unwrap(), ["k"]);
 }
 
-/// A pool is known from its first node's beat on, and stays known when no node is left.
-pub async fn a_pool_is_known_once_a_node_beat_for_it<F, Fut>(make: F)
+/// A pool is known from its first node's beat on (or its first job's registration), and
+/// stays known when no node is left.
+pub async fn a_pool_is_known_from_its_first_beat_or_job<F, Fut>(make: F)
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Arc<dyn JobRegistry>>,
@@ -237,4 +238,7 @@ where
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(r.nodes("gpu").await.unwrap(), 0);
     assert_eq!(r.pools().await.unwrap(), ["cpu", "gpu"]);
+    // A job registered to a pool no node has beaten for makes it known too.
+    r.register("j", "new", b"{}").await.unwrap();
+    assert_eq!(r.pools().await.unwrap(), ["cpu", "gpu", "new"]);
 }
