@@ -3053,20 +3053,24 @@ fn a_misspelled_pool_is_refused_and_declares_no_queue() {
     let job = fleet.s3_job("");
     let job = job.to_str().unwrap();
     let meant = format!("did you mean {}?", fleet.pool);
-    for args in [
-        &["submit", job, "--quiet"][..],
-        &["status"],
-        &["jobs"],
-        &["dlq", "list"],
-    ] {
+    let on_typo = |args: &[&str]| {
         let mut cmd = command("fleetrun");
         fleet.env(&mut cmd);
         let out = output_within(
             cmd.args(args).args(["--pool", &typo]),
             Duration::from_secs(60),
         );
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(code(&out), 2, "{args:?}: {stderr}");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (code(&out), out.stdout, stderr)
+    };
+    for args in [
+        &["submit", job, "--quiet"][..],
+        &["status"],
+        &["jobs"],
+        &["dlq", "list"],
+    ] {
+        let (exit, _, stderr) = on_typo(args);
+        assert_eq!(exit, 2, "{args:?}: {stderr}");
         assert!(stderr.contains(&meant), "{args:?}: {stderr}");
     }
     let declared = |queue: &str| {
@@ -3089,26 +3093,15 @@ fn a_misspelled_pool_is_refused_and_declares_no_queue() {
             "{queue} was declared for a misspelled pool"
         );
     }
-    let mut cmd = command("fleetrun");
-    fleet.env(&mut cmd);
-    let out = output_within(
-        cmd.args(["submit", job, "--quiet", "--pool", &typo, "--create-pool"]),
-        Duration::from_secs(60),
-    );
-    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let (exit, stdout, stderr) = on_typo(&["submit", job, "--quiet", "--create-pool"]);
+    assert_eq!(exit, 0, "{stderr}");
     assert!(declared("dead") && declared("dead.inbox"));
     // The pool is known from then on, before any worker of it starts (one scaled from
     // zero by its queue): its job can be followed and canceled.
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    for (args, exit) in [(["status", &id], 75), (["cancel", &id], 0)] {
-        let mut cmd = command("fleetrun");
-        fleet.env(&mut cmd);
-        let out = output_within(
-            cmd.args(args).args(["--pool", &typo]),
-            Duration::from_secs(60),
-        );
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(code(&out), exit, "{args:?}: {stderr}");
+    let id = String::from_utf8_lossy(&stdout).trim().to_owned();
+    for (args, wanted) in [(["status", &id], 75), (["cancel", &id], 0)] {
+        let (exit, _, stderr) = on_typo(&args);
+        assert_eq!(exit, wanted, "{args:?}: {stderr}");
     }
 }
 
