@@ -337,6 +337,27 @@ mod tests {
         out
     }
 
+    /// Publishes the files of `storage` under `prefix` as job `j`'s mini-batches of `size`.
+    async fn publish(
+        storage: &LocalStorage,
+        prefix: &str,
+        size: usize,
+        queue: &MemoryQueue,
+        produced: &Produced,
+    ) -> u64 {
+        publish_files(
+            storage,
+            prefix,
+            "j",
+            size,
+            queue,
+            produced,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap()
+    }
+
     #[tokio::test]
     async fn chunks_files_recursively_in_key_order() {
         let dir = tempfile::tempdir().unwrap();
@@ -346,17 +367,7 @@ mod tests {
         }
         let queue = MemoryQueue::new(QueueOptions::default());
         let produced = Produced::default();
-        let total = publish_files(
-            &storage,
-            "",
-            "j",
-            2,
-            &queue,
-            &produced,
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+        let total = publish(&storage, "", 2, &queue, &produced).await;
         assert_eq!(total, 3);
         assert_eq!(produced.items.load(Ordering::Relaxed), 5);
         let batches = drain(&queue, 3).await;
@@ -379,17 +390,7 @@ mod tests {
         }
         for size in [10_000_000_000, usize::MAX] {
             let queue = MemoryQueue::new(QueueOptions::default());
-            let total = publish_files(
-                &storage,
-                "",
-                "j",
-                size,
-                &queue,
-                &Produced::default(),
-                &CancellationToken::new(),
-            )
-            .await
-            .unwrap();
+            let total = publish(&storage, "", size, &queue, &Produced::default()).await;
             assert_eq!(total, 1);
             assert_eq!(drain(&queue, 1).await[0].items, ["a", "b", "c"]);
         }
@@ -404,17 +405,7 @@ mod tests {
             storage.put(key, Bytes::from_static(b"x")).await.unwrap();
         }
         let queue = MemoryQueue::new(QueueOptions::default());
-        let total = publish_files(
-            &storage,
-            "in/",
-            "j",
-            10,
-            &queue,
-            &Produced::default(),
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+        let total = publish(&storage, "in/", 10, &queue, &Produced::default()).await;
         assert_eq!(total, 1);
         assert_eq!(drain(&queue, 1).await[0].items, ["a", "d/b"]);
     }
@@ -424,17 +415,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let storage = LocalStorage::new(dir.path());
         let queue = MemoryQueue::new(QueueOptions::default());
-        let total = publish_files(
-            &storage,
-            "",
-            "j",
-            10,
-            &queue,
-            &Produced::default(),
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+        let total = publish(&storage, "", 10, &queue, &Produced::default()).await;
         assert_eq!(total, 0);
     }
 
