@@ -4,6 +4,11 @@
 //! encoding), exchanged over a socket the agent hands the runner as file descriptor
 //! [`CHANNEL_FD`]. The runner's stdout and stderr belong to the user's script and never carry
 //! protocol. One request gets one reply, in order.
+//!
+//! A runner that may hold its replies back ([`InitParams::hold_replies`]) also gets its
+//! progress page on [`PROGRESS_FD`]: a shared page in which it counts the `Run` requests it
+//! has begun, so that when it dies with replies held, the agent knows which mini-batch it
+//! died in, and which ones before it only lost their replies with it.
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
@@ -14,8 +19,24 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 /// The file descriptor on which a runner finds its channel to the agent.
 pub const CHANNEL_FD: i32 = 3;
 
+/// The file descriptor on which a runner that may hold its replies finds its progress page:
+/// a file of [`PROGRESS_LEN`] bytes, shared with the agent, holding the count of `Run`
+/// requests the runner has begun as a native-endian `u64` at offset 0.
+pub const PROGRESS_FD: i32 = 4;
+
+/// The progress page's length.
+pub const PROGRESS_LEN: usize = 8;
+
 /// Frames larger than this are refused (a runaway `run()` result, or a corrupt stream).
 pub const MAX_FRAME: usize = 1 << 30;
+
+/// The most replies a runner holds back and sends together ([`InitParams::hold_replies`]),
+/// and so the most mini-batches an agent sends ahead of the one it waits for.
+pub const HELD_REPLIES: usize = 4;
+
+/// The longest a held reply waits for the ones after it: a run that takes longer, or
+/// hangs, does not keep the replies before it from the agent.
+pub const HOLD_LIMIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Agent → runner.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -127,6 +148,12 @@ pub struct InitParams {
     /// the runner resolve it itself.
     #[serde(default)]
     pub python: Option<Box<crate::python::Python>>,
+    /// Replies may be held back while the runner already has its next request, and sent
+    /// together (up to [`HELD_REPLIES`], at most [`HOLD_LIMIT`] late): the agent then wakes
+    /// once for several short runs. Set only with the progress page on [`PROGRESS_FD`]; off
+    /// for a job with named outputs, whose files are told apart by when each reply arrives.
+    #[serde(default)]
+    pub hold_replies: bool,
 }
 
 fn default_append_row_separator() -> u8 {

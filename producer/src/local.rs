@@ -30,6 +30,13 @@ use crate::exit;
 use crate::fleet::{self as fleet_cmd, FleetError};
 use crate::partition::Produced;
 
+/// Deliveries each slot of a local run may hold: beside the one running and two being
+/// finished, as many as a runner is sent ahead ([`fleetrun_common::protocol::HELD_REPLIES`]).
+/// A fleet's workers hold fewer ([`agent::DEFAULT_PREFETCH`]): what one holds, other workers
+/// cannot take; a local run has no other worker.
+const LOCAL_PREFETCH: u16 =
+    agent::DEFAULT_PREFETCH + fleetrun_common::protocol::HELD_REPLIES as u16 - 1;
+
 /// The pool name of the one-process fleet.
 const LOCAL_POOL: &str = "local";
 /// The node id of the one-process fleet, as its logs show it (`sys/node/0/`).
@@ -242,7 +249,7 @@ pub async fn run_local(
     let config = WorkerConfig {
         node_id: LOCAL_NODE.to_owned(),
         processes,
-        prefetch: agent::DEFAULT_PREFETCH,
+        prefetch: LOCAL_PREFETCH,
         runner_exe,
         launcher: fleetrun_worker::process::ProcessLauncher::shared(),
         cache_dir: scratch.clone(),

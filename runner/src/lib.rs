@@ -29,7 +29,7 @@
 //! [`ScriptError`]: protocol::ScriptError
 
 use std::ffi::{CStr, OsStr, c_char, c_int};
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::FromRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
@@ -37,12 +37,16 @@ use std::path::Path;
 
 use pyo3::Python;
 
+use crate::outbox::Outbox;
+use crate::progress::Progress;
 use crate::protocol::{
     InitParams, MAX_FRAME, Reply, Request, Timing, frame, read_frame, write_frame,
 };
 use crate::script::EntryScript;
 
 mod interpreter;
+mod outbox;
+mod progress;
 pub use fleetrun_common::protocol;
 mod rows;
 mod script;
@@ -120,10 +124,18 @@ fn serve_script(
     channel: &UnixStream,
     params: &InitParams,
 ) -> Result<i32, RunnerError> {
-    // Requests are read through a buffer (a frame's length and body in one read, and one
-    // sent ahead with them); replies are written whole, one write each.
+    // Requests are read through a buffer (a frame's length and body in one read, and those
+    // sent ahead with them); replies are written whole, one or several in a write.
     let mut requests = io::BufReader::new(channel);
     let mut replies = channel;
+    // Opened before the script loads: its descriptor is closed before anything is spawned.
+    let mut progress = match params.hold_replies.then(Progress::open).transpose() {
+        Ok(progress) => progress,
+        Err(e) => {
+            eprintln!("fleetrun-runner: replies are not held back: {e}");
+            None
+        }
+    };
     let loaded = EntryScript::load(py, params).and_then(|script| {
         let ready = script::ready_info(py).map_err(|e| script::script_error(py, &e))?;
         Ok((script, ready))
@@ -139,10 +151,16 @@ fn serve_script(
             return Ok(EXIT_INIT_FAILED);
         }
     };
+    let outbox = Outbox::new(channel, progress.is_some())?;
     loop {
+        if outbox.held() && !request_in_hand(&requests) {
+            // Nothing to run next: what is held goes now, not HOLD_LIMIT later.
+            py.detach(|| outbox.flush())?;
+        }
         // The GIL is released while waiting, so the script's own threads keep running.
         match py.detach(|| read_frame::<_, Request>(&mut requests))? {
             None => {
+                py.detach(|| outbox.flush())?;
                 script.write_profile(py);
                 script::flush_stdio(py);
                 return Ok(EXIT_OK);
@@ -153,6 +171,9 @@ fn serve_script(
                 tables,
                 context,
             }) => {
+                if let Some(progress) = progress.as_mut() {
+                    progress.begin();
+                }
                 let (rows, timing, given) = if tables.is_empty() {
                     let (rows, timing) = script.run(py, &items, mini_batch, &context);
                     (rows, timing, None)
@@ -169,9 +190,16 @@ fn serve_script(
                     },
                     Err(error) => Reply::Failed { error, timing },
                 };
-                py.detach(|| send_run_reply(&mut replies, &reply, timing))?;
+                let whole = run_reply_frame(&reply, timing)?;
+                if outbox.holds() && request_in_hand(&requests) {
+                    // No I/O unless HELD_REPLIES are in hand.
+                    outbox.hold(&whole)?;
+                } else {
+                    py.detach(|| outbox.send(&whole))?;
+                }
             }
             Some(Request::Shutdown) => {
+                py.detach(|| outbox.flush())?;
                 let result = script.shutdown(py);
                 script.write_profile(py);
                 script::flush_stdio(py);
@@ -185,25 +213,29 @@ fn serve_script(
     }
 }
 
-/// Sends a `Run` reply, or a `Failed` one when the rows exceed the frame limit (the agent
-/// would refuse the frame and lose the runner).
-fn send_run_reply(channel: &mut &UnixStream, reply: &Reply, timing: Timing) -> io::Result<()> {
+/// Whether the next request is already in `requests`' buffer (it came with the one before:
+/// the runner is behind, the moment holding replies saves the agent a wake). One still in
+/// the channel does not count: holding then would leave the runner without its next ones
+/// while the agent waits for replies.
+fn request_in_hand(requests: &io::BufReader<&UnixStream>) -> bool {
+    !requests.buffer().is_empty()
+}
+
+/// A `Run` reply's frame, or a `Failed` one's when the rows exceed the frame limit (the
+/// agent would refuse the frame and lose the runner).
+fn run_reply_frame(reply: &Reply, timing: Timing) -> io::Result<Vec<u8>> {
     let whole = frame(reply)?;
     let body = whole.len() - 4;
     if body <= MAX_FRAME {
-        channel.write_all(&whole)?;
-        return channel.flush();
+        return Ok(whole);
     }
     let message = format!(
         "ValueError: run() returned {} MiB of rows; a mini-batch's rows must stay under {} MiB",
         body >> 20,
         MAX_FRAME >> 20
     );
-    write_frame(
-        channel,
-        &Reply::Failed {
-            error: script::plain_error(message),
-            timing,
-        },
-    )
+    frame(&Reply::Failed {
+        error: script::plain_error(message),
+        timing,
+    })
 }

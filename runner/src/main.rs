@@ -15,7 +15,8 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use fleetrun_common::protocol::{
-    CHANNEL_FD, InitParams, Reply, Request, ScriptError, encode, read_frame, write_frame,
+    CHANNEL_FD, InitParams, PROGRESS_FD, Reply, Request, ScriptError, encode, read_frame,
+    write_frame,
 };
 use fleetrun_common::python::Python;
 
@@ -251,6 +252,9 @@ fn open_channel() -> Result<UnixStream, &'static str> {
             return Err("file descriptor 3 is not a socket");
         }
         libc::fcntl(CHANNEL_FD, libc::F_SETFD, libc::FD_CLOEXEC);
+        // The progress page's descriptor, when given, is closed on exec too (the library
+        // maps it and closes it before the script loads).
+        libc::fcntl(PROGRESS_FD, libc::F_SETFD, libc::FD_CLOEXEC);
         // SAFETY: fd 3 is an open socket that nothing else in the process owns.
         let channel = UnixStream::from_raw_fd(CHANNEL_FD);
         debug_assert_eq!(channel.as_raw_fd(), CHANNEL_FD);

@@ -59,6 +59,7 @@ impl Job {
             models: Default::default(),
             profile: None,
             python: None,
+            hold_replies: false,
         }
     }
 

@@ -349,6 +349,43 @@ def run(mini_batch):
     );
 }
 
+/// A runner holds a short run's reply back while it has its next mini-batch in hand, but
+/// never behind a run that takes long. The first mini-batch runs while the next two reach
+/// the runner together; the second's reply is held, and the third waits, inside run(),
+/// until the agent has logged the second completed (it fails after 20 s otherwise).
+#[test]
+fn a_reply_is_not_held_behind_a_long_run() {
+    let script = r#"
+import os, time
+LOG = os.path.join(os.path.dirname(__file__), "out", "logs", "sys", "node", "0")
+def completed(index):
+    for name in os.listdir(LOG) if os.path.isdir(LOG) else []:
+        if name.startswith("process"):
+            with open(os.path.join(LOG, name)) as f:
+                if f"mini-batch {index} completed" in f.read():
+                    return True
+    return False
+def run(mini_batch):
+    if any(p.endswith("f0000.txt") for p in mini_batch):
+        time.sleep(0.5)
+    if any(p.endswith("f0002.txt") for p in mini_batch):
+        deadline = time.monotonic() + 20
+        while not completed(1):
+            if time.monotonic() > deadline:
+                raise RuntimeError("mini-batch 1 was never recorded while this one ran")
+            time.sleep(0.01)
+    return [open(p).read() for p in mini_batch]
+"#;
+    let job = JobDir::new(
+        script,
+        "mini_batch_size = 1\nprocess_count_per_node = 1\nrun_max_try = 1\nerror_threshold = 0",
+    );
+    job.inputs(3);
+    let out = job.run(&["--processes", "1"]);
+    assert_eq!(code(&out), 0, "{}", job.log("sys/node/0/_main.txt"));
+    assert_eq!(job.output_lines(), expected_lines(3, |_| false));
+}
+
 /// A runner killed with SIGKILL in the middle of a mini-batch: the attempt fails, a new
 /// process takes over, and every line is in the output exactly once.
 #[test]
@@ -430,6 +467,56 @@ def run(mini_batch):
         failed.contains("f0002.txt") && failed.contains("returncode -11"),
         "{failed}"
     );
+}
+
+/// A runner that dies while it holds replies back is charged the mini-batch it died in,
+/// not the ones whose replies it held: those ran, and run again with their attempt not
+/// spent. `init()` takes long, so the slot holds all five mini-batches when it sends the
+/// first; mini-batch 0 takes long, so the ones after it reach the runner together; 0's or
+/// 1's reply is held while 2 runs, and 2 kills the runner. Which replies the runner reads
+/// together is the kernel's timing: a run in which none was held proves nothing, so the job
+/// runs again, a bounded number of times, until one was.
+#[test]
+fn a_runner_dying_with_replies_held_is_charged_only_what_it_died_in() {
+    let script = r#"
+import os, signal, time
+def init():
+    time.sleep(0.3)
+def run(mini_batch):
+    if any(p.endswith("f0000.txt") for p in mini_batch):
+        time.sleep(0.3)
+    if any(p.endswith("f0002.txt") for p in mini_batch):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return [open(p).read() for p in mini_batch]
+"#;
+    for _ in 0..5 {
+        let job = JobDir::new(
+            script,
+            "mini_batch_size = 1\nrun_max_try = 1\nerror_threshold = -1\nprocess_count_per_node = 1",
+        );
+        job.inputs(5);
+        let out = job.run(&["--processes", "1"]);
+        assert_eq!(code(&out), 0, "{}", job.log("sys/node/0/_main.txt"));
+        assert_eq!(job.output_lines(), expected_lines(5, |i| i == 2));
+        let report = job.log("sys/job_report/processed_mini-batches.csv");
+        let rows = |text: &str| report.lines().filter(|l| l.contains(text)).count();
+        assert_eq!(rows(",died,"), 1, "{report}");
+        assert_eq!(rows("2,1,died,"), 1, "{report}");
+        let lost: Vec<&str> = report.lines().filter(|l| l.contains(",lost,")).collect();
+        assert!(lost.len() <= 1, "{report}");
+        if let Some(lost) = lost.first() {
+            // It ran again, with the same attempt number, and succeeded.
+            let again = lost.replace(",lost,", ",succeeded,");
+            let again = &again[..again.find(",succeeded,").unwrap() + 11];
+            assert!(
+                lost.starts_with("0,1,") || lost.starts_with("1,1,"),
+                "{report}"
+            );
+            assert_eq!(rows(again), 1, "{report}");
+            return;
+        }
+    }
+    panic!("in 5 runs, the runner never held a reply when it died");
 }
 
 #[test]

@@ -26,6 +26,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
 
+use self::progress::Progress;
+
+mod progress;
+
 /// The runner executable's file name, looked for beside the running binary.
 pub const RUNNER_EXE: &str = "fleetrun-runner";
 
@@ -111,6 +115,11 @@ pub enum RunOutcome {
     TimedOut,
     /// The runner died (crash, OOM kill, `kill -9`).
     Died(ExitStatus),
+    /// The runner had run this mini-batch and held its reply back, then died in one sent
+    /// after it: the `ahead`-th of those sent ahead of this one (from 0), as its progress
+    /// page tells. This one's reply was lost with the runner; the script is not to blame
+    /// for it.
+    ReplyLost { died: ExitStatus, ahead: usize },
 }
 
 /// How starting a runner ended.
@@ -222,6 +231,10 @@ pub struct RunnerProcess {
     /// Read through a buffer: a reply's length and body come in one read.
     channel: BufReader<UnixStream>,
     pid: u32,
+    /// The page the runner counts its begun mini-batches in, when it may hold replies.
+    progress: Option<Progress>,
+    /// `Run` replies taken: the next one answers the runner's mini-batch of that number.
+    answered: u64,
     /// Set once the runner is reaped: from then on its pid, and so its group's id, may name
     /// another process, and the group is never signalled again.
     reaped: Option<ExitStatus>,
@@ -231,10 +244,17 @@ impl RunnerProcess {
     /// Spawns the runner and sends it `Init`; returns once it is ready or has failed.
     pub async fn start(
         launch: &Launch,
-        params: InitParams,
+        mut params: InitParams,
         timeout: Duration,
     ) -> Result<(Option<RunnerProcess>, InitOutcome), ProcessError> {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        // A runner may hold replies back only when, dying, it can say which mini-batch it
+        // died in.
+        let (progress, page) = match params.hold_replies.then(Progress::new).transpose()? {
+            Some((progress, page)) => (Some(progress), Some(page)),
+            None => (None, None),
+        };
+        params.hold_replies = progress.is_some();
         ours.set_nonblocking(true)?;
         let theirs: OwnedFd = theirs.into();
         for path in [&launch.stdout, &launch.stderr] {
@@ -256,16 +276,26 @@ impl RunnerProcess {
             .kill_on_drop(true);
         launch.apply_env(cmd.as_std_mut());
         let fd = theirs.as_raw_fd();
+        let page_fd = page.as_ref().map(|p| p.as_raw_fd());
         // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
-                if fd == protocol::CHANNEL_FD {
-                    let flags = libc::fcntl(fd, libc::F_GETFD);
-                    if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                // Each first copied above both targets, so that neither `dup2` overwrites
+                // the other's source; the copies close on exec, the targets stay open.
+                let high = |fd| match libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) {
+                    n if n < 0 => Err(std::io::Error::last_os_error()),
+                    n => Ok(n),
+                };
+                let (channel, page) = (high(fd)?, page_fd.map(high).transpose()?);
+                for (from, to) in [
+                    (Some(channel), protocol::CHANNEL_FD),
+                    (page, protocol::PROGRESS_FD),
+                ] {
+                    if let Some(from) = from
+                        && libc::dup2(from, to) < 0
+                    {
                         return Err(std::io::Error::last_os_error());
                     }
-                } else if libc::dup2(fd, protocol::CHANNEL_FD) < 0 {
-                    return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
             });
@@ -274,12 +304,14 @@ impl RunnerProcess {
             exe: launch.exe.clone(),
             source,
         })?;
-        drop(theirs);
+        drop((theirs, page));
         let pid = child.id().unwrap_or_default();
         let mut runner = RunnerProcess {
             child,
             channel: BufReader::new(UnixStream::from_std(ours)?),
             pid,
+            progress,
+            answered: 0,
             reaped: None,
         };
         runner.send(&Request::Init(Box::new(params))).await?;
@@ -324,30 +356,50 @@ impl RunnerProcess {
     }
 
     /// How the oldest mini-batch sent and not yet answered ended, waiting at most `timeout`.
-    /// After `TimedOut` or `Died` the process is gone: drop this value.
+    /// After `TimedOut`, `Died` or `ReplyLost` the process is gone: drop this value.
     pub async fn outcome(&mut self, timeout: Duration) -> RunOutcome {
-        match tokio::time::timeout(timeout, self.receive()).await {
+        let reply = match tokio::time::timeout(timeout, self.receive()).await {
             Err(_) => {
                 self.kill().await;
-                RunOutcome::TimedOut
+                return RunOutcome::TimedOut;
             }
-            Ok(Ok(Some(Reply::Done {
+            Ok(Ok(None) | Err(_)) => return self.died().await,
+            Ok(Ok(Some(reply))) => reply,
+        };
+        self.answered += 1;
+        match reply {
+            Reply::Done {
                 rows,
                 timing,
                 given,
                 header,
-            }))) => RunOutcome::Done {
+            } => RunOutcome::Done {
                 rows,
                 timing,
                 given,
                 header,
             },
-            Ok(Ok(Some(Reply::Failed { error, timing }))) => RunOutcome::Raised { error, timing },
-            Ok(Ok(Some(other))) => RunOutcome::Raised {
+            Reply::Failed { error, timing } => RunOutcome::Raised { error, timing },
+            other => RunOutcome::Raised {
                 error: unexpected(&other),
                 timing: Default::default(),
             },
-            Ok(Ok(None) | Err(_)) => RunOutcome::Died(self.reap().await),
+        }
+    }
+
+    /// How the oldest mini-batch not yet answered ended when the runner died: in it, or
+    /// (its progress page says so) in one sent after it, this one's reply held back and lost.
+    async fn died(&mut self) -> RunOutcome {
+        let died = self.reap().await;
+        let begun = self.progress.as_ref().map_or(0, Progress::begun);
+        // The runner's mini-batches are numbered from 0 in the order sent; the oldest not
+        // answered is number `answered`, and it died in number `begun - 1`.
+        match begun.checked_sub(self.answered + 2) {
+            Some(ahead) => RunOutcome::ReplyLost {
+                died,
+                ahead: ahead as usize,
+            },
+            None => RunOutcome::Died(died),
         }
     }
 

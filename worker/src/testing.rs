@@ -266,7 +266,7 @@ impl Runner for FakeRunner {
         let result = match &outcome {
             RunOutcome::Done { .. } => "rows",
             RunOutcome::Raised { .. } => "raised",
-            RunOutcome::Died(_) => "died",
+            RunOutcome::Died(_) | RunOutcome::ReplyLost { .. } => "died",
             RunOutcome::TimedOut => "timed out",
         };
         let mut log = self.launcher.lock();

@@ -1,5 +1,9 @@
-//! The look-ahead: the next delivery, taken and sent to the runner while it works on the
-//! one before.
+//! The look-ahead: the next deliveries, taken and sent to the runner while it works on the
+//! one before. A runner that holds its replies back (`InitParams::hold_replies`) gets up to
+//! `HELD_REPLIES` of them, so that it always has the next in hand while it holds; one that
+//! does not (a job with named outputs), the next one only. Once a delivery cannot be sent
+//! (another job's, say), nothing is taken after it: the runner answers in the order it was
+//! sent, and that one goes to it only when its turn comes.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -22,31 +26,46 @@ pub(super) struct Ahead {
 }
 
 pub(super) struct Sent {
-    ctx: Arc<JobContext>,
-    batch: MiniBatch,
+    pub(super) ctx: Arc<JobContext>,
+    pub(super) batch: MiniBatch,
     pub(super) staged: Staged,
 }
 
 impl Slot {
-    /// Takes the next delivery if one is already in hand, and when it is for the job the
-    /// runner runs, stages its inputs and sends it: the runner starts it as soon as it has
-    /// returned the one it runs now.
+    /// Takes the next deliveries already in hand and, while they are for the job the runner
+    /// runs, stages their inputs and sends them: the runner starts each as soon as it has
+    /// returned the one before.
     pub(super) async fn look_ahead(
         &mut self,
         ctx: &Arc<JobContext>,
         consumer: &mut Box<dyn Consumer>,
     ) {
-        if self.ahead.is_some()
-            || self.drain.is_cancelled()
-            || !self.isolations.is_empty()
-            || !self.keeps(ctx.job.id())
-        {
+        let depth = if ctx.job.spec().outputs.is_empty() {
+            fleetrun_common::protocol::HELD_REPLIES
+        } else {
+            1
+        };
+        while self.ahead.len() < depth && self.ahead.iter().all(|a| a.sent.is_some()) {
+            if !self.take_ahead(ctx, consumer).await {
+                return;
+            }
+        }
+    }
+
+    /// Takes the next delivery if one is already in hand (false: none was), and sends it
+    /// when it may.
+    async fn take_ahead(
+        &mut self,
+        ctx: &Arc<JobContext>,
+        consumer: &mut Box<dyn Consumer>,
+    ) -> bool {
+        if self.drain.is_cancelled() || !self.isolations.is_empty() || !self.keeps(ctx.job.id()) {
             // A slot whose share moved on takes no more of this job: it changes jobs after
             // the mini-batch it runs.
-            return;
+            return false;
         }
         let Some(Ok(delivery)) = consumer.next().now_or_never() else {
-            return;
+            return false;
         };
         let sent = match MiniBatch::decode(&delivery.body) {
             Ok(batch)
@@ -75,7 +94,8 @@ impl Slot {
             }
             _ => None,
         };
-        self.ahead = Some(Ahead { delivery, sent });
+        self.ahead.push_back(Ahead { delivery, sent });
+        true
     }
 
     /// Handles a delivery taken ahead: one sent to the runner is already running there; any

@@ -2,13 +2,14 @@
 //! the report line, and what a failed attempt becomes.
 
 use std::path::Path;
+use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fleetrun_common::ledger::{Outcome, Recorded, Status};
 use fleetrun_common::protocol::ScriptError;
-use fleetrun_common::queue::{Consumer, Disposition};
+use fleetrun_common::queue::{Consumer, Delivery, Disposition};
 use fleetrun_common::wire::MiniBatch;
 use fleetrun_config::OutputAction;
 use tracing::{error, info, warn};
@@ -231,37 +232,118 @@ impl Slot {
                 self.failed_attempt(ctx, batch, &holding, row, &error.message)
                     .await
             }
+            RunOutcome::ReplyLost { died, ahead } => {
+                let culprit = self.lose_runner(Some(ahead)).await;
+                metrics.runner_died();
+                let Some(culprit) = culprit else {
+                    // The page named none this slot sent: charged as a plain death.
+                    let lost = RunOutcome::Died(died);
+                    return self
+                        .charge_lost(ctx, batch, &holding, &process, lost, Some(elapsed))
+                        .await;
+                };
+                // The runner died in a mini-batch sent after this one, which had run: that
+                // one is charged, and this one runs again, its attempt not spent.
+                let (delivery, culprit_ctx, culprit_batch) = culprit;
+                let verdict = self
+                    .charge_ahead(
+                        &culprit_ctx,
+                        &culprit_batch,
+                        delivery.attempt,
+                        &process,
+                        died,
+                    )
+                    .await;
+                self.conclude(delivery, verdict).await;
+                let culprit_index = culprit_batch.index;
+                let cause = format!(
+                    "it ran, but {process} held its result back and died in mini-batch {culprit_index} (returncode {})",
+                    returncode(&died)
+                );
+                ctx.logs.log(
+                    logs::JobLogs::node_process(&node, &process),
+                    &format!("mini-batch {} lost: {cause}; it runs again.", batch.index),
+                );
+                let row = report_row(batch, &holding, "lost", Outcome::default(), None, &cause);
+                holding::ended(ctx, batch.index, Some(&row), &holding, false).await;
+                Verdict::Again
+            }
             lost @ (RunOutcome::TimedOut | RunOutcome::Died(_)) => {
-                // The runner is gone (killed at the timeout, or dead): the slot starts another,
-                // and what it had sent ahead goes the usual way again.
-                self.runner = None;
-                if let Some(sent) = self.ahead.as_mut().and_then(|a| a.sent.take()) {
-                    sent.staged.clean().await;
-                }
+                self.lose_runner(None).await;
                 if matches!(lost, RunOutcome::Died(_)) {
                     metrics.runner_died();
                 }
-                // Nothing the lost runner left in its named-output folders is delivered.
-                if !ctx.job.spec().outputs.is_empty() {
-                    let failed = (batch.index, attempt);
-                    super::named::withhold(ctx, &node, &process, failed, None).await;
-                }
-                let (result, main_line, cause) = runner_lost(&lost, ctx, &process, batch.index);
-                metrics.mini_batch(result);
-                ctx.logs.log(logs::JobLogs::node_main(&node), &main_line);
-                ctx.logs
-                    .log(logs::JobLogs::sys_error(&node, &process), &main_line);
-                let row = report_row(
-                    batch,
-                    &holding,
-                    result,
-                    Outcome::default(),
-                    Some((elapsed, elapsed)),
-                    &cause,
-                );
-                self.failed_attempt(ctx, batch, &holding, row, &cause).await
+                self.charge_lost(ctx, batch, &holding, &process, lost, Some(elapsed))
+                    .await
             }
         }
+    }
+
+    /// Forgets the slot's runner, which is gone (killed at the timeout, or dead): the slot
+    /// starts another, and what was sent to it ahead goes the usual way again. Returns the
+    /// one sent `died_in` places ahead, which the runner died in, with what it was sent
+    /// with, taken out of the look-ahead.
+    async fn lose_runner(
+        &mut self,
+        died_in: Option<usize>,
+    ) -> Option<(Delivery, Arc<JobContext>, MiniBatch)> {
+        self.runner = None;
+        let mut culprit = None;
+        for (place, ahead) in self.ahead.iter_mut().enumerate() {
+            if let Some(sent) = ahead.sent.take() {
+                sent.staged.clean().await;
+                if died_in == Some(place) {
+                    culprit = Some((place, sent.ctx, sent.batch));
+                }
+            }
+        }
+        let (place, ctx, batch) = culprit?;
+        let ahead = self.ahead.remove(place).expect("found at this place");
+        Some((ahead.delivery, ctx, batch))
+    }
+
+    /// Charges `batch`, sent ahead to runner `process`, which died in it.
+    async fn charge_ahead(
+        &mut self,
+        ctx: &Arc<JobContext>,
+        batch: &MiniBatch,
+        attempt: u32,
+        process: &str,
+        died: ExitStatus,
+    ) -> Verdict {
+        let node = self.config().node_id.clone();
+        let mut holding = Holding::new(&node, process, attempt, batch);
+        holding::started(ctx, batch, &mut holding).await;
+        let lost = RunOutcome::Died(died);
+        self.charge_lost(ctx, batch, &holding, process, lost, None)
+            .await
+    }
+
+    /// The attempt `holding` of `batch` ended with its runner, `process`, gone (`lost`):
+    /// logged and reported, and charged to the script.
+    async fn charge_lost(
+        &mut self,
+        ctx: &Arc<JobContext>,
+        batch: &MiniBatch,
+        holding: &Holding,
+        process: &str,
+        lost: RunOutcome,
+        elapsed: Option<f64>,
+    ) -> Verdict {
+        let node = self.config().node_id.clone();
+        // Nothing the lost runner left in its named-output folders is delivered.
+        if !ctx.job.spec().outputs.is_empty() {
+            let failed = (batch.index, holding.attempt);
+            super::named::withhold(ctx, &node, process, failed, None).await;
+        }
+        let (result, main_line, cause) = runner_lost(&lost, ctx, process, batch.index);
+        self.config().metrics.mini_batch(result);
+        ctx.logs.log(logs::JobLogs::node_main(&node), &main_line);
+        ctx.logs
+            .log(logs::JobLogs::sys_error(&node, process), &main_line);
+        let times = elapsed.map(|e| (e, e));
+        let row = report_row(batch, holding, result, Outcome::default(), times, &cause);
+        self.failed_attempt(ctx, batch, holding, row, &cause).await
     }
 
     /// A failed attempt: another try while attempts remain, else the mini-batch fails whole.
@@ -273,7 +355,7 @@ impl Slot {
         if ctx.job.spec().outputs.is_empty() {
             return None;
         }
-        let busy = self.ahead.as_ref().is_some_and(|a| a.sent.is_some());
+        let busy = self.ahead.iter().any(|a| a.sent.is_some());
         if !busy {
             return Some(None);
         }
@@ -575,7 +657,7 @@ pub(super) fn runner_lost(
     index: u64,
 ) -> (&'static str, String, String) {
     match lost {
-        RunOutcome::Died(status) => {
+        RunOutcome::Died(status) | RunOutcome::ReplyLost { died: status, .. } => {
             let code = returncode(status);
             match crate::oom::killed_for_memory(status) {
                 Some(oom) => (

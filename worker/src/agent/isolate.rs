@@ -224,9 +224,11 @@ impl Slot {
                     cause,
                 )
             }
-            lost @ (RunOutcome::TimedOut | RunOutcome::Died(_)) => {
+            // An isolated item runs alone: nothing is sent after it, so a runner that died
+            // died in it.
+            lost @ (RunOutcome::TimedOut | RunOutcome::Died(_) | RunOutcome::ReplyLost { .. }) => {
                 self.runner = None;
-                if matches!(lost, RunOutcome::Died(_)) {
+                if !matches!(lost, RunOutcome::TimedOut) {
                     metrics.runner_died();
                 }
                 let (result, line, cause) = runner_lost(&lost, ctx, &process, batch.index);

@@ -321,7 +321,7 @@ pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToke
             shared: shared.clone(),
             index,
             runner: None,
-            ahead: None,
+            ahead: Default::default(),
             stagings: 0,
             seatless: false,
             drain: drain.clone(),

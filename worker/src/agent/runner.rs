@@ -173,6 +173,7 @@ impl Slot {
                 let stats = logs::JobLogs::profile(&node, &name);
                 ctx.logs.path(stats).display().to_string()
             }),
+            hold_replies: spec.outputs.is_empty(),
             python: Some(Box::new(python)),
         };
         let init_timeout = Duration::from_secs(3 * spec.run_invocation_timeout + 30);

@@ -23,8 +23,9 @@ pub(super) struct Slot {
     pub(super) shared: Arc<Shared>,
     pub(super) index: usize,
     pub(super) runner: Option<Active>,
-    /// The next delivery, taken while the runner worked on the one before.
-    pub(super) ahead: Option<Ahead>,
+    /// The next deliveries, taken while the runner worked on the one before, in the order
+    /// they were sent to it (see `ahead`).
+    pub(super) ahead: std::collections::VecDeque<Ahead>,
     /// Stagings so far: each mini-batch's inputs get a folder of their own.
     pub(super) stagings: u64,
     /// Cancelled when the node drains: nothing more is taken, ahead or not.
@@ -49,6 +50,9 @@ pub(super) enum Verdict {
     /// The mini-batch failed its attempts: isolate its failed items once the runner has
     /// nothing else queued.
     Isolate(Box<Isolation>),
+    /// The mini-batch ran, but its reply was lost with its runner (which died in one sent
+    /// after it): it runs again first, on the slot's next runner, its attempt not spent.
+    Again,
 }
 
 impl Verdict {
@@ -83,7 +87,7 @@ impl Slot {
         // The lane this slot consumes from, and its consumer.
         let mut lane: Option<(Arc<str>, Box<dyn Consumer>)> = None;
         loop {
-            if let Some(ahead) = self.ahead.take() {
+            if let Some(ahead) = self.ahead.pop_front() {
                 let Some((_, consumer)) = lane.as_mut() else {
                     continue;
                 };
@@ -331,6 +335,13 @@ impl Slot {
                 return;
             }
             Verdict::Drop => Disposition::Ack,
+            Verdict::Again => {
+                self.ahead.push_front(Ahead {
+                    delivery,
+                    sent: None,
+                });
+                return;
+            }
             Verdict::Finish(work) => {
                 let (slot, metrics) = (self.index, self.config().metrics.clone());
                 self.finishing.spawn(
