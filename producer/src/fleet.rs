@@ -853,6 +853,41 @@ pub async fn wait(
     }
 }
 
+/// How long the end of a job waits for the nodes that followed it to let it go.
+const SETTLE_LIMIT: Duration = Duration::from_secs(60);
+
+/// How often the nodes that still follow an ended job are asked for.
+const SETTLE_POLL: Duration = Duration::from_millis(50);
+
+/// Waits until every node that followed the ended `job` has let it go: its runners there
+/// ended, its logs written and closed, what it wrote in a local output folder recorded. From
+/// then on nothing of the fleet writes to the job's logs or output, so they may be read,
+/// moved or removed. A node that died is waited for until its note runs out (15 s); one
+/// that has not let go in [`SETTLE_LIMIT`] is named in a warning; `interrupt` stops waiting.
+pub async fn settle(fleet: &Fleet, job: &str, interrupt: &CancellationToken) {
+    let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
+    loop {
+        let followers = match fleet.registry.followers(job).await {
+            Ok(followers) => followers,
+            Err(e) => {
+                tracing::warn!(job = %job, error = %e, "Cannot tell whether every node let the job go.");
+                return;
+            }
+        };
+        if followers.is_empty() {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(job = %job, nodes = %followers.join(", "), "Nodes have not let the job go; its logs may still change.");
+            return;
+        }
+        tokio::select! {
+            _ = interrupt.cancelled() => return,
+            _ = tokio::time::sleep(SETTLE_POLL) => {}
+        }
+    }
+}
+
 /// Returns when the job may have changed (an event, or events missed), never without
 /// events to follow.
 async fn changed(changes: &mut Option<broadcast::Receiver<JobEvent>>) {

@@ -830,6 +830,10 @@ async fn follow(
         interrupt.token(),
     )
     .await?;
+    if status.state.is_terminal() {
+        // Its logs and output whole before this returns.
+        fleet_cmd::settle(&fleet, &job, interrupt.token()).await;
+    }
     if shown.json {
         print_json(&fleet_cmd::summary(&fleet, &job).await?);
     }
@@ -1085,6 +1089,9 @@ async fn wait(
         });
     }
     let status = fleet_cmd::wait(&fleet, &job, &record, None, shown.progress, &stop).await?;
+    if status.state.is_terminal() {
+        fleet_cmd::settle(&fleet, &job, &stop).await;
+    }
     let summary = fleet_cmd::summary(&fleet, &job)
         .await?
         .ok_or_else(|| anyhow::anyhow!("no job {job}"))?;

@@ -17,8 +17,8 @@ use fleetrun_common::storage::s3::{S3Settings, S3Storage};
 use fleetrun_common::testing::random_suffix;
 use fleetrun_tests::{
     KillOnDrop, POISONED, PrivateRabbitMq, PrivateRedis, RUN_LIMIT, assert_failed_alone, code,
-    command, exit_within, expected_lines, first_line_within, kill, lines_within, output_within,
-    pyenv_python, services, wait_for,
+    command, exit_within, expected_lines, files_under, first_line_within, kill, lines_within,
+    output_within, pyenv_python, services, wait_for,
 };
 use futures::TryStreamExt;
 
@@ -795,6 +795,80 @@ fn a_stopping_worker_leaves_the_logs_of_ended_jobs_as_they_were_let_go() {
     assert!(
         fleet.runtime.block_on(s3.get(main_key)).is_err(),
         "the stopping worker sent the ended job's logs again"
+    );
+}
+
+/// Every file under `dir`, with its content: what a user finds there at one moment.
+fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    files_under(dir)
+        .into_iter()
+        .map(|file| {
+            (
+                file.display().to_string(),
+                std::fs::read(dir.join(&file)).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// When `submit --wait` returns, every node that followed the job has let it go: the
+/// output folder is whole, and nothing writes to it after. Three workers on one host serve
+/// a job with a local output whose script prints in `shutdown()`; the user removes the
+/// output folder as soon as the job returns and submits the same job file again, three
+/// times; after the last, the workers stop, and the folder is as it was when the job
+/// returned, the lines `shutdown()` printed on every node in it.
+#[test]
+fn the_output_is_whole_when_submit_wait_returns_and_nothing_writes_after() {
+    let script = "def run(mini_batch):\n    return [open(p).read() for p in mini_batch]\n\ndef shutdown():\n    print('shutdown ran')\n";
+    let mut fleet = Fleet::new(script);
+    fleet.inputs(30);
+    for node in ["w1", "w2", "w3"] {
+        fleet.worker(node, 1);
+    }
+    let out = fleet.path("out");
+    let job = fleet.job(
+        "mini_batch_size = 1\nprocess_count_per_node = 1",
+        &fleet.path("local-in").display().to_string(),
+        &out.display().to_string(),
+    );
+    let mut returned = Default::default();
+    for round in 0..3 {
+        let submitted = fleet.submit(&job, &["--wait"]);
+        assert_eq!(code(&submitted), 0, "round {round}");
+        returned = tree(&out);
+        assert_eq!(
+            lines(&returned["parallel_run_step.txt"]),
+            expected_lines(30, |_| false)
+        );
+        if round < 2 {
+            std::fs::remove_dir_all(&out).unwrap();
+        }
+    }
+    let stdout: Vec<_> = returned
+        .iter()
+        .filter(|(name, _)| name.starts_with("logs/user/stdout/"))
+        .collect();
+    assert!(!stdout.is_empty(), "{:?}", returned.keys());
+    for (name, text) in &stdout {
+        assert!(
+            String::from_utf8_lossy(text).contains("shutdown ran"),
+            "{name} was not whole when the job returned"
+        );
+    }
+    for (_, worker) in &mut fleet.workers {
+        // SAFETY: kill(2) with SIGTERM on our own child.
+        assert_eq!(unsafe { libc::kill(worker.id() as i32, libc::SIGTERM) }, 0);
+        assert_eq!(exit_within(worker, Duration::from_secs(60)).code(), Some(0));
+    }
+    let now = tree(&out);
+    let changed: Vec<_> = now
+        .keys()
+        .chain(returned.keys())
+        .filter(|name| now.get(*name) != returned.get(*name))
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "written after the job returned: {changed:?}"
     );
 }
 

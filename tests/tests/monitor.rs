@@ -1,10 +1,10 @@
 //! `fleetrun run` with the resource monitor (`logs/perf/<node>/`) and the profiling switch
 //! (`logs/sys/profile/<node>/`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-use fleetrun_tests::{JobDir, code, output_within};
+use fleetrun_tests::{JobDir, code, files_under, output_within};
 use std::time::Duration;
 
 /// Takes a moment per mini-batch and returns the runner's pid, so the job lasts a couple
@@ -16,24 +16,6 @@ def run(mini_batch):
     time.sleep(0.4)
     return [str(os.getpid()) for _ in mini_batch]
 "#;
-
-/// The files of a folder, recursively, relative to it.
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                found.push(path.strip_prefix(dir).unwrap().to_owned());
-            }
-        }
-    }
-    found.sort();
-    found
-}
 
 /// A CSV file's header and rows, split on commas (the monitor's fields hold none here).
 fn csv(job: &JobDir, rel: &str) -> (Vec<String>, Vec<Vec<String>>) {

@@ -33,6 +33,8 @@ pub struct JobLogs {
     /// Set on a fleet: shared files get the node's id in their name
     /// (`user/error.<node>.txt`), as nodes cannot append to one file.
     node: Option<String>,
+    /// Set once the node has let the job go: nothing more is written (see [`JobLogs::close`]).
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl JobLogs {
@@ -41,6 +43,7 @@ impl JobLogs {
             dir: dir.into(),
             files: Mutex::new(HashMap::new()),
             node: None,
+            closed: Default::default(),
         }
     }
 
@@ -50,6 +53,7 @@ impl JobLogs {
             dir: dir.into(),
             files: Mutex::new(HashMap::new()),
             node: Some(node.to_owned()),
+            closed: Default::default(),
         }
     }
 
@@ -126,6 +130,9 @@ impl JobLogs {
     fn append(&self, rel: impl AsRef<Path>, line: &str, header: Option<&str>) {
         let path = self.target(rel.as_ref());
         let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        if self.is_closed() {
+            return;
+        }
         if !files.contains_key(&path) {
             match open_append(&path) {
                 Ok((file, fresh)) => {
@@ -149,6 +156,9 @@ impl JobLogs {
 
     /// Replaces a whole file (results, overviews).
     pub fn write(&self, rel: impl AsRef<Path>, content: &str) {
+        if self.is_closed() {
+            return;
+        }
         let path = self.path(rel);
         let result = path
             .parent()
@@ -166,6 +176,24 @@ impl JobLogs {
                 tracing::warn!(path = %path.display(), error = %e, "Cannot flush a log file.");
             }
         }
+    }
+
+    /// Flushes and closes every file, and writes nothing after: the node has let the job
+    /// go, and whoever waits for the job's end may read, move or remove its log folder.
+    pub fn close(&self) {
+        let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        for (path, mut w) in files.drain() {
+            if let Err(e) = w.flush() {
+                tracing::warn!(path = %path.display(), error = %e, "Cannot flush a log file.");
+            }
+        }
+    }
+
+    /// Whether [`JobLogs::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -253,6 +281,27 @@ mod tests {
             fs::read_to_string(logs.path(REPORT_CSV)).unwrap(),
             "a,b\n1,2\n3,4\n"
         );
+    }
+
+    /// Closed logs keep what was written before and write nothing after, not even the
+    /// folder a removed log folder would need again.
+    #[test]
+    fn closed_logs_write_nothing_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = JobLogs::new(dir.path().join("logs"));
+        logs.log(MASTER_ROLE, "before");
+        logs.close();
+        assert!(
+            fs::read_to_string(logs.path(MASTER_ROLE))
+                .unwrap()
+                .ends_with(" before\n")
+        );
+        fs::remove_dir_all(dir.path().join("logs")).unwrap();
+        logs.log(MASTER_ROLE, "after");
+        logs.write(PROGRESS_OVERVIEW, "after");
+        logs.flush();
+        drop(logs);
+        assert!(!dir.path().join("logs").exists());
     }
 
     #[test]

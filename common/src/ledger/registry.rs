@@ -69,6 +69,14 @@ pub trait JobRegistry: Send + Sync {
     ) -> Result<bool, LedgerError>;
     /// Gives `node`'s place in the job up, so that another node takes it at once.
     async fn release_place(&self, job: &str, node: &str) -> Result<(), LedgerError>;
+    /// Notes that `node` follows the job, and so may write to its logs and output, until
+    /// `ttl` from now: a node renews it well within that time until it lets the job go.
+    async fn follow(&self, job: &str, node: &str, ttl: Duration) -> Result<(), LedgerError>;
+    /// `node` has let the job go: it writes nothing more for it.
+    async fn let_go(&self, job: &str, node: &str) -> Result<(), LedgerError>;
+    /// The nodes that follow the job and have not let it go, and whose time has not run
+    /// out (a node that died lets nothing go): those that may still write for it. Sorted.
+    async fn followers(&self, job: &str) -> Result<Vec<String>, LedgerError>;
 }
 
 /// The in-process registry.
@@ -84,6 +92,8 @@ pub struct MemoryRegistry {
     /// Each job's places, and until when each node holds its own (on tokio's clock, so that
     /// paused-time tests see them run out).
     places: Mutex<BTreeMap<(String, String), tokio::time::Instant>>,
+    /// Each job's followers, and until when each follows it (on tokio's clock).
+    followers: Mutex<BTreeMap<(String, String), tokio::time::Instant>>,
 }
 
 struct Registered {
@@ -269,6 +279,34 @@ impl JobRegistry for MemoryRegistry {
             .remove(&(job.to_owned(), node.to_owned()));
         Ok(())
     }
+
+    async fn follow(&self, job: &str, node: &str, ttl: Duration) -> Result<(), LedgerError> {
+        let until = tokio::time::Instant::now() + ttl;
+        self.followers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((job.to_owned(), node.to_owned()), until);
+        Ok(())
+    }
+
+    async fn let_go(&self, job: &str, node: &str) -> Result<(), LedgerError> {
+        self.followers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(job.to_owned(), node.to_owned()));
+        Ok(())
+    }
+
+    async fn followers(&self, job: &str) -> Result<Vec<String>, LedgerError> {
+        let now = tokio::time::Instant::now();
+        let mut followers = self.followers.lock().unwrap_or_else(|p| p.into_inner());
+        followers.retain(|_, until| *until > now);
+        Ok(followers
+            .keys()
+            .filter(|(j, _)| j == job)
+            .map(|(_, node)| node.clone())
+            .collect())
+    }
 }
 
 /// The registry on Redis: `<prefix>:jobs` (a sorted set scored by registration time),
@@ -430,7 +468,8 @@ return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
 
 /// KEYS: the job's places, record. ARGV: node, places, ttl (ms). Drops the places whose
 /// time has run out; renews the node's, or gives it one if fewer than `places` are held.
-/// The set lives as long as the job's record (and a day at most past the last claim).
+/// The set lives as long as the job's record (and a day at most past the last claim). A
+/// job's followers are kept the same way, with no bound on their number.
 static CLAIM_PLACE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
@@ -445,6 +484,17 @@ redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
 local ttl = redis.call('PTTL', KEYS[2])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) else redis.call('PEXPIRE', KEYS[1], 86400000) end
 return 1
+"#,
+    )
+});
+
+/// KEYS: the job's followers. The nodes whose time has not run out, on Redis's clock.
+static FOLLOWERS: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 "#,
     )
 });
@@ -721,6 +771,50 @@ impl JobRegistry for RedisRegistry {
         })
         .await?;
         Ok(())
+    }
+
+    async fn follow(&self, job: &str, node: &str, ttl: Duration) -> Result<(), LedgerError> {
+        let (key, record) = (self.key(job, "followers"), self.key(job, "record"));
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX).max(1);
+        retrying("note a follower", job, || {
+            let mut conn = self.conn.clone();
+            let (key, record) = (&key, &record);
+            async move {
+                CLAIM_PLACE
+                    .key(key)
+                    .key(record)
+                    .arg(node)
+                    .arg(u32::MAX)
+                    .arg(ttl_ms)
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn let_go(&self, job: &str, node: &str) -> Result<(), LedgerError> {
+        let key = self.key(job, "followers");
+        retrying("let a job go", job, || {
+            let mut conn = self.conn.clone();
+            let key = &key;
+            async move { conn.zrem::<_, _, i64>(key, node).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn followers(&self, job: &str) -> Result<Vec<String>, LedgerError> {
+        let key = self.key(job, "followers");
+        let mut followers: Vec<String> = retrying("read the followers", job, || {
+            let mut conn = self.conn.clone();
+            let key = &key;
+            async move { FOLLOWERS.key(key).invoke_async(&mut conn).await }
+        })
+        .await?;
+        followers.sort();
+        Ok(followers)
     }
 
     async fn nodes(&self, pool: &str) -> Result<u64, LedgerError> {

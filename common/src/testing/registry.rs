@@ -19,7 +19,7 @@ macro_rules! registry_conformance {
             unfinished_jobs_are_the_pools_until_retired, init_failures_are_counted_per_job,
             a_retired_job_is_forgotten_in_its_time, a_pools_nodes_are_counted_while_they_beat,
             a_jobs_places_go_to_node_count_nodes_at_once, a_reopened_job_is_unfinished_again,
-            a_pool_is_known_from_its_first_beat_or_job);
+            a_pool_is_known_from_its_first_beat_or_job, a_jobs_followers_are_those_not_gone);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -187,6 +187,34 @@ where
     // Two places: two nodes.
     assert!(r.claim_place("k", "a", 2, HOUR).await.unwrap());
     assert!(!r.claim_place("k", "c", 2, HOUR).await.unwrap());
+}
+
+/// A job's followers: noted and renewed by each, gone when one lets the job go or its time
+/// runs out; jobs are apart.
+pub async fn a_jobs_followers_are_those_not_gone<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn JobRegistry>>,
+{
+    let r = make().await;
+    r.register("j", "p", b"{}").await.unwrap();
+    r.register("k", "p", b"{}").await.unwrap();
+    assert!(r.followers("j").await.unwrap().is_empty());
+    let short = Duration::from_millis(300);
+    r.follow("j", "b", HOUR).await.unwrap();
+    r.follow("j", "a", short).await.unwrap();
+    r.follow("j", "a", short).await.unwrap();
+    r.follow("k", "c", HOUR).await.unwrap();
+    assert_eq!(r.followers("j").await.unwrap(), ["a", "b"]);
+    r.let_go("j", "b").await.unwrap();
+    assert_eq!(r.followers("j").await.unwrap(), ["a"]);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        r.followers("j").await.unwrap().is_empty(),
+        "a's time ran out"
+    );
+    assert_eq!(r.followers("k").await.unwrap(), ["c"], "another job's");
+    r.let_go("k", "unknown").await.unwrap();
 }
 
 /// A retired job reopened is its pool's again, in its first place, kept past the time it

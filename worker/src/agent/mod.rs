@@ -103,6 +103,8 @@ pub struct JobContext {
     pub logs: Arc<JobLogs>,
     /// Cancelled once the job stops accepting work; running attempts are killed.
     pub stop: CancellationToken,
+    /// Told when the job's state changed (its event): its watcher looks at once.
+    pub changed: tokio::sync::Notify,
     /// Who this node is when it claims the job's finalization (unique per node and job).
     pub finalizer: String,
     /// This node is finalizing the job.
@@ -149,6 +151,7 @@ impl JobContext {
             input,
             logs,
             stop: CancellationToken::new(),
+            changed: tokio::sync::Notify::new(),
             finalizer: format!("{}-{:016x}", std::process::id(), rand::random::<u64>()),
             finalizing: AtomicBool::new(false),
             init_failures: AtomicU32::new(0),

@@ -14,6 +14,10 @@ use std::sync::{Arc, Mutex};
 pub struct Seats {
     cap: usize,
     taken: Mutex<usize>,
+    /// Told whenever a seat is given back.
+    freed: tokio::sync::Notify,
+    /// Set once the node lets the job go: no seat is taken after.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// One slot's seat in a job; given back when dropped.
@@ -25,6 +29,8 @@ impl Seats {
         Arc::new(Seats {
             cap: cap.max(1),
             taken: Mutex::new(0),
+            freed: tokio::sync::Notify::new(),
+            closed: Default::default(),
         })
     }
 
@@ -33,13 +39,30 @@ impl Seats {
         self.cap
     }
 
-    /// A seat, if one is free.
+    /// A seat, if one is free (none once the seats are closed).
     pub fn take(self: &Arc<Self>) -> Option<Seat> {
         let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
-        (*taken < self.cap).then(|| {
+        let closed = self.closed.load(std::sync::atomic::Ordering::Relaxed);
+        (*taken < self.cap && !closed).then(|| {
             *taken += 1;
             Seat(self.clone())
         })
+    }
+
+    /// Closes the seats, then waits until every seat taken is given back: the job's runners
+    /// on this node have all ended, and none starts again.
+    pub async fn close(&self) {
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if *self.taken.lock().unwrap_or_else(|p| p.into_inner()) == 0 {
+                return;
+            }
+            freed.await;
+        }
     }
 }
 
@@ -47,6 +70,7 @@ impl Drop for Seat {
     fn drop(&mut self) {
         let mut taken = self.0.taken.lock().unwrap_or_else(|p| p.into_inner());
         *taken -= 1;
+        self.0.freed.notify_waiters();
     }
 }
 
@@ -63,5 +87,24 @@ mod tests {
         drop(a);
         assert!(seats.take().is_some());
         assert_eq!(Seats::new(0).cap(), 1);
+    }
+
+    /// Closing waits for the seats taken and gives none after.
+    #[tokio::test(start_paused = true)]
+    async fn closed_seats_wait_for_those_taken_and_give_none() {
+        let seats = Seats::new(2);
+        let a = seats.take().unwrap();
+        let closing = tokio::spawn({
+            let seats = seats.clone();
+            async move { seats.close().await }
+        });
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert!(!closing.is_finished(), "a seat is still taken");
+        assert!(seats.take().is_none(), "closed");
+        drop(a);
+        tokio::time::timeout(std::time::Duration::from_secs(1), closing)
+            .await
+            .expect("closed once the seat came back")
+            .unwrap();
     }
 }

@@ -77,7 +77,15 @@ impl FleetJobs {
         let Some(bytes) = self.fleet.registry.record(job).await? else {
             return Ok(None);
         };
-        let run = match self.fleet.ledger.status(job).await? {
+        // Noted before the job's state is read: a job that ends after that read is waited
+        // for by whoever waits for its end, and one that ended before it gets no writes.
+        let node = &self.config.node_id;
+        if let Err(e) = self.fleet.registry.follow(job, node, BEAT_TTL).await {
+            warn!(job, error = %e, "Cannot note that this node follows the job.");
+        }
+        let status = self.fleet.ledger.status(job).await?;
+        let ended = status.as_ref().is_some_and(|s| s.state.is_terminal());
+        let run = match status {
             Some(status) => status.run.max(run),
             None => run,
         };
@@ -124,6 +132,10 @@ impl FleetJobs {
         } else {
             JobLogs::for_node(log_dir, &self.config.node_id)
         });
+        if ended {
+            // Its end may have been waited for already: this node writes nothing for it.
+            logs.close();
+        }
         let processes = job_processes(&self.config, &spec);
         let writer = parts::writer_name(&self.config.node_id);
         let work = agent::workdir::job_work_dir(&self.config.cache_dir, job, &self.config.node_id);

@@ -100,7 +100,7 @@ pub async fn serve(
             note_end(&ctx, status);
         }
         let ended = status.is_some_and(|s| s.state.is_terminal());
-        let_go(&ctx, &config.node_id, ended).await;
+        let_go(&fleet, &ctx, &config.node_id, ended).await;
     }
     // The runners are gone: the jobs' working folders and cache holds go with them.
     jobs.held.lock().unwrap_or_else(|p| p.into_inner()).clear();
@@ -134,7 +134,14 @@ async fn follow_changes(fleet: Fleet, jobs: Arc<FleetJobs>) {
     loop {
         match events.recv().await {
             Ok(event) if event.pool != fleet.pool => {}
-            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => jobs.changed.notify_one(),
+            Ok(event) => {
+                jobs.changed.notify_one();
+                // Its watcher looks at once: an ended job is let go without waiting.
+                if let Some(ctx) = jobs.cached(&event.job_id) {
+                    ctx.changed.notify_one();
+                }
+            }
+            Err(broadcast::error::RecvError::Lagged(_)) => jobs.changed.notify_one(),
             Err(broadcast::error::RecvError::Closed) => return,
         }
     }

@@ -24,6 +24,10 @@ use crate::logs;
 /// How often a worker re-reads the state of each job it serves.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 
+/// How long an ended job's runners on a node may take to end (a runner's `shutdown()` has
+/// 10 s before it is killed) before the node lets the job go anyway.
+const RUNNERS_END: Duration = Duration::from_secs(30);
+
 /// How many nodes serve the pool, asked only while the job has not started (the stop rules
 /// need it only then); `None` if the registry cannot tell.
 pub async fn serving(fleet: &Fleet, status: &Status) -> Option<u64> {
@@ -60,10 +64,15 @@ pub(super) async fn watch_job(
                 return;
             }
             _ = tokio::time::sleep(WATCH_EVERY) => {}
+            // The job's event: its state changed.
+            _ = ctx.changed.notified() => {}
         }
-        if ctx.has_place() && place_renewed.elapsed() >= BEAT_TTL / 3 {
+        if place_renewed.elapsed() >= BEAT_TTL / 3 {
             place_renewed = tokio::time::Instant::now();
-            renew_place(&fleet, &ctx, &node).await;
+            follow(&fleet, &ctx, &node).await;
+            if ctx.has_place() {
+                renew_place(&fleet, &ctx, &node).await;
+            }
         }
         ctx.logs.flush();
         let status = match ledger.status(ctx.job.id()).await {
@@ -99,7 +108,7 @@ pub(super) async fn watch_job(
             state if !state.accepts_work() => {
                 ctx.stop.cancel();
                 if state.is_terminal() {
-                    let_go(&ctx, &node, true).await;
+                    let_go(&fleet, &ctx, &node, true).await;
                     held.lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .remove(ctx.job.id());
@@ -108,6 +117,14 @@ pub(super) async fn watch_job(
             }
             _ => {}
         }
+    }
+}
+
+/// Notes, or renews, that this node follows the job: whoever waits for the job's end waits
+/// for this node to let it go too (see [`let_go`]).
+pub(super) async fn follow(fleet: &Fleet, ctx: &JobContext, node: &str) {
+    if let Err(e) = fleet.registry.follow(ctx.job.id(), node, BEAT_TTL).await {
+        warn!(job = %ctx.job.id(), error = %e, "Cannot note that this node follows the job.");
     }
 }
 
@@ -186,23 +203,40 @@ pub(super) fn input_name(spec: &fleetrun_config::JobSpec) -> String {
     spec.input.location().to_string()
 }
 
-/// This node lets go of a job, once: its monitor's last sample, its named outputs
-/// delivered, its logs flushed and sent where they go and, once the job has `ended`, what
-/// it wrote in a local output folder recorded as fleetrun's. A job its end let go is not
-/// let go again when the node stops (a worker that served many jobs would send all their
-/// logs again); one being let go is waited for.
-pub(super) async fn let_go(ctx: &JobContext, node: &str, ended: bool) {
+/// This node lets go of a job, once: once the job has `ended`, its runners here gone first
+/// (what they print reaches the logs); its monitor's last sample, its named outputs
+/// delivered, its logs flushed and sent where they go and, once the job has ended, closed
+/// (nothing more is written) and what it wrote in a local output folder recorded as
+/// fleetrun's. Then the registry hears that the node follows the job no more: whoever waits
+/// for the job's end knows its logs and output are whole. A job its end let go is not let
+/// go again when the node stops (a worker that served many jobs would send all their logs
+/// again); one being let go is waited for.
+pub(super) async fn let_go(fleet: &Fleet, ctx: &JobContext, node: &str, ended: bool) {
     let mut done = ctx.let_go.lock().await;
     if *done {
         return;
     }
+    if ended
+        && tokio::time::timeout(RUNNERS_END, ctx.seats.close())
+            .await
+            .is_err()
+    {
+        warn!(job = %ctx.job.id(), "The job's runners on this node did not end in time; letting the job go.");
+    }
     ctx.monitor.stop().await;
     agent::named::finish(ctx, node).await;
-    ctx.logs.flush();
+    if ended {
+        ctx.logs.close();
+    } else {
+        ctx.logs.flush();
+    }
     agent::outdir::sync_logged(ctx).await;
     upload_logs(ctx, node).await;
     if ended {
         ctx.job.release_output().await;
+    }
+    if let Err(e) = fleet.registry.let_go(ctx.job.id(), node).await {
+        warn!(job = %ctx.job.id(), error = %e, "Cannot note that this node let the job go.");
     }
     *done = true;
 }
