@@ -857,7 +857,7 @@ pub async fn wait(
 const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 
 /// How often the nodes that still follow an ended job are asked for.
-const SETTLE_POLL: Duration = Duration::from_millis(50);
+const SETTLE_POLL: Duration = Duration::from_millis(20);
 
 /// Waits until every node that followed the ended `job` has let it go: its runners there
 /// ended, its logs written and closed, what it wrote in a local output folder recorded. From
