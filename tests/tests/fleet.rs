@@ -768,8 +768,9 @@ fn sigterm_drains_a_worker_without_losing_work() {
     );
 }
 
-/// A worker lets a job go once, when the job ends: its logs reach S3 then, and a worker
-/// stopped later does not copy the logs of every job it ever served again.
+/// A worker lets a job go once, when the job ends: its logs are on S3 when `submit --wait`
+/// returns, and a worker stopped later does not copy the logs of every job it ever served
+/// again.
 #[test]
 fn a_stopping_worker_leaves_the_logs_of_ended_jobs_as_they_were_let_go() {
     let mut fleet = Fleet::new(ECHO);
@@ -779,9 +780,10 @@ fn a_stopping_worker_leaves_the_logs_of_ended_jobs_as_they_were_let_go() {
     assert_eq!(code(&fleet.submit(&job, &["--wait"])), 0);
     let main_key = "out/logs/sys/node/w1/_main.txt";
     let s3 = fleet.storage("");
-    wait_for("w1's _main.txt on S3", Duration::from_secs(30), || {
-        fleet.runtime.block_on(s3.get(main_key)).is_ok()
-    });
+    assert!(
+        fleet.runtime.block_on(s3.get(main_key)).is_ok(),
+        "w1's _main.txt was not on S3 when the job returned"
+    );
     // What the job's end sent is gone (as an operator tidying the output would leave it).
     fleet
         .runtime
@@ -870,6 +872,40 @@ fn the_output_is_whole_when_submit_wait_returns_and_nothing_writes_after() {
         changed.is_empty(),
         "written after the job returned: {changed:?}"
     );
+}
+
+/// On an S3 output too, the logs are whole when `submit --wait` returns: each node's are
+/// uploaded once its runners have ended, here after a `shutdown()` that takes 0.3 s, and the
+/// submitter returns only after that.
+#[test]
+fn an_s3_outputs_logs_are_whole_when_submit_wait_returns() {
+    let script = "import time\ndef run(mini_batch):\n    return [open(p).read() for p in mini_batch]\n\ndef shutdown():\n    time.sleep(0.3)\n    print('shutdown ran')\n";
+    let mut fleet = Fleet::new(script);
+    fleet.inputs(8);
+    fleet.worker("w1", 1);
+    fleet.worker("w2", 1);
+    let job = fleet.s3_job("mini_batch_size = 1\nprocess_count_per_node = 1");
+    assert_eq!(code(&fleet.submit(&job, &["--wait"])), 0);
+    let s3 = fleet.storage("out/logs/user/stdout");
+    let logs: Vec<String> = fleet.runtime.block_on(async {
+        let keys: Vec<String> = s3.list_keys("").try_collect().await.unwrap();
+        let mut texts = Vec::new();
+        for key in keys {
+            let body = s3.get(&key).await.unwrap();
+            texts.push(format!("{key}: {}", String::from_utf8_lossy(&body)));
+        }
+        texts
+    });
+    assert!(
+        !logs.is_empty(),
+        "no runner's stdout on S3 when the job returned"
+    );
+    for log in &logs {
+        assert!(
+            log.contains("shutdown ran"),
+            "not whole when the job returned: {log}"
+        );
+    }
 }
 
 /// A worker told to drain while it runs a job's last mini-batch records it and, as the

@@ -120,9 +120,17 @@ pub(super) async fn watch_job(
     }
 }
 
-/// Notes, or renews, that this node follows the job: whoever waits for the job's end waits
-/// for this node to let it go too (see [`let_go`]).
-pub(super) async fn follow(fleet: &Fleet, ctx: &JobContext, node: &str) {
+/// Renews the note that this node follows the job: whoever waits for the job's end waits
+/// for this node to let it go too (see [`let_go`]). A node letting the job go, or that has
+/// (a stopping worker does while this watcher still runs), renews nothing.
+async fn follow(fleet: &Fleet, ctx: &JobContext, node: &str) {
+    // Held while the note is renewed, so that a let-go waits for it and comes after.
+    let Ok(done) = ctx.let_go.try_lock() else {
+        return;
+    };
+    if *done {
+        return;
+    }
     if let Err(e) = fleet.registry.follow(ctx.job.id(), node, BEAT_TTL).await {
         warn!(job = %ctx.job.id(), error = %e, "Cannot note that this node follows the job.");
     }
