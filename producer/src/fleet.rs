@@ -862,7 +862,7 @@ const SETTLE_POLL: Duration = Duration::from_millis(20);
 /// Waits until every node that followed the ended `job` has let it go: its runners there
 /// ended, its logs written and closed, what it wrote in a local output folder recorded. From
 /// then on nothing of the fleet writes to the job's logs or output, so they may be read,
-/// moved or removed. A node that died is waited for until its note runs out (15 s); one
+/// moved or removed. A node that died is waited for until its note runs out (6 s); one
 /// that has not let go in [`SETTLE_LIMIT`] is named in a warning; `interrupt` stops waiting.
 pub async fn settle(fleet: &Fleet, job: &str, interrupt: &CancellationToken) {
     let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;

@@ -17,7 +17,7 @@ use super::record::JobRecord;
 use super::serve::BEAT_TTL;
 use super::settings::{Fleet, WorkerConfig, open_input, open_storage};
 use super::side::{Held, stage_side};
-use super::watch::watch_job;
+use super::watch::{FOLLOW_TTL, watch_job};
 use crate::agent::{self, JobContext, Jobs};
 use crate::logs::JobLogs;
 use crate::parts;
@@ -80,7 +80,7 @@ impl FleetJobs {
         // Noted before the job's state is read: a job that ends after that read is waited
         // for by whoever waits for its end, and one that ended before it gets no writes.
         let node = &self.config.node_id;
-        if let Err(e) = self.fleet.registry.follow(job, node, BEAT_TTL).await {
+        if let Err(e) = self.fleet.registry.follow(job, node, FOLLOW_TTL).await {
             warn!(job, error = %e, "Cannot note that this node follows the job.");
         }
         let status = self.fleet.ledger.status(job).await?;

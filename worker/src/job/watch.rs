@@ -24,6 +24,11 @@ use crate::logs;
 /// How often a worker re-reads the state of each job it serves.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a node's note that it follows a job lasts (renewed every third of it): a node
+/// killed outright holds the job's end back that long at most. Shorter than a place's lease,
+/// since no work moves when it runs out.
+pub(super) const FOLLOW_TTL: Duration = Duration::from_secs(6);
+
 /// How long an ended job's runners on a node may take to end (a runner's `shutdown()` has
 /// 10 s before it is killed) before the node lets the job go anyway.
 const RUNNERS_END: Duration = Duration::from_secs(30);
@@ -55,6 +60,7 @@ pub(super) async fn watch_job(
     let mut rules = StopRules::new(ctx.job.spec(), age);
     let mut seen: Option<(JobState, Option<u64>)> = None;
     let mut place_renewed = tokio::time::Instant::now();
+    let mut follow_renewed = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = stop.cancelled() => {
@@ -67,12 +73,13 @@ pub(super) async fn watch_job(
             // The job's event: its state changed.
             _ = ctx.changed.notified() => {}
         }
-        if place_renewed.elapsed() >= BEAT_TTL / 3 {
-            place_renewed = tokio::time::Instant::now();
+        if follow_renewed.elapsed() >= FOLLOW_TTL / 3 {
+            follow_renewed = tokio::time::Instant::now();
             follow(&fleet, &ctx, &node).await;
-            if ctx.has_place() {
-                renew_place(&fleet, &ctx, &node).await;
-            }
+        }
+        if ctx.has_place() && place_renewed.elapsed() >= BEAT_TTL / 3 {
+            place_renewed = tokio::time::Instant::now();
+            renew_place(&fleet, &ctx, &node).await;
         }
         ctx.logs.flush();
         let status = match ledger.status(ctx.job.id()).await {
@@ -131,7 +138,7 @@ async fn follow(fleet: &Fleet, ctx: &JobContext, node: &str) {
     if *done {
         return;
     }
-    if let Err(e) = fleet.registry.follow(ctx.job.id(), node, BEAT_TTL).await {
+    if let Err(e) = fleet.registry.follow(ctx.job.id(), node, FOLLOW_TTL).await {
         warn!(job = %ctx.job.id(), error = %e, "Cannot note that this node follows the job.");
     }
 }
