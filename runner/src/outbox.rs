@@ -56,10 +56,14 @@ impl Shared {
     }
 
     /// Writes what is held and `frame` (if any) in one write; the lock is held meanwhile, so
-    /// replies keep their order.
+    /// replies keep their order. A reply with nothing held before it is written as it is,
+    /// not copied.
     fn write(&self, state: &mut State, frame: &[u8]) -> io::Result<()> {
         if let Some(e) = state.failed.take() {
             return Err(e);
+        }
+        if state.bytes.is_empty() {
+            return (&self.channel).write_all(frame);
         }
         state.bytes.extend_from_slice(frame);
         let result = (&self.channel).write_all(&state.bytes);
