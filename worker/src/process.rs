@@ -249,9 +249,13 @@ impl RunnerProcess {
     ) -> Result<(Option<RunnerProcess>, InitOutcome), ProcessError> {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
         // A runner may hold replies back only when, dying, it can say which mini-batch it
-        // died in.
-        let (progress, page) = match params.hold_replies.then(Progress::new).transpose()? {
-            Some((progress, page)) => (Some(progress), Some(page)),
+        // died in: without its page, it sends each reply at once.
+        let (progress, page) = match params.hold_replies.then(Progress::new) {
+            Some(Ok((progress, page))) => (Some(progress), Some(page)),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "Cannot make a runner's progress page; its replies are not held back.");
+                (None, None)
+            }
             None => (None, None),
         };
         params.hold_replies = progress.is_some();
