@@ -886,16 +886,16 @@ fn an_s3_outputs_logs_are_whole_when_submit_wait_returns() {
     fleet.worker("w2", 1);
     let job = fleet.s3_job("mini_batch_size = 1\nprocess_count_per_node = 1");
     assert_eq!(code(&fleet.submit(&job, &["--wait"])), 0);
-    let s3 = fleet.storage("out/logs/user/stdout");
-    let logs: Vec<String> = fleet.runtime.block_on(async {
-        let keys: Vec<String> = s3.list_keys("").try_collect().await.unwrap();
-        let mut texts = Vec::new();
-        for key in keys {
-            let body = s3.get(&key).await.unwrap();
-            texts.push(format!("{key}: {}", String::from_utf8_lossy(&body)));
-        }
-        texts
-    });
+    let prefix = "out/logs/user/stdout/";
+    let s3 = fleet.storage(prefix);
+    let keys: Vec<String> = fleet
+        .runtime
+        .block_on(s3.list_keys("").try_collect())
+        .unwrap();
+    let logs: Vec<String> = keys
+        .iter()
+        .map(|key| format!("{key}: {}", fleet.text(&format!("{prefix}{key}"))))
+        .collect();
     assert!(
         !logs.is_empty(),
         "no runner's stdout on S3 when the job returned"

@@ -331,6 +331,16 @@ fn backend(e: redis::RedisError) -> LedgerError {
 }
 
 impl RedisRegistry {
+    /// The members of `key`, a sorted set scored by expiry, whose time has not run out (see
+    /// `LIVE`); `job` names the job in a retry's warning, if any.
+    async fn live(&self, key: &str, job: &str) -> Result<Vec<String>, LedgerError> {
+        retrying("read who is live", job, || {
+            let mut conn = self.conn.clone();
+            async move { LIVE.key(key).invoke_async(&mut conn).await }
+        })
+        .await
+    }
+
     pub async fn connect(url: &str, key_prefix: &str) -> Result<RedisRegistry, LedgerError> {
         let client = redis::Client::open(url).map_err(backend)?;
         let config = redis::aio::ConnectionManagerConfig::new()
@@ -455,13 +465,14 @@ return 1
     )
 });
 
-/// KEYS: the pool's nodes. Counts the nodes whose time has not run out.
-static NODES: LazyLock<redis::Script> = LazyLock::new(|| {
+/// KEYS: a sorted set scored by expiry (ms): a pool's nodes, a job's followers. Its members
+/// whose time has not run out, on Redis's clock.
+static LIVE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 "#,
     )
 });
@@ -484,17 +495,6 @@ redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
 local ttl = redis.call('PTTL', KEYS[2])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) else redis.call('PEXPIRE', KEYS[1], 86400000) end
 return 1
-"#,
-    )
-});
-
-/// KEYS: the job's followers. The nodes whose time has not run out, on Redis's clock.
-static FOLLOWERS: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
-        r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 "#,
     )
 });
@@ -806,24 +806,12 @@ impl JobRegistry for RedisRegistry {
     }
 
     async fn followers(&self, job: &str) -> Result<Vec<String>, LedgerError> {
-        let key = self.key(job, "followers");
-        let mut followers: Vec<String> = retrying("read the followers", job, || {
-            let mut conn = self.conn.clone();
-            let key = &key;
-            async move { FOLLOWERS.key(key).invoke_async(&mut conn).await }
-        })
-        .await?;
+        let mut followers = self.live(&self.key(job, "followers"), job).await?;
         followers.sort();
         Ok(followers)
     }
 
     async fn nodes(&self, pool: &str) -> Result<u64, LedgerError> {
-        let key = self.nodes_key(pool);
-        retrying("count the nodes", "", || {
-            let mut conn = self.conn.clone();
-            let key = &key;
-            async move { NODES.key(key).invoke_async(&mut conn).await }
-        })
-        .await
+        Ok(self.live(&self.nodes_key(pool), "").await?.len() as u64)
     }
 }
