@@ -31,4 +31,5 @@ pub mod queue;
 pub mod report;
 pub mod storage;
 pub mod testing;
+pub mod tls;
 pub mod wire;

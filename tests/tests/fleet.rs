@@ -2,6 +2,7 @@
 //! loopback, served by real `fleetrun-worker` processes.
 #![cfg(feature = "services")]
 
+use fleetrun_common::tls::Tls;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
@@ -99,7 +100,7 @@ impl Fleet {
     fn know_pool(&self, pool: &str) {
         self.runtime.block_on(async {
             // The binaries' key prefix.
-            let registry = RedisRegistry::connect(&self.redis_url, "fleetrun")
+            let registry = RedisRegistry::connect(&self.redis_url, "fleetrun", &Tls::default())
                 .await
                 .unwrap();
             registry

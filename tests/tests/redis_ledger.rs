@@ -7,6 +7,7 @@
 //! their server (`CLIENT KILL`, `CLIENT PAUSE`) run on a Redis of their own, so no other test
 //! is disturbed.
 
+use fleetrun_common::tls::Tls;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,9 +20,13 @@ use fleetrun_tests::{PrivateRedis, output_within};
 
 fleetrun_common::ledger_conformance!(|| async {
     Arc::new(
-        RedisLedger::connect(&redis_url(), &format!("test-{}", random_suffix()))
-            .await
-            .unwrap(),
+        RedisLedger::connect(
+            &redis_url(),
+            &format!("test-{}", random_suffix()),
+            &Tls::default(),
+        )
+        .await
+        .unwrap(),
     ) as Arc<dyn Ledger>
 });
 
@@ -31,9 +36,13 @@ mod registry {
 
     fleetrun_common::registry_conformance!(|| async {
         Arc::new(
-            RedisRegistry::connect(&redis_url(), &format!("test-{}", random_suffix()))
-                .await
-                .unwrap(),
+            RedisRegistry::connect(
+                &redis_url(),
+                &format!("test-{}", random_suffix()),
+                &Tls::default(),
+            )
+            .await
+            .unwrap(),
         ) as Arc<dyn JobRegistry>
     });
 }
@@ -51,7 +60,7 @@ const FAILED: Outcome = Outcome {
 };
 
 async fn ledger(url: &str) -> RedisLedger {
-    RedisLedger::connect(url, &format!("test-{}", random_suffix()))
+    RedisLedger::connect(url, &format!("test-{}", random_suffix()), &Tls::default())
         .await
         .unwrap()
 }
@@ -98,9 +107,13 @@ async fn survives_a_dropped_connection() {
 async fn the_registry_survives_a_dropped_connection() {
     use fleetrun_common::ledger::{JobRegistry, RedisRegistry};
     let redis = PrivateRedis::start();
-    let r = RedisRegistry::connect(&redis.url(), &format!("test-{}", random_suffix()))
-        .await
-        .unwrap();
+    let r = RedisRegistry::connect(
+        &redis.url(),
+        &format!("test-{}", random_suffix()),
+        &Tls::default(),
+    )
+    .await
+    .unwrap();
     r.register("j", "p", b"record").await.unwrap();
 
     let killed = redis_cli(&redis.url(), &["CLIENT", "KILL", "TYPE", "normal"]);
@@ -118,7 +131,9 @@ async fn the_registry_survives_a_dropped_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_keep_to_their_own_hash_tagged_keys() {
     let prefix = format!("test-{}", random_suffix());
-    let l = RedisLedger::connect(&redis_url(), &prefix).await.unwrap();
+    let l = RedisLedger::connect(&redis_url(), &prefix, &Tls::default())
+        .await
+        .unwrap();
     let strict = Limits {
         error_threshold: 0,
         ..Limits::NONE

@@ -92,7 +92,8 @@ async fn serve(cli: Cli) -> anyhow::Result<()> {
     let args = cli.fleet.resolve()?;
     let fleet = Fleet::connect(&args).await?;
     if let Some(url) = args.redis_url.as_deref()
-        && let Some(gap) = fleetrun_common::ledger::redis::durability_gap(url).await
+        && let Some(gap) =
+            fleetrun_common::ledger::redis::durability_gap(url, &args.tls_files().load()?).await
     {
         tracing::warn!(%gap, "The ledger's Redis can lose recordings it acknowledged: mini-batches recorded just before it dies would be counted nowhere.");
     }

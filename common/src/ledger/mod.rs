@@ -6,10 +6,12 @@
 //! never both see "first completion" or both flip the state. The state moves
 //! `Running → Finalizing → Completed`, or to `Failed`/`Canceled`, and never back.
 
+mod endpoint;
 pub mod journal;
 mod memory;
 pub mod redis;
 mod registry;
+mod replicas;
 
 pub use registry::{JobRegistry, MemoryRegistry, RedisRegistry};
 

@@ -76,9 +76,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use backon::{ExponentialBuilder, Retryable};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManagerConfig;
 use redis::{RedisError, RedisResult, RetryMethod, Script};
 use tracing::{debug, warn};
+
+use crate::tls::Tls;
+
+use super::endpoint::Connection;
+use super::replicas::{Replicas, Replicated};
 
 use super::{
     Forgot, InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Reopened, Started,
@@ -435,11 +440,13 @@ type StepReply = (i64, i64, HashMap<String, String>);
 
 /// The [`Ledger`] shared by every worker of a fleet, kept in Redis.
 pub struct RedisLedger {
-    conn: ConnectionManager,
+    conn: Connection,
     prefix: String,
     /// Tells this ledger's calls from other processes' in the stored call ids.
     instance: String,
     calls: AtomicU64,
+    /// The primary's replicas, which every write waits for (see [`super::replicas`]).
+    replicas: Replicas,
 }
 
 /// The keys of one job.
@@ -473,19 +480,23 @@ impl JobKeys {
 }
 
 impl RedisLedger {
-    /// Connects to the Redis at `url` (`redis://host:port/db`) and keeps the ledger under
-    /// `key_prefix` (the fleet's, e.g. `fleetrun`; tests take a random one each).
-    pub async fn connect(url: &str, key_prefix: &str) -> Result<RedisLedger, LedgerError> {
-        let client = redis::Client::open(url).map_err(|e| backend("open", &e))?;
+    /// Connects to the Redis at `url` (`redis://[user:password@]host:port/db`, or
+    /// `rediss://` over TLS with `tls`' material) and keeps the ledger under `key_prefix`
+    /// (the fleet's, e.g. `fleetrun`; tests take a random one each).
+    pub async fn connect(
+        url: &str,
+        key_prefix: &str,
+        tls: &Tls,
+    ) -> Result<RedisLedger, LedgerError> {
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_connection_timeout(Some(CONNECTION_TIMEOUT));
-        let conn = client
-            .get_connection_manager_with_config(config)
+        let conn = Connection::open(url, tls, config)
             .await
             .map_err(|e| backend("connect", &e))?;
         Ok(RedisLedger {
             conn,
+            replicas: Replicas::new(),
             prefix: key_prefix.to_owned(),
             instance: instance_id(),
             calls: AtomicU64::new(0),
@@ -504,14 +515,14 @@ impl RedisLedger {
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
         // Idempotent: a retry by the same owner renews its own claim.
         let held: Option<i64> = retrying("claim", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let key = &keys.state;
             async move {
                 script
                     .key(key)
                     .arg(owner)
                     .arg(lease_ms)
-                    .invoke_async(&mut conn)
+                    .replicated(&mut conn, &self.replicas)
                     .await
             }
         })
@@ -581,7 +592,7 @@ impl Ledger for RedisLedger {
             .map_or_else(|| "-1".to_owned(), |n| n.to_string());
         let percent = limits.allowed_failed_percent.to_string();
         let entered: i64 = retrying("create", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let (keys, call, allowed_count, percent) = (&keys, &call, &allowed_count, &percent);
             async move {
                 CREATE
@@ -590,7 +601,7 @@ impl Ledger for RedisLedger {
                     .arg(limits.error_threshold)
                     .arg(allowed_count)
                     .arg(percent)
-                    .invoke_async(&mut conn)
+                    .replicated(&mut conn, &self.replicas)
                     .await
             }
         })
@@ -606,13 +617,13 @@ impl Ledger for RedisLedger {
         let keys = self.keys(job);
         let call = self.call_id();
         let reply = retrying("seal", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let (keys, call) = (&keys, &call);
             async move {
                 SEAL.key(&keys.state)
                     .arg(call)
                     .arg(total)
-                    .invoke_async(&mut conn)
+                    .replicated(&mut conn, &self.replicas)
                     .await
             }
         })
@@ -636,7 +647,7 @@ impl Ledger for RedisLedger {
         let keys = self.keys(job);
         let call = self.call_id();
         let reply = retrying("record", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let (keys, call) = (&keys, &call);
             async move {
                 RECORD
@@ -653,7 +664,7 @@ impl Ledger for RedisLedger {
                     .arg(u8::from(outcome.batch_failed))
                     .arg(part.unwrap_or(""))
                     .arg(row.unwrap_or(""))
-                    .invoke_async(&mut conn)
+                    .replicated(&mut conn, &self.replicas)
                     .await
             }
         })
@@ -675,7 +686,7 @@ impl Ledger for RedisLedger {
         // call's own holder noted: it is not another's.
         let (known, spent, before, _): (bool, Option<u32>, Option<String>, i64) =
             retrying("attempt_started", job, || {
-                let mut conn = self.conn.clone();
+                let mut conn = self.conn.get();
                 let keys = &keys;
                 async move {
                     redis::pipe()
@@ -690,7 +701,7 @@ impl Ledger for RedisLedger {
             .await?;
         if !known {
             // The holder just noted would outlive a job the ledger has forgotten.
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let _: Result<i64, _> = redis::cmd("HDEL")
                 .arg(&keys.holders)
                 .arg(index)
@@ -714,7 +725,7 @@ impl Ledger for RedisLedger {
         let keys = self.keys(job);
         let call = self.call_id();
         let reply: Option<(Option<String>,)> = retrying("attempt_ended", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let (keys, call) = (&keys, &call);
             async move {
                 ATTEMPT_ENDED
@@ -726,7 +737,7 @@ impl Ledger for RedisLedger {
                     .arg(row.unwrap_or(""))
                     .arg(call)
                     .arg(u8::from(charged))
-                    .invoke_async(&mut conn)
+                    .replicated(&mut conn, &self.replicas)
                     .await
             }
         })
@@ -739,7 +750,7 @@ impl Ledger for RedisLedger {
         let keys = self.keys(job);
         type Reply = (bool, Vec<(u64, String)>, HashMap<u64, u32>);
         let (known, held, spent): Reply = retrying("in_flight", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let keys = &keys;
             async move {
                 redis::pipe()
@@ -786,7 +797,7 @@ impl Ledger for RedisLedger {
         let to_index = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         let last = to_index(start.saturating_add(count - 1));
         retrying("report_rows", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let key = &keys.report;
             async move {
                 redis::cmd("LRANGE")
@@ -812,7 +823,7 @@ impl Ledger for RedisLedger {
             let end = indices.end.min(start.saturating_add(PARTS_PER_CALL));
             let chunk: Vec<u64> = (start..end).collect();
             let (kept, got): (i64, Vec<Option<String>>) = retrying("parts", job, || {
-                let mut conn = self.conn.clone();
+                let mut conn = self.conn.get();
                 let (keys, chunk) = (&keys, &chunk);
                 async move {
                     PARTS
@@ -842,14 +853,14 @@ impl Ledger for RedisLedger {
         let keys = self.keys(job);
         // A retry may count the bytes twice: the budget errs on the small side.
         let within: Option<i64> = retrying("reserve part bytes", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let key = &keys.state;
             async move {
                 RESERVE_PART_BYTES
                     .key(key)
                     .arg(bytes)
                     .arg(budget)
-                    .invoke_async(&mut conn)
+                    .replicated(&mut conn, &self.replicas)
                     .await
             }
         })
@@ -860,13 +871,13 @@ impl Ledger for RedisLedger {
     async fn forget_parts(&self, job: &str) -> Result<(), LedgerError> {
         let keys = self.keys(job);
         let known: Option<i64> = retrying("forget parts", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let keys = &keys;
             async move {
                 FORGET_PARTS
                     .key(&keys.state)
                     .key(&keys.parts)
-                    .invoke_async(&mut conn)
+                    .replicated(&mut conn, &self.replicas)
                     .await
             }
         })
@@ -885,7 +896,7 @@ impl Ledger for RedisLedger {
         let call = self.call_id();
         let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
         let reply: Option<(i64, HashMap<String, String>)> = retrying("transition", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let (keys, call, from) = (&keys, &call, &from);
             async move {
                 TRANSITION
@@ -895,7 +906,7 @@ impl Ledger for RedisLedger {
                     .arg(u8::from(reason.is_some()))
                     .arg(reason.unwrap_or(""))
                     .arg(from)
-                    .invoke_async(&mut conn)
+                    .replicated(&mut conn, &self.replicas)
                     .await
             }
         })
@@ -931,13 +942,13 @@ impl Ledger for RedisLedger {
         let call = self.call_id();
         type Reply = (i64, i64, HashMap<String, String>, Vec<u64>);
         let reply: Option<Reply> = retrying("reopen", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let (keys, call) = (&keys, &call);
             async move {
                 REOPEN
                     .key(&keys.all()[..])
                     .arg(call)
-                    .invoke_async(&mut conn)
+                    .replicated(&mut conn, &self.replicas)
                     .await
             }
         })
@@ -965,7 +976,7 @@ impl Ledger for RedisLedger {
         let keys = self.keys(job);
         let call = self.call_id();
         let reply: Option<(i64, HashMap<String, String>)> = retrying("forget_failure", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let (keys, call) = (&keys, &call);
             async move {
                 FORGET_FAILURE
@@ -977,7 +988,7 @@ impl Ledger for RedisLedger {
                     .key(&keys.failed)
                     .arg(call)
                     .arg(index)
-                    .invoke_async(&mut conn)
+                    .replicated(&mut conn, &self.replicas)
                     .await
             }
         })
@@ -997,13 +1008,13 @@ impl Ledger for RedisLedger {
         let keep_ms = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX).max(1);
         // Idempotent: a retry sets the same expiry again.
         let ended: Option<i64> = retrying("retire", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let keys = &keys;
             async move {
                 RETIRE
                     .key(&keys.all()[..])
                     .arg(keep_ms)
-                    .invoke_async(&mut conn)
+                    .replicated(&mut conn, &self.replicas)
                     .await
             }
         })
@@ -1018,13 +1029,13 @@ impl Ledger for RedisLedger {
         let keys = self.keys(job);
         // Idempotent: a retry sets the same maximum.
         let known: Option<i64> = retrying("created", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let key = &keys.state;
             async move {
                 CREATED
                     .key(key)
                     .arg(mini_batches)
-                    .invoke_async(&mut conn)
+                    .replicated(&mut conn, &self.replicas)
                     .await
             }
         })
@@ -1035,9 +1046,9 @@ impl Ledger for RedisLedger {
     async fn started(&self, job: &str) -> Result<(), LedgerError> {
         let keys = self.keys(job);
         let known: Option<i64> = retrying("started", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let key = &keys.state;
-            async move { STARTED.key(key).invoke_async(&mut conn).await }
+            async move { STARTED.key(key).replicated(&mut conn, &self.replicas).await }
         })
         .await?;
         known.map(drop).ok_or_else(|| unknown(job))
@@ -1046,7 +1057,7 @@ impl Ledger for RedisLedger {
     async fn status(&self, job: &str) -> Result<Option<Status>, LedgerError> {
         let keys = self.keys(job);
         let fields: HashMap<String, String> = retrying("status", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let key = &keys.state;
             async move { redis::cmd("HGETALL").arg(key).query_async(&mut conn).await }
         })
@@ -1061,10 +1072,11 @@ impl Ledger for RedisLedger {
 /// What the Redis at `url` can lose of the writes it acknowledged, when its settings say it
 /// can (see the module's "Durability"): `None` when it keeps them all, or when it does not
 /// tell its settings (`CONFIG` refused, as managed services may).
-pub async fn durability_gap(url: &str) -> Option<String> {
+pub async fn durability_gap(url: &str, tls: &Tls) -> Option<String> {
     let settings = async {
-        let client = redis::Client::open(url)?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
+        let config =
+            ConnectionManagerConfig::new().set_connection_timeout(Some(CONNECTION_TIMEOUT));
+        let mut conn = Connection::open(url, tls, config).await?.get();
         let (_, appendonly): (String, String) = redis::cmd("CONFIG")
             .arg("GET")
             .arg("appendonly")
@@ -1126,13 +1138,15 @@ fn recorded(
 /// Errors a new try may cure: the connection dropped or timed out, or the server asks to
 /// wait (loading, failing over).
 fn is_transient(e: &RedisError) -> bool {
-    matches!(
-        e.retry_method(),
-        RetryMethod::Reconnect
-            | RetryMethod::ReconnectFromInitialConnections
-            | RetryMethod::RetryImmediately
-            | RetryMethod::WaitAndRetry
-    )
+    // A primary demoted by a failover refuses writes until the endpoint leads to the new one.
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        || matches!(
+            e.retry_method(),
+            RetryMethod::Reconnect
+                | RetryMethod::ReconnectFromInitialConnections
+                | RetryMethod::RetryImmediately
+                | RetryMethod::WaitAndRetry
+        )
 }
 
 fn backend(step: &str, e: &RedisError) -> LedgerError {

@@ -315,7 +315,7 @@ impl JobRegistry for MemoryRegistry {
 /// beside the ledger's keys of the job (they expire when it is forgotten).
 #[derive(Clone)]
 pub struct RedisRegistry {
-    conn: redis::aio::ConnectionManager,
+    conn: super::endpoint::Connection,
     prefix: String,
 }
 
@@ -335,19 +335,21 @@ impl RedisRegistry {
     /// `LIVE`); `job` names the job in a retry's warning, if any.
     async fn live(&self, key: &str, job: &str) -> Result<Vec<String>, LedgerError> {
         retrying("read who is live", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             async move { LIVE.key(key).invoke_async(&mut conn).await }
         })
         .await
     }
 
-    pub async fn connect(url: &str, key_prefix: &str) -> Result<RedisRegistry, LedgerError> {
-        let client = redis::Client::open(url).map_err(backend)?;
+    pub async fn connect(
+        url: &str,
+        key_prefix: &str,
+        tls: &crate::tls::Tls,
+    ) -> Result<RedisRegistry, LedgerError> {
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
             .set_response_timeout(Some(std::time::Duration::from_secs(10)));
-        let conn = client
-            .get_connection_manager_with_config(config)
+        let conn = super::endpoint::Connection::open(url, tls, config)
             .await
             .map_err(backend)?;
         Ok(RedisRegistry {
@@ -522,7 +524,7 @@ impl JobRegistry for RedisRegistry {
     async fn register(&self, job: &str, pool: &str, record: &[u8]) -> Result<(), LedgerError> {
         let key = self.key(job, "record");
         let created = retrying("register", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let key = &key;
             async move {
                 redis::cmd("SET")
@@ -541,7 +543,7 @@ impl JobRegistry for RedisRegistry {
         }
         let now = unix_now();
         retrying("register", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let (jobs, unfinished, pools) =
                 (self.jobs_key(), self.unfinished_key(pool), self.pools_key());
             async move {
@@ -562,7 +564,7 @@ impl JobRegistry for RedisRegistry {
     async fn record(&self, job: &str) -> Result<Option<Vec<u8>>, LedgerError> {
         let key = self.key(job, "record");
         retrying("read the record", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let key = &key;
             async move { conn.get(key).await }
         })
@@ -572,7 +574,7 @@ impl JobRegistry for RedisRegistry {
     async fn jobs(&self) -> Result<Vec<String>, LedgerError> {
         let (jobs, retired) = (self.jobs_key(), self.retired_key());
         retrying("list the jobs", "", || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let (jobs, retired) = (&jobs, &retired);
             async move {
                 let _: i64 = FORGET
@@ -590,7 +592,7 @@ impl JobRegistry for RedisRegistry {
     async fn unfinished(&self, pool: &str) -> Result<Vec<String>, LedgerError> {
         let key = self.unfinished_key(pool);
         retrying("list the unfinished jobs", "", || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let key = &key;
             async move { conn.zrange(key, 0, -1).await }
         })
@@ -608,7 +610,7 @@ impl JobRegistry for RedisRegistry {
             self.key(job, "listing"),
         ];
         retrying("retire", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let keys = &keys;
             async move {
                 RETIRE
@@ -634,7 +636,7 @@ impl JobRegistry for RedisRegistry {
             self.key(job, "listing"),
         ];
         let reopened: i64 = retrying("reopen", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let keys = &keys;
             async move {
                 REOPEN
@@ -651,7 +653,7 @@ impl JobRegistry for RedisRegistry {
     async fn note_listing(&self, job: &str, listing: &str) -> Result<(), LedgerError> {
         let (key, record) = (self.key(job, "listing"), self.key(job, "record"));
         retrying("note the listing", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let (key, record) = (&key, &record);
             async move {
                 NOTE_LISTING
@@ -669,7 +671,7 @@ impl JobRegistry for RedisRegistry {
     async fn listing(&self, job: &str) -> Result<Option<String>, LedgerError> {
         let key = self.key(job, "listing");
         retrying("read the listing", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let key = &key;
             async move { conn.get(key).await }
         })
@@ -679,7 +681,7 @@ impl JobRegistry for RedisRegistry {
     async fn add_init_failure(&self, job: &str) -> Result<u64, LedgerError> {
         let (count, record) = (self.key(job, "init_failures"), self.key(job, "record"));
         retrying("count an init failure", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let (count, record) = (&count, &record);
             async move {
                 ADD_INIT_FAILURE
@@ -695,7 +697,7 @@ impl JobRegistry for RedisRegistry {
     async fn init_failures(&self, job: &str) -> Result<u64, LedgerError> {
         let key = self.key(job, "init_failures");
         let count: Option<u64> = retrying("read the init failures", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let key = &key;
             async move { conn.get(key).await }
         })
@@ -707,7 +709,7 @@ impl JobRegistry for RedisRegistry {
         let (key, pools) = (self.nodes_key(pool), self.pools_key());
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX).max(1);
         retrying("beat", "", || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let (key, pools) = (&key, &pools);
             async move {
                 BEAT.key(key)
@@ -726,7 +728,7 @@ impl JobRegistry for RedisRegistry {
     async fn pools(&self) -> Result<Vec<String>, LedgerError> {
         let key = self.pools_key();
         let mut pools: Vec<String> = retrying("list the pools", "", || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let key = &key;
             async move { conn.smembers(key).await }
         })
@@ -745,7 +747,7 @@ impl JobRegistry for RedisRegistry {
         let (key, record) = (self.places_key(job), self.key(job, "record"));
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX).max(1);
         let held: i64 = retrying("claim a place", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let (key, record) = (&key, &record);
             async move {
                 CLAIM_PLACE
@@ -765,7 +767,7 @@ impl JobRegistry for RedisRegistry {
     async fn release_place(&self, job: &str, node: &str) -> Result<(), LedgerError> {
         let key = self.places_key(job);
         retrying("release a place", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let key = &key;
             async move { conn.zrem::<_, _, i64>(key, node).await }
         })
@@ -777,7 +779,7 @@ impl JobRegistry for RedisRegistry {
         let (key, record) = (self.key(job, "followers"), self.key(job, "record"));
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX).max(1);
         retrying("note a follower", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let (key, record) = (&key, &record);
             async move {
                 CLAIM_PLACE
@@ -797,7 +799,7 @@ impl JobRegistry for RedisRegistry {
     async fn let_go(&self, job: &str, node: &str) -> Result<(), LedgerError> {
         let key = self.key(job, "followers");
         retrying("let a job go", job, || {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.get();
             let key = &key;
             async move { conn.zrem::<_, _, i64>(key, node).await }
         })

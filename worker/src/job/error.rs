@@ -50,6 +50,8 @@ pub enum SettingsError {
         #[source]
         source: toml::de::Error,
     },
+    #[error(transparent)]
+    Tls(#[from] fleetrun_common::tls::TlsError),
     #[error("no {service} URL: set {var}, {flag} or {key} in the config file")]
     Missing {
         service: &'static str,

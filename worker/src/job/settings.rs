@@ -12,6 +12,7 @@ use fleetrun_common::queue::amqp::AmqpQueue;
 use fleetrun_common::queue::{Queue, QueueOptions};
 use fleetrun_common::storage::s3::{S3Settings, S3Storage};
 use fleetrun_common::storage::{LocalStorage, SelectedStorage, Storage, StorageError};
+use fleetrun_common::tls::TlsFiles;
 use fleetrun_config::{JobSpec, Location};
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +53,16 @@ pub struct FleetArgs {
     /// Address buckets by path (default: on whenever a custom endpoint is set).
     #[arg(long, env = "FLEETRUN_S3_FORCE_PATH_STYLE")]
     pub s3_force_path_style: Option<bool>,
+    /// PEM file of the CAs that sign the RabbitMQ and Redis servers' certificates (else the
+    /// system's trust store); read for `amqps://` and `rediss://` URLs.
+    #[arg(long, env = "FLEETRUN_TLS_CA_FILE")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM file of the client certificate to present to RabbitMQ and Redis over TLS.
+    #[arg(long, env = "FLEETRUN_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM file of that client certificate's private key.
+    #[arg(long, env = "FLEETRUN_TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl FleetArgs {
@@ -81,11 +92,23 @@ impl FleetArgs {
             pool: self.pool.or(file.pool),
             s3_endpoint_url: self.s3_endpoint_url.or(file.s3_endpoint_url),
             s3_force_path_style: self.s3_force_path_style.or(file.s3_force_path_style),
+            tls_ca_file: self.tls_ca_file.or(file.tls_ca_file),
+            tls_cert_file: self.tls_cert_file.or(file.tls_cert_file),
+            tls_key_file: self.tls_key_file.or(file.tls_key_file),
         })
     }
 
     pub fn pool(&self) -> &str {
         self.pool.as_deref().unwrap_or(DEFAULT_POOL)
+    }
+
+    /// Where the TLS material of the RabbitMQ and Redis connections is.
+    pub fn tls_files(&self) -> TlsFiles {
+        TlsFiles {
+            ca_file: self.tls_ca_file.clone(),
+            cert_file: self.tls_cert_file.clone(),
+            key_file: self.tls_key_file.clone(),
+        }
     }
 
     pub fn s3(&self) -> S3Settings {
@@ -145,10 +168,11 @@ impl Fleet {
             source,
         };
         let pool = args.pool().to_owned();
-        let ledger = RedisLedger::connect(redis, KEY_PREFIX)
+        let tls = args.tls_files().load()?;
+        let ledger = RedisLedger::connect(redis, KEY_PREFIX, &tls)
             .await
             .map_err(redis_error)?;
-        let registry = RedisRegistry::connect(redis, KEY_PREFIX)
+        let registry = RedisRegistry::connect(redis, KEY_PREFIX, &tls)
             .await
             .map_err(redis_error)?;
         if new == NewPool::Refuse {

@@ -1,0 +1,200 @@
+//! Recordings that survive losing the Redis primary.
+//!
+//! Redis replicates asynchronously: a primary acknowledges a write before its replicas have
+//! it, and a replica promoted after the primary died (Sentinel's failover, a managed Redis's
+//! maintenance, a Kubernetes operator's) never had the writes still in flight. A worker
+//! acknowledges a mini-batch's message once its recording is acknowledged, so such a write,
+//! lost, is a mini-batch counted nowhere and a job that never ends.
+//!
+//! So every step that writes is sent together with `WAIT n timeout` on the same connection
+//! (one pipeline, one round trip), `n` being the replicas the primary has (`ROLE`, asked
+//! again every few seconds and whenever fewer confirm): the step's answer is believed only
+//! once every replica confirmed it has the write. A replica that does not confirm within
+//! [`WAIT_MS`] is asked again, with the step (every step is idempotent, see the ledger's
+//! "Retries"), for up to [`PATIENCE`]; then the step fails as an unreachable Redis does, and
+//! its mini-batch goes back to the queue. A primary with no replica costs nothing: no
+//! `WAIT` is sent.
+//!
+//! `WAITAOF` (Redis ≥ 7.2) would also wait for the disk; the fleet's Redis runs with
+//! `appendfsync always` instead (see the ledger's "Durability").
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+use redis::{
+    ErrorKind, FromRedisValue, RedisError, RedisResult, ScriptInvocation, ServerErrorKind,
+};
+use tracing::warn;
+
+/// How long one `WAIT` waits for the replicas, in milliseconds.
+pub(super) const WAIT_MS: u64 = 1000;
+/// How long a step waits, in all, for replicas that stay connected and do not confirm.
+pub(super) const PATIENCE: Duration = Duration::from_secs(30);
+/// How often the replicas are counted again when all confirm.
+const RECOUNT: Duration = Duration::from_secs(5);
+
+/// A script step run through [`Replicas::invoke`].
+pub(super) trait Replicated {
+    fn replicated<'a, T: FromRedisValue + Send + 'a>(
+        &'a self,
+        conn: &'a mut ConnectionManager,
+        replicas: &'a Replicas,
+    ) -> impl Future<Output = RedisResult<T>> + Send + 'a;
+}
+
+impl Replicated for ScriptInvocation<'_> {
+    fn replicated<'a, T: FromRedisValue + Send + 'a>(
+        &'a self,
+        conn: &'a mut ConnectionManager,
+        replicas: &'a Replicas,
+    ) -> impl Future<Output = RedisResult<T>> + Send + 'a {
+        replicas.invoke(conn, self)
+    }
+}
+
+/// The primary's replicas, as last counted.
+pub(super) struct Replicas {
+    count: AtomicUsize,
+    counted: Mutex<Option<Instant>>,
+}
+
+impl Replicas {
+    pub(super) fn new() -> Replicas {
+        Replicas {
+            count: AtomicUsize::new(0),
+            counted: Mutex::new(None),
+        }
+    }
+
+    /// Runs `invocation` and returns its answer once every replica of the primary has its
+    /// writes.
+    pub(super) async fn invoke<T: FromRedisValue>(
+        &self,
+        conn: &mut ConnectionManager,
+        invocation: &ScriptInvocation<'_>,
+    ) -> RedisResult<T> {
+        let start = Instant::now();
+        loop {
+            let expected = self.expected(conn).await?;
+            if expected == 0 {
+                return invocation.invoke_async(conn).await;
+            }
+            let reply: RedisResult<(T, usize)> = redis::pipe()
+                .invoke_script(invocation)
+                .cmd("WAIT")
+                .arg(expected)
+                .arg(WAIT_MS)
+                .query_async(conn)
+                .await;
+            let (answer, confirmed) = match reply {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    invocation.load_async(conn).await?;
+                    continue;
+                }
+                reply => reply?,
+            };
+            if confirmed >= expected {
+                return Ok(answer);
+            }
+            // A replica that left is no longer waited for; one that lags is.
+            let now = self.count(conn).await?;
+            if confirmed >= now {
+                return Ok(answer);
+            }
+            if start.elapsed() >= PATIENCE {
+                return Err(RedisError::from((
+                    ErrorKind::Client,
+                    "Redis replicas did not confirm a write",
+                    format!(
+                        "{confirmed} of {now} confirmed within {}s; the write may be lost if the primary fails now",
+                        PATIENCE.as_secs()
+                    ),
+                )));
+            }
+            warn!(
+                confirmed,
+                replicas = now,
+                "Redis replicas have not confirmed a recording; asking again before it counts."
+            );
+        }
+    }
+
+    /// The replicas to wait for: the last count, or a new one when it is old.
+    async fn expected(&self, conn: &mut ConnectionManager) -> RedisResult<usize> {
+        let fresh = self
+            .counted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|at| at.elapsed() < RECOUNT);
+        if fresh {
+            Ok(self.count.load(Ordering::Relaxed))
+        } else {
+            self.count(conn).await
+        }
+    }
+
+    /// Counts the replicas connected to the primary now (`ROLE`).
+    async fn count(&self, conn: &mut ConnectionManager) -> RedisResult<usize> {
+        let role: redis::Value = redis::cmd("ROLE").query_async(conn).await?;
+        let count = connected_replicas(&role);
+        self.count.store(count, Ordering::Relaxed);
+        *self.counted.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        Ok(count)
+    }
+}
+
+/// The replicas a `ROLE` reply lists: `["master", offset, [[host, port, offset], …]]` on a
+/// primary; a replica (which refuses writes anyway) has none to wait for.
+fn connected_replicas(role: &redis::Value) -> usize {
+    match role {
+        redis::Value::Array(fields) => match fields.as_slice() {
+            [
+                redis::Value::BulkString(name),
+                _,
+                redis::Value::Array(replicas),
+                ..,
+            ] if name.as_slice() == b"master" => replicas.len(),
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Value;
+
+    use super::connected_replicas;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_primary_counts_the_replicas_it_lists() {
+        let replica = || Value::Array(vec![bulk("127.0.0.1"), bulk("6380"), bulk("42")]);
+        let role = Value::Array(vec![
+            bulk("master"),
+            Value::Int(42),
+            Value::Array(vec![replica(), replica()]),
+        ]);
+        assert_eq!(connected_replicas(&role), 2);
+    }
+
+    #[test]
+    fn a_lone_primary_and_a_replica_have_none_to_wait_for() {
+        let alone = Value::Array(vec![bulk("master"), Value::Int(0), Value::Array(vec![])]);
+        assert_eq!(connected_replicas(&alone), 0);
+        let replica = Value::Array(vec![
+            bulk("slave"),
+            bulk("127.0.0.1"),
+            Value::Int(6379),
+            bulk("connected"),
+            Value::Int(42),
+        ]);
+        assert_eq!(connected_replicas(&replica), 0);
+    }
+}
