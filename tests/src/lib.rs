@@ -2,6 +2,7 @@
 //! binaries to run it with, bounded waits on what they do, and servers of a test's own for
 //! faults that would disturb the shared ones.
 
+pub mod relay;
 pub mod tabular;
 
 use std::io::{Read, Write};
@@ -585,6 +586,8 @@ pub struct PrivateRedis {
     slow_sync: Option<Duration>,
     /// What slows its syncs: `strace` attached to the server.
     tracer: Option<Child>,
+    /// The port of the primary it replicates from, if any.
+    primary: Option<u16>,
 }
 
 impl PrivateRedis {
@@ -606,10 +609,32 @@ impl PrivateRedis {
         PrivateRedis::start_with(true, Some(sync))
     }
 
+    /// A replica of the primary on `primary` (the primary's own port, or a relay's to it),
+    /// once it holds everything the primary had: asynchronous, as Redis's replicas are.
+    pub fn replica_of(primary: u16) -> PrivateRedis {
+        let mut replica = PrivateRedis::start_with_primary(false, None, Some(primary));
+        let synced = poll(Duration::from_secs(30), || {
+            replica
+                .query(&["INFO", "replication"])
+                .contains("master_link_status:up")
+        });
+        assert!(synced, "the replica never synced:\n{}", replica.log());
+        replica.primary = Some(primary);
+        replica
+    }
+
     fn start_with(persistent: bool, slow_sync: Option<Duration>) -> PrivateRedis {
+        PrivateRedis::start_with_primary(persistent, slow_sync, None)
+    }
+
+    fn start_with_primary(
+        persistent: bool,
+        slow_sync: Option<Duration>,
+        primary: Option<u16>,
+    ) -> PrivateRedis {
         let dir = tempfile::tempdir().expect("temp dir");
         let [port] = free_ports();
-        let server = PrivateRedis::spawn(dir.path(), port, persistent);
+        let server = PrivateRedis::spawn(dir.path(), port, persistent, primary);
         let mut redis = PrivateRedis {
             dir,
             server,
@@ -617,13 +642,17 @@ impl PrivateRedis {
             persistent,
             slow_sync,
             tracer: None,
+            primary,
         };
         redis.await_answer();
         redis
     }
 
-    fn spawn(dir: &Path, port: u16, persistent: bool) -> Child {
+    fn spawn(dir: &Path, port: u16, persistent: bool, primary: Option<u16>) -> Child {
         let mut command = Command::new("redis-server");
+        if let Some(primary) = primary {
+            command.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
+        }
         if persistent {
             for name in ["appendonly", "appendfsync"] {
                 command
@@ -695,6 +724,57 @@ impl PrivateRedis {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Makes a replica a primary (`REPLICAOF NO ONE`), as a failover does: it keeps what it
+    /// had received, and nothing more.
+    pub fn promote(&mut self) {
+        let answer = self.query(&["REPLICAOF", "NO", "ONE"]);
+        assert_eq!(answer, "OK", "REPLICAOF NO ONE");
+        self.primary = None;
+    }
+
+    /// The server's answer to one command, as text (a simple string, an error or a bulk
+    /// string; empty when it does not answer).
+    pub fn query(&self, args: &[&str]) -> String {
+        let ask = || -> std::io::Result<String> {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+            let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+            stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+            stream.write_all(resp_request(args).as_bytes())?;
+            let mut reply = Vec::new();
+            let mut buf = [0u8; 8192];
+            // A simple reply is one line; a bulk string says its length first.
+            loop {
+                let n = stream.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                reply.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&reply);
+                if let Some(rest) = text.strip_prefix('$')
+                    && let Some((len, body)) = rest.split_once("\r\n")
+                {
+                    let len: i64 = len.parse().unwrap_or(-1);
+                    if len < 0 || body.len() >= len as usize + 2 {
+                        break;
+                    }
+                } else if text.ends_with("\r\n") {
+                    break;
+                }
+            }
+            let text = String::from_utf8_lossy(&reply).into_owned();
+            Ok(match text.split_once("\r\n") {
+                Some((head, body)) if head.starts_with('$') => body.trim_end().to_owned(),
+                Some((head, _)) => head.trim_start_matches(['+', '-', ':']).to_owned(),
+                None => text,
+            })
+        };
+        ask().unwrap_or_default()
+    }
+
     /// Freezes the server (SIGSTOP): it keeps its connections and answers nothing until
     /// [`PrivateRedis::thaw`].
     pub fn freeze(&self) {
@@ -732,7 +812,8 @@ impl PrivateRedis {
     /// Starts the killed server again on the same port and folder (and, when persistent,
     /// the same data).
     pub fn start_again(&mut self) {
-        self.server = PrivateRedis::spawn(self.dir.path(), self.port, self.persistent);
+        self.server =
+            PrivateRedis::spawn(self.dir.path(), self.port, self.persistent, self.primary);
         self.await_answer();
     }
 
@@ -760,6 +841,111 @@ impl Drop for PrivateRedis {
         // A stopped server is killed all the same (SIGKILL needs no SIGCONT).
         self.kill();
     }
+}
+
+/// A Redis Sentinel of a test's own, watching the primary on `primary` as `master`, quick to
+/// act as tests need: a primary silent for a second is down, and a failover may start a
+/// second after another.
+pub struct PrivateSentinel {
+    dir: tempfile::TempDir,
+    server: Child,
+    port: u16,
+}
+
+impl PrivateSentinel {
+    /// One of `quorum` or more sentinels of `master` on `primary`, answering once started.
+    pub fn watch(master: &str, primary: u16, quorum: u32) -> PrivateSentinel {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let [port] = free_ports();
+        // A sentinel rewrites its configuration file, which must therefore be its own.
+        let conf = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {dir}/sentinel.log\n\
+                 sentinel monitor {master} 127.0.0.1 {primary} {quorum}\n\
+                 sentinel down-after-milliseconds {master} 1000\n\
+                 sentinel failover-timeout {master} 3000\n\
+                 sentinel parallel-syncs {master} 1\n",
+                dir = dir.path().display()
+            ),
+        )
+        .unwrap();
+        let server = Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server runs (scripts/install-deps.sh installs it)");
+        let mut sentinel = PrivateSentinel { dir, server, port };
+        let answers = poll(Duration::from_secs(30), || {
+            if let Some(exit) = sentinel.server.try_wait().unwrap() {
+                panic!("the sentinel exited ({exit}):\n{}", sentinel.log());
+            }
+            let asked = sentinel.query(&["SENTINEL", "get-master-addr-by-name", master]);
+            !asked.is_empty()
+        });
+        assert!(answers, "the sentinel never answered:\n{}", sentinel.log());
+        sentinel
+    }
+
+    /// `host:port` of this sentinel, as a Sentinel URL lists it.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The port of the primary this sentinel names for `master` now, if it names one.
+    pub fn primary(&self, master: &str) -> Option<u16> {
+        let asked = self.query(&["SENTINEL", "get-master-addr-by-name", master]);
+        asked
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .next_back()
+    }
+
+    fn query(&self, args: &[&str]) -> String {
+        let asked = || -> std::io::Result<String> {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+            let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+            stream.set_read_timeout(Some(Duration::from_secs(1)))?;
+            stream.write_all(resp_request(args).as_bytes())?;
+            let mut reply = Vec::new();
+            let mut buf = [0u8; 4096];
+            // An array of two bulk strings ends with the port's line.
+            while reply.iter().filter(|b| **b == b'\n').count() < 5 {
+                let n = stream.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                reply.extend_from_slice(&buf[..n]);
+                if reply.starts_with(b"*-1") || reply.starts_with(b"-") {
+                    return Ok(String::new());
+                }
+            }
+            Ok(String::from_utf8_lossy(&reply).into_owned())
+        };
+        asked().unwrap_or_default()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("sentinel.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for PrivateSentinel {
+    fn drop(&mut self) {
+        kill(&mut self.server);
+    }
+}
+
+/// `args` as one RESP request.
+fn resp_request(args: &[&str]) -> String {
+    let mut request = format!("*{}\r\n", args.len());
+    for arg in args {
+        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    request
 }
 
 /// A setting of the fleet's Redis, as `deploy/redis/redis.conf` gives it.

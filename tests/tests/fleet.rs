@@ -27,6 +27,8 @@ use futures::TryStreamExt;
 mod chaos;
 #[path = "fleet/dlq.rs"]
 mod dlq;
+#[path = "fleet/failover.rs"]
+mod failover;
 #[path = "fleet/named_outputs.rs"]
 mod named_outputs;
 #[path = "fleet/observability.rs"]
