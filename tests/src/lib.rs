@@ -2,6 +2,7 @@
 //! binaries to run it with, bounded waits on what they do, and servers of a test's own for
 //! faults that would disturb the shared ones.
 
+pub mod s3_relay;
 pub mod tabular;
 
 use std::io::{Read, Write};
