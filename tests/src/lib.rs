@@ -3,6 +3,7 @@
 //! faults that would disturb the shared ones.
 
 pub mod relay;
+pub mod s3_relay;
 pub mod tabular;
 
 use std::io::{Read, Write};

@@ -37,6 +37,8 @@ mod observability;
 mod page;
 #[path = "fleet/resume.rs"]
 mod resume;
+#[path = "fleet/s3_faults.rs"]
+mod s3_faults;
 #[path = "fleet/sharing.rs"]
 mod sharing;
 

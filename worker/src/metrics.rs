@@ -6,8 +6,9 @@
 //! no lookup and no lock. The GPUs' series (`fleetrun_gpu_…{gpu}`) are read from NVML at
 //! each scrape, on a node that has it ([`Metrics::with_gpus`]).
 
+use fleetrun_common::storage::Fault;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -54,6 +55,7 @@ pub struct Metrics {
     in_flight: Gauge,
     ledger_errors: Counter,
     broker_errors: Counter,
+    storage_hand_backs: Counter,
 }
 
 impl Default for Metrics {
@@ -113,6 +115,11 @@ impl Metrics {
             "broker_errors",
             "Operations on the broker (RabbitMQ) that failed: consuming, settling a delivery.",
         );
+        let storage_hand_backs = counter(
+            "storage_hand_backs",
+            "Mini-batches handed back untried, no attempt spent, because storage (S3) did not take a request within its retries: staging an input or writing a part.",
+        );
+        registry.register_collector(Box::new(StorageFaults));
         let in_flight = Gauge::default();
         registry.register(
             "mini_batches_in_flight",
@@ -131,6 +138,7 @@ impl Metrics {
             in_flight,
             ledger_errors,
             broker_errors,
+            storage_hand_backs,
         }
     }
 
@@ -185,6 +193,10 @@ impl Metrics {
         self.broker_errors.inc();
     }
 
+    pub fn storage_hand_back(&self) {
+        self.storage_hand_backs.inc();
+    }
+
     /// Counts an attempt under way until the returned guard is dropped, whichever way the
     /// attempt ends.
     pub fn in_flight(&self) -> InFlight {
@@ -208,6 +220,38 @@ pub struct InFlight(Gauge);
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+/// The faults this process's storage requests met (S3 throttling, server errors, no
+/// answer), each attempt counted, retried or not: read at each scrape from the storage's
+/// own counts.
+#[derive(Debug)]
+struct StorageFaults;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FaultLabel {
+    fault: &'static str,
+}
+
+impl Collector for StorageFaults {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "storage_faults",
+            "Attempts of storage (S3) requests that met a fault, by kind: throttled (503 SlowDown), server_error (500 InternalError), unreachable (connection refused, reset or timed out). Retried with backoff; see storage_hand_backs for those that did not get through.",
+            None,
+            MetricType::Counter,
+        )?;
+        let counts = fleetrun_common::storage::faults();
+        for fault in Fault::ALL {
+            let label = FaultLabel {
+                fault: fault.label(),
+            };
+            family
+                .encode_family(&label)?
+                .encode_counter::<NoLabelSet, _, u64>(&counts.count(fault), None)?;
+        }
+        Ok(())
     }
 }
 
@@ -288,6 +332,10 @@ mod tests {
             "fleetrun_runner_deaths_total",
             "fleetrun_ledger_errors_total",
             "fleetrun_broker_errors_total",
+            "fleetrun_storage_hand_backs_total",
+            "fleetrun_storage_faults_total{fault=\"throttled\"}",
+            "fleetrun_storage_faults_total{fault=\"server_error\"}",
+            "fleetrun_storage_faults_total{fault=\"unreachable\"}",
             "fleetrun_mini_batches_in_flight",
         ] {
             assert_eq!(sample(&text, series), Some(0.0), "{series} in:\n{text}");

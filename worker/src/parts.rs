@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use bytes::Bytes;
 use fleetrun_common::ledger::Ledger;
-use fleetrun_common::storage::Storage;
+use fleetrun_common::storage::{Storage, StorageError};
 use futures::{StreamExt, TryStreamExt};
 
 use crate::scratch::FolderError;
@@ -47,9 +47,21 @@ pub enum PartError {
     /// error of the node, which another attempt would meet again.
     #[error(transparent)]
     Folder(#[from] FolderError),
-    /// Anything else (a storage error): another attempt may do better.
+    /// The storage did not take the part as an object (on S3); a fault of the storage's
+    /// when [`StorageError::is_transient`].
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// Anything else (the ledger did not answer): another attempt may do better.
     #[error("{0}")]
     Other(String),
+}
+
+impl PartError {
+    /// Whether the storage did not take the part for a fault of its own (throttled,
+    /// failing, unreachable), which a later try may not meet.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, PartError::Storage(e) if e.is_transient())
+    }
 }
 
 #[async_trait]
@@ -423,8 +435,7 @@ impl Parts for ObjectParts {
         let name = format!("{index:010}.{}.{n}", self.writer);
         self.storage
             .put(&format!("{}{name}", self.prefix), body)
-            .await
-            .map_err(|e| PartError::Other(e.to_string()))?;
+            .await?;
         Ok(name)
     }
 

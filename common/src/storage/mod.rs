@@ -6,6 +6,7 @@
 //! else a file name may hold (a backslash, a newline) is a legal key. A local file name that is
 //! not UTF-8 has a key too: [`LocalStorage`] escapes its invalid bytes (see `file_name.rs`).
 
+mod faults;
 mod file_name;
 mod local;
 pub mod s3;
@@ -17,6 +18,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 
+pub use faults::{Fault, FaultCounts, faults};
 pub use local::LocalStorage;
 pub use selected::{SelectedStorage, Selection};
 
@@ -33,6 +35,28 @@ pub enum StorageError {
     NoBucket { bucket: String },
     #[error("storage backend: {0}")]
     Backend(String),
+    /// The storage service did not get a request through, after its client's own retries:
+    /// it throttled it, failed on its side, or could not be reached (S3's 503 SlowDown,
+    /// 500 InternalError, a connection reset). An infrastructure fault, not the object's:
+    /// the same request may well pass later.
+    #[error("{what}: {detail}")]
+    Unavailable {
+        /// What was asked (`s3://bucket/key`).
+        what: String,
+        fault: Fault,
+        /// What the service answered, or why no answer came, for a person.
+        detail: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl StorageError {
+    /// Whether the error is the storage service's passing fault, which a later try of the
+    /// same request may not meet: the work that met it is handed back, not failed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StorageError::Unavailable { .. })
+    }
 }
 
 /// One listed object.

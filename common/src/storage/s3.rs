@@ -9,15 +9,24 @@
 //!
 //! Settings resolve as the AWS SDKs do (environment, `~/.aws/config` profiles, instance
 //! metadata), with [`S3Settings`] overriding; see [`S3Settings::client`].
+//!
+//! S3 throttles (503 SlowDown), fails on its side (500 InternalError) and drops
+//! connections as a matter of course. The client retries such requests with backoff, up to
+//! [`MAX_ATTEMPTS`] attempts over about [`RETRY_SPAN`]; a request that still does not get
+//! through is a [`StorageError::Unavailable`], which callers hand back as an infrastructure
+//! fault rather than fail anything for. Every faulty attempt is counted ([`super::faults`]).
 
 use std::fmt;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_config::BehaviorVersion;
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::http::HttpResponse;
-use aws_sdk_s3::config::{Credentials, Region};
-use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::config::interceptors::FinalizerInterceptorContextRef;
+use aws_sdk_s3::config::retry::{RetryConfig, RetryPartition, TokenBucket};
+use aws_sdk_s3::config::{ConfigBag, Credentials, Intercept, Region, RuntimeComponents};
+use aws_sdk_s3::error::{BoxError, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{
     BucketLocationConstraint, CompletedMultipartUpload, CompletedPart, CreateBucketConfiguration,
@@ -27,7 +36,7 @@ use bytes::{Bytes, BytesMut};
 use futures::stream::{self, BoxStream, StreamExt};
 use serde::{Deserialize, Serialize};
 
-use super::{ObjectMeta, ObjectWriter, Storage, StorageError, check_key, join_key};
+use super::{Fault, ObjectMeta, ObjectWriter, Storage, StorageError, check_key, join_key};
 
 /// The region used when neither the settings nor the AWS environment name one: local S3
 /// servers accept any region, and AWS routes `us-east-1` requests for any bucket.
@@ -46,6 +55,31 @@ const _: () = assert!(BASE_PART_SIZE >= MIN_PART_SIZE);
 
 /// DeleteObjects takes at most this many keys a request.
 const DELETE_BATCH: usize = 1_000;
+
+/// Attempts of a request that meets faults (throttling, server errors, connection resets),
+/// the first included, before it fails as [`StorageError::Unavailable`].
+pub const MAX_ATTEMPTS: u32 = 8;
+/// The first retry waits up to this long; each further one up to twice as long as the one
+/// before, at most [`MAX_BACKOFF`] (each wait a random share of that: "full jitter").
+const INITIAL_BACKOFF: Duration = Duration::from_millis(250);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// The longest a request waits between its [`MAX_ATTEMPTS`] attempts, in all (17.75 s):
+/// the longest S3 outage a request may ride out (half that on average, with the jitter).
+pub const RETRY_SPAN: Duration = retry_span();
+
+const fn retry_span() -> Duration {
+    let (mut total, mut wait, mut retries) = (Duration::ZERO, INITIAL_BACKOFF, 1);
+    while retries < MAX_ATTEMPTS {
+        total = total.saturating_add(if wait.as_millis() < MAX_BACKOFF.as_millis() {
+            wait
+        } else {
+            MAX_BACKOFF
+        });
+        wait = wait.saturating_mul(2);
+        retries += 1;
+    }
+    total
+}
 
 /// How to reach S3. Every field is optional: unset ones come from the standard AWS
 /// environment variables and profiles (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_PROFILE`,
@@ -149,11 +183,65 @@ impl S3Settings {
             || (!env_flag("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
                 && std::env::var("AWS_ENDPOINT_URL_S3").is_ok_and(|v| !v.trim().is_empty()));
         let mut config = aws_sdk_s3::config::Builder::from(&shared)
-            .force_path_style(path_style(self.force_path_style, custom_endpoint));
+            .force_path_style(path_style(self.force_path_style, custom_endpoint))
+            .retry_config(retry_config())
+            // The SDK's default retry quota stops retrying once a few dozen attempts failed
+            // in a row: an outage of seconds would then fail every request at once. The
+            // attempts and backoff above bound the retries instead.
+            .retry_partition(
+                RetryPartition::custom("fleetrun-s3")
+                    .token_bucket(TokenBucket::unlimited())
+                    .build(),
+            )
+            .interceptor(CountFaults);
         if shared.region().is_none() {
             config = config.region(Region::new(DEFAULT_REGION));
         }
         Ok(Client::from_conf(config.build()))
+    }
+}
+
+/// The retries of every request: see [`MAX_ATTEMPTS`] and [`RETRY_SPAN`].
+fn retry_config() -> RetryConfig {
+    RetryConfig::standard()
+        .with_max_attempts(MAX_ATTEMPTS)
+        .with_initial_backoff(INITIAL_BACKOFF)
+        .with_max_backoff(MAX_BACKOFF)
+}
+
+/// Counts the fault each attempt of a request meets, retried or not, and warns now and
+/// then that S3 faults are being retried.
+#[derive(Debug)]
+struct CountFaults;
+
+impl Intercept for CountFaults {
+    fn name(&self) -> &'static str {
+        "CountFaults"
+    }
+
+    fn read_after_attempt(
+        &self,
+        context: &FinalizerInterceptorContextRef<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let fault = match (context.response(), context.output_or_error()) {
+            (Some(response), _) => Fault::of_answer(response.status().as_u16(), None),
+            (None, Some(Err(_))) => Some(Fault::Unreachable),
+            (None, _) => None,
+        };
+        if let Some(fault) = fault {
+            let counts = super::faults();
+            if counts.note(fault, crate::ledger::unix_now() as u64) {
+                tracing::warn!(
+                    throttled = counts.count(Fault::Throttled),
+                    server_errors = counts.count(Fault::ServerError),
+                    unreachable = counts.count(Fault::Unreachable),
+                    "S3 {fault}, retrying."
+                );
+            }
+        }
+        Ok(())
     }
 }
 
@@ -287,7 +375,7 @@ impl S3Storage {
             Ok(out) => Ok(Some(
                 out.metadata().and_then(|m| m.get(WRITER_METADATA)).cloned(),
             )),
-            Err(e) => match self.error(key, &e) {
+            Err(e) => match self.error(key, e) {
                 StorageError::NotFound(_) => Ok(None),
                 other => Err(other),
             },
@@ -311,7 +399,7 @@ impl S3Storage {
             .body(ByteStream::from(body))
             .send()
             .await
-            .map_err(|e| self.backend(key, &e))?;
+            .map_err(|e| self.backend(key, e))?;
         Ok(())
     }
 
@@ -321,7 +409,7 @@ impl S3Storage {
         match self.client.head_bucket().bucket(&self.bucket).send().await {
             Ok(_) => return Ok(()),
             Err(e) if status(&e) == Some(404) => {}
-            Err(e) => return Err(self.backend("", &e)),
+            Err(e) => return Err(self.backend("", e)),
         }
         let mut create = self.client.create_bucket().bucket(&self.bucket);
         let region = self.client.config().region().map(|r| r.as_ref());
@@ -336,7 +424,7 @@ impl S3Storage {
             Ok(_) => Ok(()),
             // Lost a race with another creator of our own.
             Err(e) if e.code() == Some("BucketAlreadyOwnedByYou") => Ok(()),
-            Err(e) => Err(self.backend("", &e)),
+            Err(e) => Err(self.backend("", e)),
         }
     }
 
@@ -348,14 +436,14 @@ impl S3Storage {
 
     /// Maps an SDK error about `key`: a missing object is `NotFound`, anything else is a
     /// backend error carrying the whole cause chain.
-    fn error<E>(&self, key: &str, e: &SdkError<E, HttpResponse>) -> StorageError
+    fn error<E>(&self, key: &str, e: SdkError<E, HttpResponse>) -> StorageError
     where
-        E: ProvideErrorMetadata + std::error::Error + 'static,
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
         let missing_object = match e.code() {
             Some("NoSuchKey") => true,
             Some("NoSuchBucket") => false,
-            _ => status(e) == Some(404),
+            _ => status(&e) == Some(404),
         };
         if missing_object {
             StorageError::NotFound(key.to_owned())
@@ -364,21 +452,28 @@ impl S3Storage {
         }
     }
 
-    fn backend<E>(&self, key: &str, e: &SdkError<E, HttpResponse>) -> StorageError
+    /// Maps an SDK error about `key` other than a missing object: a missing bucket, a fault
+    /// of the service's ([`StorageError::Unavailable`]), or anything else as a backend error
+    /// carrying the whole cause chain.
+    fn backend<E>(&self, key: &str, e: SdkError<E, HttpResponse>) -> StorageError
     where
-        E: ProvideErrorMetadata + std::error::Error + 'static,
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
         if e.code() == Some("NoSuchBucket") {
             return StorageError::NoBucket {
                 bucket: self.bucket.clone(),
             };
         }
-        StorageError::Backend(format!(
-            "s3://{}/{}{key}: {}",
-            self.bucket,
-            self.prefix,
-            cause(e)
-        ))
+        let what = format!("s3://{}/{}{key}", self.bucket, self.prefix);
+        match fault(&e) {
+            Some(fault) => StorageError::Unavailable {
+                what,
+                fault,
+                detail: format!("S3 {fault} after {MAX_ATTEMPTS} attempts: {}", cause(&e)),
+                source: Box::new(e),
+            },
+            None => StorageError::Backend(format!("{what}: {}", cause(&e))),
+        }
     }
 
     /// Every object under the object-key prefix `full`, page by page, with S3's keys.
@@ -401,7 +496,7 @@ impl S3Storage {
                     Ok(page) => Some((Ok(page.contents.unwrap_or_default()), Some(pages))),
                     Err(e) => {
                         let relative = full.strip_prefix(&self.prefix).unwrap_or(&full);
-                        Some((Err(self.backend(relative, &e)), None))
+                        Some((Err(self.backend(relative, e)), None))
                     }
                 }
             }
@@ -433,13 +528,40 @@ impl S3Storage {
             .key(&object_key)
             .send()
             .await
-            .map_err(|e| self.error(key, &e))?;
+            .map_err(|e| self.error(key, e))?;
         Ok(out.body)
     }
 }
 
 fn status<E>(e: &SdkError<E, HttpResponse>) -> Option<u16> {
     e.raw_response().map(|r| r.status().as_u16())
+}
+
+/// The fault of the service's an SDK error is, if it is one: an answer that it throttles or
+/// failed, or no answer at all. A request the client could not make (a malformed endpoint,
+/// missing credentials) is no fault of the service's.
+fn fault<E: ProvideErrorMetadata>(e: &SdkError<E, HttpResponse>) -> Option<Fault> {
+    match e {
+        SdkError::ServiceError(service) => {
+            Fault::of_answer(service.raw().status().as_u16(), service.err().code())
+        }
+        SdkError::DispatchFailure(failure) if failure.is_user() => None,
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
+            Some(Fault::Unreachable)
+        }
+        _ => None,
+    }
+}
+
+/// A failure reading an object's body once S3 began sending it: the connection broke (or
+/// the bytes were damaged on the way), which a later read may not meet.
+fn body_failed(key: &str, e: aws_sdk_s3::primitives::ByteStreamError) -> StorageError {
+    StorageError::Unavailable {
+        what: key.to_owned(),
+        fault: Fault::Unreachable,
+        detail: format!("reading the object: {}", crate::report::one_line(&e)),
+        source: Box::new(e),
+    }
 }
 
 #[async_trait]
@@ -478,13 +600,7 @@ impl Storage for S3Storage {
                 match body.try_next().await {
                     Ok(Some(piece)) => Some((Ok(piece), Some(body))),
                     Ok(None) => None,
-                    Err(e) => Some((
-                        Err(StorageError::Backend(format!(
-                            "{key}: reading the object: {}",
-                            crate::report::one_line(&e)
-                        ))),
-                        None,
-                    )),
+                    Err(e) => Some((Err(body_failed(&key, e)), None)),
                 }
             }
         })
@@ -501,7 +617,7 @@ impl Storage for S3Storage {
                 .key(&object_key)
                 .send()
                 .await
-                .map_err(|e| self.error(key, &e))?;
+                .map_err(|e| self.error(key, e))?;
             return Ok(Bytes::new());
         }
         let out = match self
@@ -518,7 +634,7 @@ impl Storage for S3Storage {
             Err(e) if e.code() == Some("InvalidRange") || status(&e) == Some(416) => {
                 return Ok(Bytes::new());
             }
-            Err(e) => return Err(self.error(key, &e)),
+            Err(e) => return Err(self.error(key, e)),
         };
         let whole = out.content_range.is_none();
         let body = collect(out.body, key).await?;
@@ -539,7 +655,7 @@ impl Storage for S3Storage {
             .body(ByteStream::from(body))
             .send()
             .await
-            .map_err(|e| self.backend(key, &e))?;
+            .map_err(|e| self.backend(key, e))?;
         Ok(())
     }
 
@@ -607,7 +723,7 @@ impl S3Storage {
             .delete(delete)
             .send()
             .await
-            .map_err(|e| self.backend(prefix, &e))?;
+            .map_err(|e| self.backend(prefix, e))?;
         if let Some(first) = out.errors().first() {
             return Err(StorageError::Backend(format!(
                 "s3://{}/{}: {} objects not deleted, first {}: {} {}",
@@ -627,12 +743,7 @@ async fn collect(body: ByteStream, key: &str) -> Result<Bytes, StorageError> {
     body.collect()
         .await
         .map(|data| data.into_bytes())
-        .map_err(|e| {
-            StorageError::Backend(format!(
-                "{key}: reading the object: {}",
-                crate::report::one_line(&e)
-            ))
-        })
+        .map_err(|e| body_failed(key, e))
 }
 
 /// An SDK error as one line for a person: what S3 answered (`NoSuchBucket: The specified
@@ -696,7 +807,7 @@ impl S3Writer {
                     .key(&self.object_key)
                     .send()
                     .await
-                    .map_err(|e| s.backend(&self.key, &e))?;
+                    .map_err(|e| s.backend(&self.key, e))?;
                 let id = out.upload_id.ok_or_else(|| {
                     StorageError::Backend(format!("{}: multipart upload without an id", self.key))
                 })?;
@@ -715,7 +826,7 @@ impl S3Writer {
             .body(ByteStream::from(body))
             .send()
             .await
-            .map_err(|e| s.backend(&self.key, &e))?;
+            .map_err(|e| s.backend(&self.key, e))?;
         self.parts.push(
             CompletedPart::builder()
                 .part_number(number)
@@ -736,7 +847,7 @@ impl S3Writer {
                 .body(ByteStream::from(body))
                 .send()
                 .await
-                .map_err(|e| s.backend(&self.key, &e))?;
+                .map_err(|e| s.backend(&self.key, e))?;
             return Ok(());
         }
         if !self.buf.is_empty() {
@@ -757,7 +868,7 @@ impl S3Writer {
             )
             .send()
             .await
-            .map_err(|e| s.backend(&self.key, &e))?;
+            .map_err(|e| s.backend(&self.key, e))?;
         self.upload_id = None;
         Ok(())
     }
@@ -871,6 +982,11 @@ mod tests {
         assert!(!path_style(None, false));
         assert!(!path_style(Some(false), true));
         assert!(path_style(Some(true), false));
+    }
+
+    #[test]
+    fn requests_ride_out_an_outage_of_seconds() {
+        assert_eq!(RETRY_SPAN, Duration::from_millis(17_750));
     }
 
     #[test]

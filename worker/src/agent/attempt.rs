@@ -18,7 +18,7 @@ use super::holding::{self, Holding};
 use super::returns;
 use super::slot::{Slot, Verdict};
 use super::stage::{StageError, Staged};
-use super::{AgentEvent, JobContext, Shared};
+use super::{AgentEvent, JobContext, Shared, unavailable};
 use crate::logs::{self, csv_field};
 use crate::parts::PartError;
 use crate::process::{RunOutcome, returncode};
@@ -62,6 +62,11 @@ impl Slot {
                 Ok(s) => (s, false),
                 Err(StageError::Scratch(e)) => {
                     return Verdict::Settle(fail_job(&self.shared, ctx, &e).await);
+                }
+                Err(StageError::Unavailable(e)) => {
+                    let staged = (batch, "");
+                    let disposition = self.staging_unavailable(ctx, staged, &holding, &e).await;
+                    return Verdict::Settle(disposition);
                 }
                 Err(e @ (StageError::Input(_) | StageError::Overran(_))) => {
                     warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Staging inputs failed.");
@@ -487,7 +492,8 @@ pub(super) fn report_items(batch: &MiniBatch, outcome: Outcome) -> u64 {
 }
 
 /// Stores a part of mini-batch `index`; on failure, what becomes of the delivery: the job
-/// fails for a folder that cannot take it, else the mini-batch goes back to the queue.
+/// fails for a folder that cannot take it, the mini-batch goes back untried when the
+/// storage is unavailable, else it goes back to the queue.
 async fn store_part(
     shared: &Shared,
     ctx: &Arc<JobContext>,
@@ -499,7 +505,11 @@ async fn store_part(
     match ctx.job.parts().put(index, body).await {
         Ok(part) => Ok(part),
         Err(PartError::Folder(e)) => Err(fail_job(shared, ctx, &e).await),
-        Err(e @ PartError::Other(_)) => {
+        Err(PartError::Storage(e)) if e.is_transient() => {
+            let step = ("writing its part", &e);
+            Err(unavailable::hand_back(shared, ctx, index, holding, row, step).await)
+        }
+        Err(e) => {
             warn!(job = %ctx.job.id(), mini_batch = index, error = %e, "Writing a part failed; requeueing.");
             holding::ended(ctx, index, Some(row), holding, false).await;
             Err(Disposition::Requeue)

@@ -156,6 +156,13 @@ impl Slot {
             Err(StageError::Scratch(e)) => {
                 return Err(Verdict::Settle(fail_job(&self.shared, ctx, &e).await));
             }
+            Err(StageError::Unavailable(e)) => {
+                let note = format!("{note}: ");
+                let disposition = self
+                    .staging_unavailable(ctx, (&part, &note), holding, &e)
+                    .await;
+                return Err(Verdict::Settle(disposition));
+            }
             Err(e @ (StageError::Input(_) | StageError::Overran(_))) => {
                 let cause = format!("staging inputs failed: {e}");
                 metrics.mini_batch("staging_failed");
@@ -303,7 +310,12 @@ impl Slot {
                 Err(PartError::Folder(e)) => {
                     return Verdict::Settle(fail_job(&self.shared, ctx, &e).await);
                 }
-                Err(e @ PartError::Other(_)) => {
+                Err(e) if e.is_transient() => {
+                    tracing::warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Storage unavailable writing an isolated mini-batch's part; handing it back untried.");
+                    self.config().metrics.storage_hand_back();
+                    return Verdict::Settle(Disposition::Return);
+                }
+                Err(e) => {
                     tracing::warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Writing an isolated mini-batch's part failed; requeueing.");
                     return Verdict::Settle(Disposition::Requeue);
                 }

@@ -21,6 +21,7 @@
 //! - `environment`: a runner's environment, which holds none of fleetrun's credentials.
 //! - `ahead`: the delivery taken ahead while the runner works.
 //! - `stage`: staging a mini-batch's inputs into the node's cache.
+//! - `unavailable`: a mini-batch handed back untried when storage does not answer.
 //! - `workdir`: each runner's working folder, holding the source directory.
 //! - `outdir`: `EntryScript().output_dir`, uploaded to an S3 output.
 //! - `named`: named outputs (`${{outputs.name}}`), delivered after every mini-batch; files
@@ -59,6 +60,7 @@ pub mod share;
 mod slot;
 mod stage;
 mod tabular;
+mod unavailable;
 pub mod workdir;
 
 pub use attempt::{join_rows, record_failed_batch};

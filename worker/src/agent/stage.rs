@@ -50,7 +50,12 @@ pub(super) enum StageError {
     /// An input object cannot be read (missing, refused, not a valid key) or cannot be a
     /// file under its key: the attempt fails, as the item's failure.
     #[error(transparent)]
-    Input(#[from] StorageError),
+    Input(StorageError),
+    /// The storage did not answer within its client's retries (throttled, failing,
+    /// unreachable): the infrastructure's fault, not the item's; the mini-batch goes back
+    /// untried.
+    #[error(transparent)]
+    Unavailable(StorageError),
     /// The node's staging folder cannot take the copies: a system error, not the item's.
     #[error(transparent)]
     Scratch(#[from] FolderError),
@@ -58,6 +63,16 @@ pub(super) enum StageError {
     /// fails, as a `run()` that overran would.
     #[error("staging the inputs took longer than task_overhead_timeout ({0} s)")]
     Overran(u64),
+}
+
+impl From<StorageError> for StageError {
+    fn from(e: StorageError) -> StageError {
+        if e.is_transient() {
+            StageError::Unavailable(e)
+        } else {
+            StageError::Input(e)
+        }
+    }
 }
 
 impl Slot {
@@ -213,13 +228,16 @@ mod tests {
     use std::collections::HashMap;
 
     use bytes::Bytes;
-    use fleetrun_common::storage::{ObjectMeta, ObjectWriter};
+    use fleetrun_common::storage::{Fault, ObjectMeta, ObjectWriter};
     use futures::stream::BoxStream;
 
     use super::*;
 
-    /// A remote store of objects: every item is copied.
+    /// A remote store of objects: every item is copied. An object whose body is
+    /// [`UNAVAILABLE`] cannot be read for the store's fault (it throttles).
     struct Objects(HashMap<String, Bytes>);
+
+    const UNAVAILABLE: &str = "<unavailable>";
 
     impl Objects {
         fn new(objects: &[(&str, &str)]) -> Objects {
@@ -238,10 +256,16 @@ mod tests {
             unimplemented!()
         }
         async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
-            self.0
-                .get(key)
-                .cloned()
-                .ok_or_else(|| StorageError::NotFound(key.to_owned()))
+            match self.0.get(key) {
+                Some(body) if body == UNAVAILABLE => Err(StorageError::Unavailable {
+                    what: key.to_owned(),
+                    fault: Fault::Throttled,
+                    detail: "SlowDown".to_owned(),
+                    source: "SlowDown".into(),
+                }),
+                Some(body) => Ok(body.clone()),
+                None => Err(StorageError::NotFound(key.to_owned())),
+            }
         }
         async fn get_range(&self, _: &str, _: u64, _: u64) -> Result<Bytes, StorageError> {
             unimplemented!()
@@ -289,6 +313,22 @@ mod tests {
             .unwrap();
         assert!(
             matches!(e, StageError::Input(StorageError::NotFound(_))),
+            "{e:?}"
+        );
+        assert!(!staging.join("b1").exists(), "what was staged is removed");
+    }
+
+    #[tokio::test]
+    async fn a_storage_that_does_not_answer_is_no_items_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = Objects::new(&[("here.txt", "x"), ("busy.txt", UNAVAILABLE)]);
+        let staging = dir.path().join("staging");
+        let e = stage(&input, &items(&["here.txt", "busy.txt"]), &staging, "b1")
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            matches!(&e, StageError::Unavailable(e) if e.is_transient()),
             "{e:?}"
         );
         assert!(!staging.join("b1").exists(), "what was staged is removed");

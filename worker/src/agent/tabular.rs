@@ -37,7 +37,7 @@ pub(super) async fn stage_chunks(
         stage_chunk(input, chunk, &path)
             .await
             .map_err(|e| match e {
-                Staging::Input(e) => StageError::Input(e),
+                Staging::Input(e) => StageError::from(e),
                 Staging::Write(e) => match FolderError::of_write(staging, e) {
                     Ok(full) => StageError::Scratch(full),
                     Err(source) => StageError::Input(StorageError::Io {
