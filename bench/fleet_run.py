@@ -1,14 +1,22 @@
 """The distributed side of a benchmark row: one `fleetrun-worker` with 2 runner processes
 on the pool `bench`, and `fleetrun submit JOB --wait` through RabbitMQ + Redis (local storage).
 
-    python3 bench/fleet_run.py JOB.toml
+    python3 bench/fleet_run.py [--replica] JOB.toml
+
+With --replica, a replica of the ledger's Redis runs for the job (started here, on a free
+port, and synced before the job): the ledger then waits for it on every recording.
 
 Connection settings: FLEETRUN_AMQP_URL / FLEETRUN_REDIS_URL, else the loopback servers
 of scripts/services.sh. Exits with submit's exit code.
 """
+import contextlib
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 # The binaries bench/measure.py measures (its --bin-dir), else the release build's.
@@ -29,8 +37,40 @@ def fleet_env() -> dict:
     return env
 
 
-def main(job: str) -> int:
+@contextlib.contextmanager
+def replica_of(url: str):
+    """A replica of the Redis at `url` (redis://host:port/), synced, for the block's length."""
+    host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        own = s.getsockname()[1]
+    folder = tempfile.mkdtemp(prefix="bench-replica-")
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(own), "--bind", "127.0.0.1", "--replicaof", host, port,
+         "--save", "", "--appendonly", "no", "--dir", folder],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while b"master_link_status:up" not in subprocess.run(
+                ["redis-cli", "-p", str(own), "INFO", "replication"],
+                capture_output=True).stdout:
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise SystemExit(f"the replica of {host}:{port} did not sync")
+            time.sleep(0.1)
+        yield
+    finally:
+        server.terminate()
+        server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def main(job: str, replica: bool) -> int:
     env = fleet_env()
+    with replica_of(env["FLEETRUN_REDIS_URL"]) if replica else contextlib.nullcontext():
+        return submit(job, env)
+
+
+def submit(job: str, env: dict) -> int:
     worker = subprocess.Popen(
         [os.path.join(RELEASE, "fleetrun-worker"), "--processes", "2", "--node-id", "bench"],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
@@ -43,4 +83,5 @@ def main(job: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    args = sys.argv[1:]
+    sys.exit(main(args[-1], "--replica" in args[:-1]))

@@ -98,6 +98,11 @@ def distributed(c: "Case") -> list[str]:
     return [sys.executable, os.path.join(BENCH, "fleet_run.py"), c.job_path()]
 
 
+def distributed_replicated(c: "Case") -> list[str]:
+    """The distributed row with a replica of the ledger's Redis: every recording waits for it."""
+    return [sys.executable, os.path.join(BENCH, "fleet_run.py"), "--replica", c.job_path()]
+
+
 # The tabular row: rows per benchmark "file" (1,000,000 rows by default), and the chunk
 # size both sides use (job-tabular.toml's mini_batch_size).
 TABULAR_ROWS_PER_FILE = 50
@@ -125,6 +130,10 @@ CASES = [
     # about half a second, a quarter of a 20,000-file run.
     Case("trivial-distributed", "trivial.py", "job-trivial-distributed.toml",
          command=distributed, skip=broker_reachable, large=True),
+    # The same, the ledger's Redis with one replica: each recording is believed once the
+    # replica has it (WAIT), the failover-safe ledger's cost.
+    Case("trivial-replicated", "trivial.py", "job-trivial-distributed.toml",
+         command=distributed_replicated, skip=broker_reachable, large=True),
     Case("sleep1ms-distributed", "sleep1ms.py", "job-sleep1ms-distributed.toml",
          command=distributed, skip=broker_reachable),
     # A CSV, 1 ms per 100 rows, against pandas read_csv(chunksize=...) in Pool(2).
