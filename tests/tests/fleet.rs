@@ -16,9 +16,9 @@ use fleetrun_common::storage::Storage;
 use fleetrun_common::storage::s3::{S3Settings, S3Storage};
 use fleetrun_common::testing::random_suffix;
 use fleetrun_tests::{
-    KillOnDrop, POISONED, PrivateRabbitMq, PrivateRedis, RUN_LIMIT, assert_failed_alone, code,
-    command, exit_within, expected_lines, files_under, first_line_within, kill, lines_within,
-    output_within, pyenv_python, services, wait_for,
+    KillOnDrop, POISONED, PrivateRabbitMq, PrivateRedis, RUN_LIMIT, ScriptProcesses,
+    assert_failed_alone, code, command, exit_within, expected_lines, files_under,
+    first_line_within, kill, lines_within, output_within, pids, pyenv_python, services, wait_for,
 };
 use futures::TryStreamExt;
 
@@ -587,6 +587,31 @@ fn kill_a_worker_mid_job(make_job: impl Fn(&Fleet) -> PathBuf) -> (Fleet, tempfi
     let status = submit.exit_within(RUN_LIMIT);
     assert_eq!(status.code(), Some(0));
     (fleet, markers)
+}
+
+/// A worker killed outright (SIGKILL) while its script's `run()` waits on a child `sleep`:
+/// its runner sees the worker die and kills its process group, so neither the runner nor the
+/// child is left.
+#[test]
+fn a_worker_killed_outright_leaves_no_process_of_its_scripts() {
+    let markers = tempfile::tempdir().unwrap();
+    let pid_file = markers.path().join("pids");
+    let script = format!(
+        "import os, subprocess\nPIDS = {:?}\ndef run(mini_batch):\n    child = subprocess.Popen(['sleep', '300'])\n    with open(PIDS, 'a') as f:\n        f.write(f'{{os.getpid()}}\\n{{child.pid}}\\n')\n    child.wait()\n    return []\n",
+        pid_file.display().to_string()
+    );
+    let mut fleet = Fleet::new(&script);
+    fleet.inputs(1);
+    fleet.worker("victim", 1);
+    let job = fleet.s3_job("");
+    let _submit = fleet.spawn_submit(&job);
+    wait_for("the runner and its child to start", RUN_LIMIT, || {
+        pids(&pid_file).len() == 2
+    });
+    let processes = ScriptProcesses::read(&pid_file);
+    let (_, victim) = &mut fleet.workers[0];
+    kill(victim);
+    processes.assert_all_gone();
 }
 
 #[test]
