@@ -2014,7 +2014,7 @@ def run(mini_batch):
         let inputs: Vec<String> = (0..20).map(|i| format!("f{i:04}.txt")).collect();
         assert_eq!(named, inputs, "round {round}: {keys:?}");
     }
-    // Each worker that served the jobs staged the two entries once.
+    // Each worker that served the jobs staged the two entries, and the jobs' code, once.
     let mut served = 0;
     for node in ["w1", "w2"] {
         let side = fleet.path(&format!("cache-{node}/side"));
@@ -2025,7 +2025,7 @@ def run(mini_batch):
         let names: Vec<String> = entries
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names.len(), 2, "{node}: {names:?}");
+        assert_eq!(names.len(), 3, "{node}: {names:?}");
     }
     assert!(served >= 1);
 }
@@ -2783,6 +2783,80 @@ fn a_service_submits_over_http_and_polls_to_completed() {
     // SAFETY: kill(2) with SIGTERM on our own child.
     assert_eq!(unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) }, 0);
     assert_eq!(serve.exit_within(Duration::from_secs(10)).code(), Some(0));
+}
+
+/// `POST /v1/jobs` with `job` under `job_id`: the status and the body.
+fn post_job(
+    fleet: &Fleet,
+    base: &str,
+    token: &str,
+    job_id: &str,
+    job: &serde_json::Value,
+) -> (u16, String) {
+    fleet.runtime.block_on(async {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let answer = client
+            .post(format!("{base}/v1/jobs"))
+            .bearer_auth(token)
+            .json(&serde_json::json!({"job_id": job_id, "job": job}))
+            .send()
+            .await
+            .unwrap();
+        let status = answer.status().as_u16();
+        (status, answer.text().await.unwrap())
+    })
+}
+
+/// `fleetrun wait JOB`, bounded by [`RUN_LIMIT`]: its exit code.
+fn wait_job(fleet: &Fleet, job_id: &str) -> i32 {
+    let mut cmd = command("fleetrun");
+    fleet.env(&mut cmd);
+    let out = output_within(cmd.args(["wait", job_id, "--quiet"]), RUN_LIMIT);
+    eprintln!("fleetrun wait: {}", String::from_utf8_lossy(&out.stderr));
+    code(&out)
+}
+
+/// A service POSTs a job whose code is already in storage, at `s3://…/code/` as the API
+/// documents it: the job completes. Then the script at that prefix changes (same size, new
+/// bytes): the same worker, which staged the old one, runs the new one.
+#[test]
+fn code_in_storage_runs_as_it_is_there_now() {
+    let mut fleet = Fleet::new(ECHO);
+    fleet.inputs(4);
+    fleet.worker("w1", 1);
+    let (_serve, base) = fleet.serve("t0ken");
+    let bucket = fleet.bucket.clone();
+    let code = fleet.storage("code");
+    for tag in ["old", "new"] {
+        let script = format!(
+            "def run(mini_batch):\n    return ['{tag} ' + open(p).read() for p in mini_batch]\n"
+        );
+        fleet
+            .runtime
+            .block_on(code.put("score.py", Bytes::from(script)))
+            .unwrap();
+        let job = serde_json::json!({
+            "name": format!("code-{}", random_suffix()),
+            "source_directory": format!("s3://{bucket}/code/"),
+            "entry_script": "score.py",
+            "output_action": "append_row",
+            "mini_batch_size": 2,
+            "input": {"files": format!("s3://{bucket}/in")},
+            "output": {"path": format!("s3://{bucket}/out-{tag}")},
+        });
+        let job_id = format!("code-{tag}-{}", random_suffix());
+        let (status, body) = post_job(&fleet, &base, "t0ken", &job_id, &job);
+        assert_eq!(status, 201, "{body}");
+        assert_eq!(wait_job(&fleet, &job_id), 0, "{tag}");
+        let expected: Vec<String> = (0..4).map(|i| format!("{tag} f{i:04}")).collect();
+        assert_eq!(
+            lines(&fleet.output(&format!("out-{tag}/parallel_run_step.txt"))),
+            expected
+        );
+    }
 }
 
 /// A webhook receiver, in Python: checks each POST's signature with the secret, answers 503
