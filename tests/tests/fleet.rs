@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use fleetrun_common::ledger::{JobRegistry, RedisRegistry};
+use fleetrun_common::ledger::redis::RedisLedger;
+use fleetrun_common::ledger::{JobRegistry, Ledger, RedisRegistry};
 use fleetrun_common::queue::amqp::AmqpQueue;
 use fleetrun_common::queue::{Depth, Queue, QueueOptions};
 use fleetrun_common::storage::Storage;
@@ -2857,6 +2858,65 @@ fn code_in_storage_runs_as_it_is_there_now() {
             expected
         );
     }
+}
+
+/// `fleetrun serve` SIGKILLed while it publishes a job of 20,000 files it answered 201 for:
+/// a serve started after it (as a restarted instance, or another behind the same address)
+/// finishes the publication once the dead one's claim runs out, and the job completes with
+/// every line once. The caller never repeats the POST.
+#[test]
+fn a_job_answered_201_is_published_whole_though_its_serve_dies() {
+    const FILES: usize = 20_000;
+    let mut fleet = Fleet::new(ECHO);
+    let input = fleet.path("local-in");
+    for i in 0..FILES {
+        let file = input.join(format!("g{:03}/f{i:05}.txt", i / 100));
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(file, format!("f{i:05}")).unwrap();
+    }
+    fleet
+        .runtime
+        .block_on(fleet.storage("out").create_bucket_if_missing())
+        .unwrap();
+    fleet.worker("w1", 2);
+    fleet.worker("w2", 2);
+    let (mut first, base) = fleet.serve("t0ken");
+    let bucket = fleet.bucket.clone();
+    let job = serde_json::json!({
+        "name": format!("durable-{}", random_suffix()),
+        "entry_script": fleet.path("code/score.py"),
+        "output_action": "append_row",
+        "mini_batch_size": 10,
+        "input": {"files": input},
+        "output": {"path": format!("s3://{bucket}/out")},
+    });
+    let job_id = format!("durable-{}", random_suffix());
+    let (status, body) = post_job(&fleet, &base, "t0ken", &job_id, &job);
+    assert_eq!(status, 201, "{body}");
+    // Stopped at once, then killed: its publication of 2,000 mini-batches had begun and had
+    // not ended.
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(first.0.id() as i32, libc::SIGSTOP) }, 0);
+    let ledger = fleet.runtime.block_on(async {
+        RedisLedger::connect(&fleet.redis_url, "fleetrun")
+            .await
+            .unwrap()
+    });
+    let at_kill = fleet
+        .runtime
+        .block_on(ledger.status(&job_id))
+        .unwrap()
+        .expect("the job is in the ledger");
+    kill(&mut first.0);
+    assert_eq!(at_kill.total, None, "killed before the job was sealed");
+    let (_second, _) = fleet.serve("t0ken");
+    assert_eq!(wait_job(&fleet, &job_id), 0);
+    let mut output = lines(&fleet.output("out/parallel_run_step.txt"));
+    output.sort();
+    let expected: Vec<String> = (0..FILES).map(|i| format!("f{i:05}")).collect();
+    assert_eq!(output, expected);
+    let log = std::fs::read_to_string(fleet.path("serve.log")).unwrap();
+    assert!(log.contains("Finishing a publication"), "{log}");
 }
 
 /// A webhook receiver, in Python: checks each POST's signature with the secret, answers 503
