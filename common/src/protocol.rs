@@ -24,6 +24,14 @@ pub const CHANNEL_FD: i32 = 3;
 /// requests the runner has begun as a native-endian `u64` at offset 0.
 pub const PROGRESS_FD: i32 = 4;
 
+/// The signal the kernel sends a runner when its agent dies (`PR_SET_PDEATHSIG`, set by the
+/// agent between fork and exec, so no death goes unseen): the runner then kills its process
+/// group, itself and what its script started. The last real-time signal, which Python and the
+/// usual libraries leave alone; until the runner handles it, it ends the runner.
+pub fn agent_gone_signal() -> i32 {
+    libc::SIGRTMAX()
+}
+
 /// The progress page's length.
 pub const PROGRESS_LEN: usize = 8;
 

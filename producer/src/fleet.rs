@@ -16,7 +16,7 @@ use fleetrun_common::queue::{Consumer, DeadLetterHold, Depth, Queue, QueueError}
 use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_config::{JobSpec, Location, MiniBatchSize};
 use fleetrun_worker::agent::{JobContext, held_attempts};
-use fleetrun_worker::job::{self, Fleet, Job, JobError, JobRecord, StopRules};
+use fleetrun_worker::job::{self, Fleet, Job, JobError, JobRecord, Publication, StopRules};
 use fleetrun_worker::logs::JobLogs;
 use fleetrun_worker::output::{OutputError, OutputGuard};
 use tokio::sync::broadcast;
@@ -209,7 +209,7 @@ pub async fn submit(
     // First: an MLTable's paths say which files are the input.
     settle_input(&mut spec, &fleet.s3).await?;
     check_input(&spec, &fleet.s3, empty).await?;
-    let registered = register(spec, fleet, job_id, OutputHold::Fleet).await?;
+    let registered = register(spec, fleet, job_id, OutputHold::Fleet, Publication::Input).await?;
     on_id(&registered.job);
     let produced = Arc::new(Produced::default());
     publish(fleet, &registered, &produced).await?;
@@ -221,12 +221,13 @@ pub async fn submit(
 }
 
 /// Enters the job in the ledger and the registry (see [`submit`] for `job_id`); the input
-/// is taken as [`check_input`] left it.
+/// is taken as [`check_input`] left it. `publication` says what the caller will publish.
 pub async fn register(
     spec: JobSpec,
     fleet: &Fleet,
     job_id: Option<&str>,
     output: OutputHold,
+    publication: Publication,
 ) -> Result<Registered, FleetError> {
     if spec.output.as_local().is_none()
         && let Some((name, location)) = spec.outputs.iter().find(|(_, l)| l.as_local().is_some())
@@ -258,7 +259,10 @@ pub async fn register(
         Err(LedgerError::JobExists(_)) if job_id.is_some() => false,
         Err(e) => return Err(e.into()),
     };
-    let record = JobRecord::new(spec, &fleet.pool);
+    let record = JobRecord {
+        publication,
+        ..JobRecord::new(spec, &fleet.pool)
+    };
     match fleet
         .registry
         .register(&job, &fleet.pool, &record.encode())
@@ -355,29 +359,92 @@ async fn publish_claimed(
     produced: &Arc<Produced>,
     items: Option<&[String]>,
 ) -> Result<(), FleetError> {
-    let job = &registered.job;
+    let Some(owner) = claim(fleet, &registered.job, Claim::Wait).await? else {
+        // Published whole already, or over: nothing to add.
+        return Ok(());
+    };
+    let queue = fleet.queue.clone();
+    publish_to(fleet, registered, produced, queue, Some(owner), items).await
+}
+
+/// Whether [`claim`] waits for another publisher to let the job go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Claim {
+    Wait,
+    Once,
+}
+
+/// Takes the job's publication claim (see [`publish`]) for a new publisher, whose name it
+/// returns; `None` when the job needs no more publishing (sealed, or no longer running), or,
+/// taken [`Claim::Once`], while another publisher holds the claim.
+async fn claim(fleet: &Fleet, job: &str, how: Claim) -> Result<Option<String>, FleetError> {
     let owner = format!("{}-{:016x}", std::process::id(), rand::random::<u64>());
     loop {
         let status = fleet
             .ledger
             .status(job)
             .await?
-            .ok_or_else(|| LedgerError::UnknownJob(job.clone()))?;
+            .ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
         if !status.state.accepts_work() || status.total.is_some() {
-            // Published whole already, or over: nothing to add.
-            return Ok(());
+            return Ok(None);
         }
         if fleet
             .ledger
             .claim_publication(job, &owner, PUBLISH_LEASE)
             .await?
         {
-            break;
+            return Ok(Some(owner));
+        }
+        if how == Claim::Once {
+            return Ok(None);
         }
         tokio::time::sleep(CREATED_EVERY).await;
     }
-    let queue = fleet.queue.clone();
-    publish_to(fleet, registered, produced, queue, Some(owner), items).await
+}
+
+/// A job of the pool whose publication was left unfinished, now claimed for this process:
+/// [`Abandoned::finish`] publishes it.
+pub struct Abandoned {
+    registered: Registered,
+    owner: String,
+}
+
+/// The job's publication, when its publisher let it go unfinished (it died: its claim ran out
+/// unrenewed) and anyone can finish it from the job's record: a job of this pool in its first
+/// run that cuts its whole input ([`Publication::Input`], as `submit` and `POST /v1/jobs`
+/// publish), not sealed and still running. Claimed for this process when it is.
+pub async fn abandoned(fleet: &Fleet, job: &str) -> Result<Option<Abandoned>, FleetError> {
+    let Some(record) = record(fleet, job).await? else {
+        return Ok(None);
+    };
+    let first_run = fleet.ledger.status(job).await?.is_some_and(|s| s.run == 0);
+    if record.pool != fleet.pool || record.publication != Publication::Input || !first_run {
+        return Ok(None);
+    }
+    let Some(owner) = claim(fleet, job, Claim::Once).await? else {
+        return Ok(None);
+    };
+    let registered = Registered {
+        job: job.to_owned(),
+        record,
+        attached: true,
+    };
+    Ok(Some(Abandoned { registered, owner }))
+}
+
+impl Abandoned {
+    pub fn job(&self) -> &str {
+        &self.registered.job
+    }
+
+    /// Cuts the job's input again from its start and seals it: the mini-batches its last
+    /// publisher published are published again, and run twice, counted once.
+    pub async fn finish(self, fleet: &Fleet) -> Result<(), FleetError> {
+        let produced = Arc::new(Produced::default());
+        let queue = fleet.queue.clone();
+        let owner = Some(self.owner);
+        publish_to(fleet, &self.registered, &produced, queue, owner, None).await
+    }
 }
 
 /// Partitions the job's input (or only its `items`) onto `queue` and seals the total, as the
@@ -664,7 +731,14 @@ pub async fn retry(
             bucket,
         },
     };
-    let registered = register(spec, fleet, Some(&job), OutputHold::Fleet).await?;
+    let registered = register(
+        spec,
+        fleet,
+        Some(&job),
+        OutputHold::Fleet,
+        Publication::Submitter,
+    )
+    .await?;
     on_id(&registered.job);
     let produced = Arc::new(Produced::default());
     publish_claimed(fleet, &registered, &produced, Some(&items)).await?;
@@ -1063,9 +1137,15 @@ mod tests {
     async fn a_job_stopped_while_published_refuses_a_resume_over_a_changed_input() {
         let dir = tempfile::tempdir().unwrap();
         let (fleet, spec) = memory_fleet(dir.path(), 100, 40);
-        let registered = register(spec, &fleet, Some("cut-1"), OutputHold::Fleet)
-            .await
-            .unwrap();
+        let registered = register(
+            spec,
+            &fleet,
+            Some("cut-1"),
+            OutputHold::Fleet,
+            Publication::Input,
+        )
+        .await
+        .unwrap();
         let produced = Arc::new(Produced::default());
         let publisher = {
             let (fleet, registered, produced) =
@@ -1140,9 +1220,15 @@ mod tests {
         .unwrap();
         let spec = fleetrun_config::load(&job_file, &[]).unwrap();
         let fleet = embedded_fleet();
-        let registered = register(spec, &fleet, Some("wake-1"), OutputHold::Fleet)
-            .await
-            .unwrap();
+        let registered = register(
+            spec,
+            &fleet,
+            Some("wake-1"),
+            OutputHold::Fleet,
+            Publication::Input,
+        )
+        .await
+        .unwrap();
         let record = &registered.record;
         let handle = registered.job(&fleet).await.unwrap();
         let started = tokio::time::Instant::now();

@@ -19,7 +19,7 @@ use fleetrun_common::storage::s3::S3Settings;
 use fleetrun_common::storage::{LocalStorage, Storage};
 use fleetrun_config::{Input, JobSpec, Location, OutputAction};
 use fleetrun_worker::agent;
-use fleetrun_worker::job::{self, Fleet, Job, WorkerConfig};
+use fleetrun_worker::job::{self, Fleet, Job, Publication, WorkerConfig};
 use fleetrun_worker::logs::JobLogs;
 use fleetrun_worker::node;
 use fleetrun_worker::output::{OutputError, OutputGuard};
@@ -220,8 +220,14 @@ pub async fn run_local(
         s3: S3Settings::default(),
         pool: LOCAL_POOL.to_owned(),
     };
-    let registered =
-        fleet_cmd::register(spec, &fleet, Some(&job_id), fleet_cmd::OutputHold::Caller).await?;
+    let registered = fleet_cmd::register(
+        spec,
+        &fleet,
+        Some(&job_id),
+        fleet_cmd::OutputHold::Caller,
+        Publication::Input,
+    )
+    .await?;
     // What the last run recorded is done: its mini-batches are not published again.
     let done: std::collections::HashSet<u64> = entries
         .iter()

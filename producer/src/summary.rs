@@ -242,6 +242,7 @@ mod tests {
             spec,
             submitted_at: 1000.0,
             pool: "gpu".to_owned(),
+            publication: Default::default(),
         }
     }
 

@@ -15,8 +15,8 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use fleetrun_common::protocol::{
-    CHANNEL_FD, InitParams, PROGRESS_FD, Reply, Request, ScriptError, encode, read_frame,
-    write_frame,
+    CHANNEL_FD, InitParams, PROGRESS_FD, Reply, Request, ScriptError, agent_gone_signal, encode,
+    read_frame, write_frame,
 };
 use fleetrun_common::python::Python;
 
@@ -208,7 +208,7 @@ fn exit(code: i32) -> ! {
 }
 
 /// Before anything Python: give the script the signal dispositions `python3` starts with, and
-/// die with the agent.
+/// take what the script starts along when the agent dies.
 ///
 /// Rust's runtime catches SIGSEGV and SIGBUS (to report a stack overflow) and returns from a
 /// signal that was sent rather than caused by a fault, so a script's `os.kill(os.getpid(),
@@ -218,7 +218,7 @@ fn exit(code: i32) -> ! {
 /// and SIGXFSZ. A Ctrl-C on the user's terminal does not reach a runner: each leads a process
 /// group of its own, and the agent stops runners itself.
 fn prepare_process() {
-    // SAFETY: setting signal dispositions and a process attribute; no Rust state involved.
+    // SAFETY: setting signal dispositions; no Rust state involved.
     unsafe {
         for signal in [
             libc::SIGSEGV,
@@ -229,13 +229,30 @@ fn prepare_process() {
         ] {
             libc::signal(signal, libc::SIG_DFL);
         }
-        libc::prctl(
-            libc::PR_SET_PDEATHSIG,
-            libc::SIGKILL as libc::c_ulong,
-            0,
-            0,
-            0,
-        );
+    }
+    kill_group_when_agent_dies();
+}
+
+/// The agent asked the kernel for [`agent_gone_signal`] when it dies (a `kill -9` gives it no
+/// time to end its runners): on it, the runner kills its process group, itself and every
+/// process its script started that stayed in the group. Only a runner leading its group
+/// does; any other keeps the signal's default, which ends the runner alone.
+///
+/// A script that handles the signal itself (`signal.signal`) gives this up, and a process
+/// that left the group (`setsid`, `start_new_session=True`) is not reached.
+fn kill_group_when_agent_dies() {
+    extern "C" fn agent_gone(_: c_int) {
+        // SAFETY: `kill` is async-signal-safe; pid 0 is the caller's process group.
+        unsafe {
+            libc::kill(0, libc::SIGKILL);
+        }
+    }
+    // SAFETY: plain system calls; the handler only calls `kill`.
+    unsafe {
+        if libc::getpgrp() == libc::getpid() {
+            let handler: extern "C" fn(c_int) = agent_gone;
+            libc::signal(agent_gone_signal(), handler as libc::sighandler_t);
+        }
     }
 }
 

@@ -279,6 +279,55 @@ impl JobDir {
     }
 }
 
+/// The pids of the processes a script started (and its own, where it wrote it), as it wrote
+/// them to a file, one a line; killed on drop, so a failing test leaves nothing running.
+pub struct ScriptProcesses(pub Vec<i32>);
+
+impl ScriptProcesses {
+    /// The processes whose pids are in `file` (see [`pids`]), theirs to kill from now on.
+    pub fn read(file: &Path) -> ScriptProcesses {
+        ScriptProcesses(pids(file))
+    }
+
+    /// Asserts that every one of them ends within 10 s, and that there is one.
+    pub fn assert_all_gone(&self) {
+        assert!(!self.0.is_empty(), "the script started no process");
+        for &pid in &self.0 {
+            wait_for(
+                &format!("process {pid} of the script to end"),
+                Duration::from_secs(10),
+                || !runs(pid),
+            );
+        }
+    }
+}
+
+impl Drop for ScriptProcesses {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            if runs(pid) {
+                // SAFETY: sends a signal to a process this test's script started.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+/// The pids a script wrote to `file`, one a line: none while it is missing, and not a line
+/// it is still writing.
+pub fn pids(file: &Path) -> Vec<i32> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    text.lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
+/// Whether `pid` is a running process (a zombie waiting to be reaped has ended).
+pub fn runs(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, s)| !s.starts_with('Z'))
+    })
+}
+
 /// Waits for a condition that a running process brings about, bounded by `limit`.
 pub fn wait_for(what: &str, limit: Duration, done: impl FnMut() -> bool) {
     assert!(poll(limit, done), "timed out waiting for {what}");

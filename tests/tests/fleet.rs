@@ -10,16 +10,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use fleetrun_common::ledger::{JobRegistry, RedisRegistry};
+use fleetrun_common::ledger::redis::RedisLedger;
+use fleetrun_common::ledger::{JobRegistry, Ledger, RedisRegistry};
 use fleetrun_common::queue::amqp::AmqpQueue;
 use fleetrun_common::queue::{Depth, Queue, QueueOptions};
 use fleetrun_common::storage::Storage;
 use fleetrun_common::storage::s3::{S3Settings, S3Storage};
 use fleetrun_common::testing::random_suffix;
 use fleetrun_tests::{
-    KillOnDrop, POISONED, PrivateRabbitMq, PrivateRedis, RUN_LIMIT, assert_failed_alone, code,
-    command, exit_within, expected_lines, files_under, first_line_within, kill, lines_within,
-    output_within, pyenv_python, services, wait_for,
+    KillOnDrop, POISONED, PrivateRabbitMq, PrivateRedis, RUN_LIMIT, ScriptProcesses,
+    assert_failed_alone, code, command, exit_within, expected_lines, files_under,
+    first_line_within, kill, lines_within, output_within, pids, pyenv_python, services, wait_for,
 };
 use futures::TryStreamExt;
 
@@ -592,6 +593,31 @@ fn kill_a_worker_mid_job(make_job: impl Fn(&Fleet) -> PathBuf) -> (Fleet, tempfi
     let status = submit.exit_within(RUN_LIMIT);
     assert_eq!(status.code(), Some(0));
     (fleet, markers)
+}
+
+/// A worker killed outright (SIGKILL) while its script's `run()` waits on a child `sleep`:
+/// its runner sees the worker die and kills its process group, so neither the runner nor the
+/// child is left.
+#[test]
+fn a_worker_killed_outright_leaves_no_process_of_its_scripts() {
+    let markers = tempfile::tempdir().unwrap();
+    let pid_file = markers.path().join("pids");
+    let script = format!(
+        "import os, subprocess\nPIDS = {:?}\ndef run(mini_batch):\n    child = subprocess.Popen(['sleep', '300'])\n    with open(PIDS, 'a') as f:\n        f.write(f'{{os.getpid()}}\\n{{child.pid}}\\n')\n    child.wait()\n    return []\n",
+        pid_file.display().to_string()
+    );
+    let mut fleet = Fleet::new(&script);
+    fleet.inputs(1);
+    fleet.worker("victim", 1);
+    let job = fleet.s3_job("");
+    let _submit = fleet.spawn_submit(&job);
+    wait_for("the runner and its child to start", RUN_LIMIT, || {
+        pids(&pid_file).len() == 2
+    });
+    let processes = ScriptProcesses::read(&pid_file);
+    let (_, victim) = &mut fleet.workers[0];
+    kill(victim);
+    processes.assert_all_gone();
 }
 
 #[test]
@@ -1994,7 +2020,7 @@ def run(mini_batch):
         let inputs: Vec<String> = (0..20).map(|i| format!("f{i:04}.txt")).collect();
         assert_eq!(named, inputs, "round {round}: {keys:?}");
     }
-    // Each worker that served the jobs staged the two entries once.
+    // Each worker that served the jobs staged the two entries, and the jobs' code, once.
     let mut served = 0;
     for node in ["w1", "w2"] {
         let side = fleet.path(&format!("cache-{node}/side"));
@@ -2005,7 +2031,7 @@ def run(mini_batch):
         let names: Vec<String> = entries
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names.len(), 2, "{node}: {names:?}");
+        assert_eq!(names.len(), 3, "{node}: {names:?}");
     }
     assert!(served >= 1);
 }
@@ -2763,6 +2789,139 @@ fn a_service_submits_over_http_and_polls_to_completed() {
     // SAFETY: kill(2) with SIGTERM on our own child.
     assert_eq!(unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) }, 0);
     assert_eq!(serve.exit_within(Duration::from_secs(10)).code(), Some(0));
+}
+
+/// `POST /v1/jobs` with `job` under `job_id`: the status and the body.
+fn post_job(
+    fleet: &Fleet,
+    base: &str,
+    token: &str,
+    job_id: &str,
+    job: &serde_json::Value,
+) -> (u16, String) {
+    fleet.runtime.block_on(async {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let answer = client
+            .post(format!("{base}/v1/jobs"))
+            .bearer_auth(token)
+            .json(&serde_json::json!({"job_id": job_id, "job": job}))
+            .send()
+            .await
+            .unwrap();
+        let status = answer.status().as_u16();
+        (status, answer.text().await.unwrap())
+    })
+}
+
+/// `fleetrun wait JOB`, bounded by [`RUN_LIMIT`]: its exit code.
+fn wait_job(fleet: &Fleet, job_id: &str) -> i32 {
+    let mut cmd = command("fleetrun");
+    fleet.env(&mut cmd);
+    let out = output_within(cmd.args(["wait", job_id, "--quiet"]), RUN_LIMIT);
+    eprintln!("fleetrun wait: {}", String::from_utf8_lossy(&out.stderr));
+    code(&out)
+}
+
+/// A service POSTs a job whose code is already in storage, at `s3://…/code/` as the API
+/// documents it: the job completes. Then the script at that prefix changes (same size, new
+/// bytes): the same worker, which staged the old one, runs the new one.
+#[test]
+fn code_in_storage_runs_as_it_is_there_now() {
+    let mut fleet = Fleet::new(ECHO);
+    fleet.inputs(4);
+    fleet.worker("w1", 1);
+    let (_serve, base) = fleet.serve("t0ken");
+    let bucket = fleet.bucket.clone();
+    let code = fleet.storage("code");
+    for tag in ["old", "new"] {
+        let script = format!(
+            "def run(mini_batch):\n    return ['{tag} ' + open(p).read() for p in mini_batch]\n"
+        );
+        fleet
+            .runtime
+            .block_on(code.put("score.py", Bytes::from(script)))
+            .unwrap();
+        let job = serde_json::json!({
+            "name": format!("code-{}", random_suffix()),
+            "source_directory": format!("s3://{bucket}/code/"),
+            "entry_script": "score.py",
+            "output_action": "append_row",
+            "mini_batch_size": 2,
+            "input": {"files": format!("s3://{bucket}/in")},
+            "output": {"path": format!("s3://{bucket}/out-{tag}")},
+        });
+        let job_id = format!("code-{tag}-{}", random_suffix());
+        let (status, body) = post_job(&fleet, &base, "t0ken", &job_id, &job);
+        assert_eq!(status, 201, "{body}");
+        assert_eq!(wait_job(&fleet, &job_id), 0, "{tag}");
+        let expected: Vec<String> = (0..4).map(|i| format!("{tag} f{i:04}")).collect();
+        assert_eq!(
+            lines(&fleet.output(&format!("out-{tag}/parallel_run_step.txt"))),
+            expected
+        );
+    }
+}
+
+/// `fleetrun serve` SIGKILLed while it publishes a job of 20,000 files it answered 201 for:
+/// a serve started after it (as a restarted instance, or another behind the same address)
+/// finishes the publication once the dead one's claim runs out, and the job completes with
+/// every line once. The caller never repeats the POST.
+#[test]
+fn a_job_answered_201_is_published_whole_though_its_serve_dies() {
+    const FILES: usize = 20_000;
+    let mut fleet = Fleet::new(ECHO);
+    let input = fleet.path("local-in");
+    for i in 0..FILES {
+        let file = input.join(format!("g{:03}/f{i:05}.txt", i / 100));
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(file, format!("f{i:05}")).unwrap();
+    }
+    fleet
+        .runtime
+        .block_on(fleet.storage("out").create_bucket_if_missing())
+        .unwrap();
+    fleet.worker("w1", 2);
+    fleet.worker("w2", 2);
+    let (mut first, base) = fleet.serve("t0ken");
+    let bucket = fleet.bucket.clone();
+    let job = serde_json::json!({
+        "name": format!("durable-{}", random_suffix()),
+        "entry_script": fleet.path("code/score.py"),
+        "output_action": "append_row",
+        "mini_batch_size": 10,
+        "input": {"files": input},
+        "output": {"path": format!("s3://{bucket}/out")},
+    });
+    let job_id = format!("durable-{}", random_suffix());
+    let (status, body) = post_job(&fleet, &base, "t0ken", &job_id, &job);
+    assert_eq!(status, 201, "{body}");
+    // Stopped at once, then killed: its publication of 2,000 mini-batches had begun and had
+    // not ended.
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(first.0.id() as i32, libc::SIGSTOP) }, 0);
+    let ledger = fleet.runtime.block_on(async {
+        RedisLedger::connect(&fleet.redis_url, "fleetrun")
+            .await
+            .unwrap()
+    });
+    let at_kill = fleet
+        .runtime
+        .block_on(ledger.status(&job_id))
+        .unwrap()
+        .expect("the job is in the ledger");
+    kill(&mut first.0);
+    assert_eq!(at_kill.total, None, "killed before the job was sealed");
+    let (_second, _) = fleet.serve("t0ken");
+    assert_eq!(wait_job(&fleet, &job_id), 0);
+    let mut output = lines(&fleet.output("out/parallel_run_step.txt"));
+    output.sort();
+    let expected: Vec<String> = (0..FILES).map(|i| format!("f{i:05}")).collect();
+    assert_eq!(output, expected);
+    let log = std::fs::read_to_string(fleet.path("serve.log")).unwrap();
+    assert!(log.contains("Finishing a publication"), "{log}");
 }
 
 /// A webhook receiver, in Python: checks each POST's signature with the secret, answers 503

@@ -6,50 +6,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use fleetrun_tests::{
-    JobDir, RUN_LIMIT, code, command, exit_within, expected_lines, output_within, wait_for,
-    wait_with_output_within,
+    JobDir, KillOnDrop, RUN_LIMIT, ScriptProcesses, code, command, exit_within, expected_lines,
+    kill, output_within, pids, wait_for, wait_with_output_within,
 };
-
-/// The pids of the processes a script started, as it wrote them to `children.txt`; killed on
-/// drop, so a failing test leaves nothing running.
-struct Children(Vec<i32>);
-
-impl Children {
-    fn read(job: &JobDir) -> Children {
-        let text = std::fs::read_to_string(job.path("children.txt")).unwrap_or_default();
-        Children(text.lines().map(|l| l.parse().expect("a pid")).collect())
-    }
-
-    fn assert_all_gone(&self) {
-        assert!(!self.0.is_empty(), "the script started no process");
-        for &pid in &self.0 {
-            wait_for(
-                &format!("process {pid} the script started to end"),
-                Duration::from_secs(10),
-                || !runs(pid),
-            );
-        }
-    }
-}
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for &pid in &self.0 {
-            if runs(pid) {
-                // SAFETY: sends a signal to a process this test's script started.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        }
-    }
-}
-
-/// Whether `pid` is a running process (a zombie waiting for init to reap it has ended).
-fn runs(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(") ")
-            .is_some_and(|(_, s)| !s.starts_with('Z'))
-    })
-}
 
 /// Starts `sleep 600` and records its pid beside the script.
 const START_CHILD: &str = r#"
@@ -76,7 +35,7 @@ def run(mini_batch):
     let job = JobDir::new(&script, "mini_batch_size = 2\nprocess_count_per_node = 2");
     job.inputs(6);
     let out = job.run(&[]);
-    let children = Children::read(&job);
+    let children = ScriptProcesses::read(&job.path("children.txt"));
     assert_eq!(code(&out), 0);
     assert_eq!(job.output_lines(), expected_lines(6, |_| false));
     children.assert_all_gone();
@@ -105,12 +64,47 @@ def run(mini_batch):
     );
     job.inputs(4);
     let out = job.run(&[]);
-    let children = Children::read(&job);
+    let children = ScriptProcesses::read(&job.path("children.txt"));
     assert_eq!(code(&out), 0);
     assert_eq!(job.output_lines(), expected_lines(4, |_| false));
     let report = job.log("sys/job_report/processed_mini-batches.csv");
     assert!(report.contains(",timeout,"), "{report}");
     children.assert_all_gone();
+}
+
+/// `fleetrun run` killed outright (SIGKILL) while its script's child sleeps: the runner sees
+/// its agent die and kills its process group, so neither the runner nor the child is left.
+#[test]
+fn a_run_killed_outright_leaves_no_process_of_its_script() {
+    let script = format!(
+        "{START_CHILD}
+import time
+
+def init():
+    start_child()
+
+def run(mini_batch):
+    with open(os.path.join(HERE, 'children.txt'), 'a') as f:
+        f.write(f'{{os.getpid()}}\\n')
+    time.sleep(600)
+"
+    );
+    let job = JobDir::new(&script, "process_count_per_node = 1");
+    job.inputs(1);
+    let mut run = KillOnDrop(
+        job.command(&[])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(job.path("stderr.txt")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let children = job.path("children.txt");
+    wait_for("the runner and its child to start", RUN_LIMIT, || {
+        pids(&children).len() == 2
+    });
+    let processes = ScriptProcesses::read(&children);
+    kill(&mut run.0);
+    processes.assert_all_gone();
 }
 
 const ECHO: &str = "def run(mini_batch):\n    return [open(p).read() for p in mini_batch]\n";

@@ -8,7 +8,8 @@
 //! Each runner leads a process group of its own, which the processes the script starts
 //! (`subprocess.Popen` in `init()` or `run()`) join. Whenever the runner ends (killed,
 //! shut down, crashed, or its value dropped) the whole group is killed, so nothing the script
-//! started outlives its runner.
+//! started outlives its runner. When the agent itself dies (a `kill -9`), the kernel sends
+//! each runner [`protocol::agent_gone_signal`] and the runner kills its group.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
@@ -281,9 +282,13 @@ impl RunnerProcess {
         launch.apply_env(cmd.as_std_mut());
         let fd = theirs.as_raw_fd();
         let page_fd = page.as_ref().map(|p| p.as_raw_fd());
-        // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec.
+        let agent = std::process::id() as libc::pid_t;
+        let agent_gone = protocol::agent_gone_signal();
+        // SAFETY: only async-signal-safe calls (prctl, getppid, dup2, fcntl) between fork and
+        // exec.
         unsafe {
             cmd.pre_exec(move || {
+                die_with_agent(agent, agent_gone)?;
                 // Each first copied above both targets, so that neither `dup2` overwrites
                 // the other's source; the copies close on exec, the targets stay open.
                 let high = |fd| match libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) {
@@ -500,6 +505,25 @@ impl Drop for RunnerProcess {
     fn drop(&mut self) {
         self.kill_group();
     }
+}
+
+/// In a forked runner before exec: asks the kernel for `signal` when the agent dies, the
+/// runner's cue to kill its process group. An agent already gone (it died since the fork) is
+/// an error, and the runner never starts.
+///
+/// # Safety
+/// Async-signal-safe: for `pre_exec`.
+unsafe fn die_with_agent(agent: libc::pid_t, signal: i32) -> std::io::Result<()> {
+    // SAFETY: plain system calls.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::getppid() != agent {
+            return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+        }
+    }
+    Ok(())
 }
 
 fn unexpected(reply: &Reply) -> ScriptError {

@@ -22,6 +22,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use fleetrun_common::ledger::LedgerError;
 use fleetrun_common::report::one_line;
+use fleetrun_worker::job::Publication;
 use serde::{Deserialize, Serialize};
 use utoipa::{OpenApi, ToSchema};
 
@@ -156,14 +157,20 @@ async fn submit(State(served): State<Served>, body: Bytes) -> Result<Response, A
         .map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
     let fleet = &served.fleet;
     fleet_cmd::check_input(&spec, &fleet.s3, EmptyInput::Refuse).await?;
-    let registered =
-        fleet_cmd::register(spec, fleet, job_id.as_deref(), fleet_cmd::OutputHold::Fleet).await?;
+    let registered = fleet_cmd::register(
+        spec,
+        fleet,
+        job_id.as_deref(),
+        fleet_cmd::OutputHold::Fleet,
+        Publication::Input,
+    )
+    .await?;
     let submitted = Submitted {
         job_id: registered.job.clone(),
         attached: registered.attached,
     };
-    // Published while the answer goes out; a repeated POST takes it over if this instance
-    // dies first (the publication's lease runs out).
+    // Published while the answer goes out; if this instance dies first, any instance finishes
+    // it once the publication's lease runs out (`publications`), as a repeated POST would.
     let fleet = fleet.clone();
     tokio::spawn(async move {
         let produced = Arc::new(Produced::default());

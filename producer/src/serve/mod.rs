@@ -4,8 +4,8 @@
 //! Stateless: every request is answered from the fleet's ledger, registry and queue, so any
 //! number of instances may stand behind a load balancer. A job submitted here is the job
 //! `fleetrun submit` would submit (the same validation, the same idempotence on its id);
-//! the instance that registers it publishes its mini-batches in the background, and a
-//! repeated `POST` with the same id takes the publication over if that instance died.
+//! the instance that registers it publishes its mini-batches in the background, and if that
+//! instance dies first, any instance (this one restarted, another) finishes the publication.
 //!
 //! # Layout
 //!
@@ -13,11 +13,13 @@
 //! - `page`: the operator page at `/` (its HTML, CSS and JavaScript in `page/`).
 //! - `metrics`: the pool's jobs as Prometheus metrics, on a listener of their own
 //!   (`--metrics-addr`), with the autoscaling signal (seconds of work left).
+//! - `publications`: finishing the publications their publisher left unfinished.
 //! - this file: the router, the optional bearer token, serving until shut down.
 
 mod api;
 mod metrics;
 mod page;
+mod publications;
 
 use std::sync::Arc;
 
@@ -42,7 +44,8 @@ struct Served {
 }
 
 /// Serves the API on `listener`, and the metrics on `metrics` when given, until `shutdown`
-/// is cancelled; requests in flight finish.
+/// is cancelled; requests in flight finish. Meanwhile finishes the pool's publications left
+/// unfinished (`publications`).
 pub async fn run(
     fleet: Fleet,
     listener: TcpListener,
@@ -51,6 +54,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let scraper = Arc::new(Scraper::new(fleet.clone()));
+    let sweep = tokio::spawn(publications::finish_left(fleet.clone(), shutdown.clone()));
     let served = Served {
         fleet,
         token: token.filter(|t| !t.is_empty()).map(Arc::from),
@@ -59,7 +63,7 @@ pub async fn run(
         let shutdown = shutdown.clone();
         async move { shutdown.cancelled().await }
     });
-    match metrics {
+    let result = match metrics {
         Some(metrics) => {
             // Either one failing stops both.
             let stop = shutdown.child_token();
@@ -72,7 +76,9 @@ pub async fn run(
             tokio::try_join!(api, metrics).map(|_| ())
         }
         None => api.await,
-    }
+    };
+    sweep.abort();
+    result
 }
 
 fn router(served: Served) -> Router {

@@ -1,16 +1,16 @@
 //! A job's code: shipped by the submitter to the job's S3 output, content-addressed, and
-//! staged once per code hash into each worker's cache.
+//! staged into each worker's cache by the digest of what storage holds.
 
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use fleetrun_common::storage::s3::{S3Settings, S3Storage};
-use fleetrun_common::storage::{Storage, check_key, join_key};
+use fleetrun_common::storage::{Storage, join_key};
 use fleetrun_config::{JobSpec, Location};
-use futures::TryStreamExt;
 use sha2::{Digest, Sha256};
 
 use super::error::JobError;
+use super::side::{Held, stage_location};
 
 /// Where shipped code lives, under the job's output location.
 pub const CODE_PREFIX: &str = "_fleetrun/code";
@@ -123,57 +123,42 @@ fn list_code(dir: &Path) -> std::io::Result<Vec<String>> {
     Ok(out)
 }
 
-/// Brings shipped code to this machine (once per code hash) and points the spec at it.
+/// Brings a job's code in storage to this machine and points the spec at it: its
+/// `source_directory` (or its entry script alone) staged into the node's cache by the digest
+/// of what is there (every object's key, size and ETag; `super::side`), and held there for
+/// the job. Code changed at the same prefix is a new entry, so a node never runs a stale copy;
+/// code shipped by `fleetrun submit` is staged the same way.
 pub(super) async fn stage_code(
     mut spec: JobSpec,
     cache: &Path,
     s3: &S3Settings,
+    held: &mut Held,
 ) -> Result<JobSpec, JobError> {
-    let (
-        Location::S3 {
-            bucket,
-            prefix: entry_key,
-        },
-        Some(Location::S3 {
-            prefix: root_key, ..
-        }),
-    ) = (&spec.entry_script, &spec.source_directory)
+    let Location::S3 {
+        prefix: entry_key, ..
+    } = &spec.entry_script
     else {
         return Ok(spec);
     };
-    let hash = root_key.rsplit('/').next().unwrap_or_default();
-    let local_root = cache.join("code").join(hash);
-    let rel_entry = entry_key
-        .strip_prefix(root_key.as_str())
-        .unwrap_or(entry_key)
-        .trim_start_matches('/');
-    if !local_root.join(".complete").exists() {
-        let storage = S3Storage::new(bucket, root_key, s3).await?;
-        let partial = cache
-            .join("code")
-            .join(format!("{hash}.partial-{}", std::process::id()));
-        let objects: Vec<_> = storage.list("").try_collect().await?;
-        for object in objects {
-            // An object key never names a path outside the staging folder.
-            check_key(&object.key)?;
-            let body = storage.get(&object.key).await?;
-            let path = partial.join(&object.key);
-            tokio::fs::create_dir_all(path.parent().unwrap_or(&partial))
-                .await
-                .map_err(JobError::io(&partial))?;
-            tokio::fs::write(&path, &body)
-                .await
-                .map_err(JobError::io(&path))?;
+    match &spec.source_directory {
+        Some(
+            root @ Location::S3 {
+                prefix: root_key, ..
+            },
+        ) => {
+            let rel_entry = entry_key
+                .strip_prefix(root_key.trim_end_matches('/'))
+                .unwrap_or(entry_key)
+                .trim_start_matches('/')
+                .to_owned();
+            let local_root = stage_location(root, cache, s3, held).await?;
+            spec.entry_script = Location::Local(local_root.join(rel_entry));
+            spec.source_directory = Some(Location::Local(local_root));
         }
-        tokio::fs::write(partial.join(".complete"), b"")
-            .await
-            .map_err(JobError::io(&partial))?;
-        if tokio::fs::rename(&partial, &local_root).await.is_err() {
-            // Another slot staged it first.
-            let _ = tokio::fs::remove_dir_all(&partial).await;
+        _ => {
+            let script = stage_location(&spec.entry_script, cache, s3, held).await?;
+            spec.entry_script = Location::Local(script);
         }
     }
-    spec.entry_script = Location::Local(local_root.join(rel_entry));
-    spec.source_directory = Some(Location::Local(local_root));
     Ok(spec)
 }

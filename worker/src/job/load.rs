@@ -24,7 +24,7 @@ use crate::parts;
 
 /// What a job holds on this node while it runs here; released when dropped.
 pub(super) struct NodeJob {
-    /// Its side inputs' and models' cache entries.
+    /// Its code's, side inputs' and models' cache entries.
     _held: Held,
     /// Its runners' working folders, removed with it.
     work: std::path::PathBuf,
@@ -90,26 +90,30 @@ impl FleetJobs {
             None => run,
         };
         let record = JobRecord::decode(&bytes)?;
-        let spec = stage_code(record.spec, &self.config.cache_dir, &self.fleet.s3).await?;
-        let (spec, held) =
-            match stage_side(spec.clone(), &self.config.cache_dir, &self.fleet.s3).await {
-                Ok(staged) => staged,
-                Err(e) => {
-                    // Another attempt would meet it again: the job fails, and this node drops
-                    // its mini-batches like those of any job that no longer runs.
-                    let reason = format!(
-                        "side_inputs or models cannot be staged on node {}: {e}",
-                        self.config.node_id
-                    );
-                    let output = open_storage(&spec.output, &self.fleet.s3).await?;
-                    let writer = parts::writer_name(&self.config.node_id);
-                    let submitted = record.submitted_at;
-                    Job::new(job, spec.clone(), submitted, &self.fleet, output, &writer)
-                        .fail_or_warn(&reason, None)
-                        .await;
-                    (spec, Held::default())
-                }
-            };
+        let cache = &self.config.cache_dir;
+        let mut held = Held::default();
+        let spec = stage_code(record.spec, cache, &self.fleet.s3, &mut held).await?;
+        let spec = match stage_side(spec.clone(), cache, &self.fleet.s3, &mut held).await {
+            Ok(staged) => staged,
+            Err(e) => {
+                // Another attempt would meet it again: the job fails, and this node drops
+                // its mini-batches like those of any job that no longer runs.
+                let reason = format!(
+                    "side_inputs or models cannot be staged on node {}: {e}",
+                    self.config.node_id
+                );
+                let output = open_storage(&spec.output, &self.fleet.s3).await?;
+                let writer = parts::writer_name(&self.config.node_id);
+                let submitted = record.submitted_at;
+                Job::new(job, spec.clone(), submitted, &self.fleet, output, &writer)
+                    .fail_or_warn(&reason, None)
+                    .await;
+                spec
+            }
+        };
+        if let Err(e) = held.evict_others(cache).await {
+            warn!(job, error = %e, "Cannot evict unused entries from the node's cache.");
+        }
         self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(
             job.to_owned(),
             NodeJob {

@@ -47,7 +47,7 @@ pub use driver::{INIT_FAILURE_GRACE, Stop, StopRules, init_failures_fail_job};
 pub use error::{JobError, SettingsError};
 pub use finalize::conclude;
 pub use lifecycle::{Job, output_location};
-pub use record::{JobRecord, unix_now};
+pub use record::{JobRecord, Publication, unix_now};
 pub use results::{overview_text, result_text};
 pub use serve::serve;
 pub use settings::{

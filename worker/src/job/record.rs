@@ -15,6 +15,20 @@ pub struct JobRecord {
     pub submitted_at: f64,
     /// The pool that serves it.
     pub pool: String,
+    /// What its publication cuts, and so who may finish it.
+    #[serde(default)]
+    pub publication: Publication,
+}
+
+/// What a job's publication cuts, and so who may finish a publication its publisher left.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Publication {
+    /// Its input, whole: anyone holding the record can cut it again and finish it.
+    Input,
+    /// Items only its submitter knows (a retry of failed items), or a record from before
+    /// publications were told apart: only a submitter of the job finishes it.
+    #[default]
+    Submitter,
 }
 
 impl JobRecord {
@@ -23,6 +37,7 @@ impl JobRecord {
             spec,
             submitted_at: unix_now(),
             pool: pool.to_owned(),
+            publication: Publication::Input,
         }
     }
 

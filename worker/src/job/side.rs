@@ -1,10 +1,11 @@
-//! A job's side inputs and models (`[side_inputs]`, `[models]`): staged whole, once per node,
-//! into the node's cache before its first runner starts, and shared by every job that brings
-//! the same data.
+//! A job's side inputs and models (`[side_inputs]`, `[models]`), and its code when it is in
+//! storage: staged whole, once per node, into the node's cache before its first runner
+//! starts, and shared by every job that brings the same data.
 //!
 //! # The cache
 //!
-//! `<cache>/side/<digest>/` holds one staged location. The digest is SHA-256 over what the
+//! `<cache>/side/<digest>/` holds one staged location: a side input, a model, or a job's code
+//! (`super::code`). The digest is SHA-256 over what the
 //! listing says of the data, read without downloading it: every object's key, size and ETag
 //! on S3; every file's relative path, size and modification time (nanoseconds) plus the
 //! folder's absolute path for a local one. An unchanged side input is therefore never
@@ -60,31 +61,53 @@ pub fn unused_cap() -> u64 {
 /// The entries a job uses on this node: held until dropped (the job ended here).
 #[derive(Debug, Default)]
 pub struct Held {
-    _locks: Vec<File>,
+    /// Each entry, with its shared lock.
+    entries: Vec<(PathBuf, File)>,
 }
 
-/// Stages the job's side inputs and models into `<cache>/side/`, points the spec at the
-/// local copies, and replaces the `${{side_inputs.x}}` / `${{models.x}}` references in its
-/// arguments with their paths.
-pub(super) async fn stage_side(
-    mut spec: JobSpec,
+impl Held {
+    /// Removes the cache's entries no job uses, past [`unused_cap`] (see [`evict`]).
+    pub(super) async fn evict_others(&self, cache: &Path) -> Result<(), JobError> {
+        let root = cache.join(SIDE_DIR);
+        let in_use: HashSet<PathBuf> = self.entries.iter().map(|(e, _)| e.clone()).collect();
+        let cap = unused_cap();
+        let evict_root = root.clone();
+        tokio::task::spawn_blocking(move || evict(&evict_root, &in_use, cap))
+            .await
+            .map_err(|e| JobError::io(&root)(io::Error::other(e)))?;
+        Ok(())
+    }
+}
+
+/// Stages `location` into the node's cache unless it is there, holds its entry for the job,
+/// and returns the local path of what it names: the entry, or the single file in it.
+pub(super) async fn stage_location(
+    location: &Location,
     cache: &Path,
     s3: &S3Settings,
-) -> Result<(JobSpec, Held), JobError> {
-    if spec.side_inputs.is_empty() && spec.models.is_empty() {
-        return Ok((spec, Held::default()));
-    }
+    held: &mut Held,
+) -> Result<PathBuf, JobError> {
     let root = cache.join(SIDE_DIR);
     tokio::fs::create_dir_all(&root)
         .await
         .map_err(JobError::io(&root))?;
-    let mut held = Held::default();
-    let mut in_use = HashSet::new();
+    let (entry, path, lock) = stage_one(location, &root, s3).await?;
+    held.entries.push((entry, lock));
+    Ok(path)
+}
+
+/// Stages the job's side inputs and models into `<cache>/side/`, held in `held`, points the
+/// spec at the local copies, and replaces the `${{side_inputs.x}}` / `${{models.x}}`
+/// references in its arguments with their paths.
+pub(super) async fn stage_side(
+    mut spec: JobSpec,
+    cache: &Path,
+    s3: &S3Settings,
+    held: &mut Held,
+) -> Result<JobSpec, JobError> {
     for table in [&mut spec.side_inputs, &mut spec.models] {
         for location in table.values_mut() {
-            let (entry, path, lock) = stage_one(location, &root, s3).await?;
-            in_use.insert(entry);
-            held._locks.push(lock);
+            let path = stage_location(location, cache, s3, held).await?;
             *location = Location::Local(path);
         }
     }
@@ -108,12 +131,7 @@ pub(super) async fn stage_side(
         .iter()
         .map(|a| named::substitute(a, path))
         .collect();
-    let cap = unused_cap();
-    let evict_root = root.clone();
-    tokio::task::spawn_blocking(move || evict(&evict_root, &in_use, cap))
-        .await
-        .map_err(|e| JobError::io(&root)(io::Error::other(e)))?;
-    Ok((spec, held))
+    Ok(spec)
 }
 
 /// Where shipped side inputs and models live, under the job's output location.
@@ -232,7 +250,9 @@ async fn list(location: &Location, s3: &S3Settings) -> Result<Listing, JobError>
         Location::S3 { bucket, prefix } => {
             let storage = S3Storage::new(bucket, "", s3).await?;
             let objects: Vec<_> = storage.list_tagged(prefix).try_collect().await?;
+            // A prefix written with a trailing `/` is a folder, whatever object has its key.
             if !prefix.is_empty()
+                && !prefix.ends_with('/')
                 && let Some((object, etag)) = objects.iter().find(|(o, _)| &o.key == prefix)
             {
                 let name = prefix.rsplit('/').next().unwrap_or(prefix).to_owned();
@@ -255,7 +275,8 @@ async fn list(location: &Location, s3: &S3Settings) -> Result<Listing, JobError>
                 .into_iter()
                 .filter_map(|(o, etag)| {
                     let rel = o.key.strip_prefix(&folder)?.to_owned();
-                    (!rel.is_empty()).then_some((rel, o.size, etag))
+                    // A key ending in `/` marks a folder (as consoles create them): no file.
+                    (!rel.is_empty() && !rel.ends_with('/')).then_some((rel, o.size, etag))
                 })
                 .collect();
             if files.is_empty() {
@@ -491,6 +512,14 @@ mod tests {
         fleetrun_config::load_str(&text, "job.toml", dir, &[]).unwrap()
     }
 
+    async fn stage(spec: JobSpec, cache: &Path) -> (JobSpec, Held) {
+        let mut held = Held::default();
+        let spec = stage_side(spec, cache, &S3Settings::default(), &mut held)
+            .await
+            .unwrap();
+        (spec, held)
+    }
+
     /// An empty folder (a model folder not yet filled, say) is staged as an empty folder.
     #[tokio::test]
     async fn an_empty_folder_is_staged_as_one() {
@@ -501,9 +530,7 @@ mod tests {
         std::fs::create_dir_all(&model).unwrap();
         let cache = dir.path().join("cache");
         let spec = spec_with(&labels, &model);
-        let (staged, _held) = stage_side(spec, &cache, &S3Settings::default())
-            .await
-            .unwrap();
+        let (staged, _held) = stage(spec, &cache).await;
         let model_dir = staged.models["m"].as_local().unwrap();
         assert!(model_dir.is_dir());
         let entries: Vec<_> = std::fs::read_dir(model_dir)
@@ -524,9 +551,8 @@ mod tests {
         std::fs::write(model.join("sub/w.bin"), "weights").unwrap();
         let cache = dir.path().join("cache");
         let spec = spec_with(&labels, &model);
-        let s3 = S3Settings::default();
 
-        let (staged, held) = stage_side(spec.clone(), &cache, &s3).await.unwrap();
+        let (staged, held) = stage(spec.clone(), &cache).await;
         let local = staged.side_inputs["labels"]
             .as_local()
             .unwrap()
@@ -553,13 +579,13 @@ mod tests {
         // Unchanged: the same entry, not copied again.
         let marker = local.parent().unwrap().join(COMPLETE);
         let staged_at = std::fs::metadata(&marker).unwrap().ino();
-        let (again, held_again) = stage_side(spec.clone(), &cache, &s3).await.unwrap();
+        let (again, held_again) = stage(spec.clone(), &cache).await;
         assert_eq!(again.side_inputs, staged.side_inputs);
         assert_eq!(std::fs::metadata(&marker).unwrap().ino(), staged_at);
 
         // Changed: a new entry; the old one is held, so it stays whatever the cap.
         std::fs::write(&labels, "cat\ndog\nbird\n").unwrap();
-        let (changed, held_changed) = stage_side(spec.clone(), &cache, &s3).await.unwrap();
+        let (changed, held_changed) = stage(spec.clone(), &cache).await;
         let new_local = changed.side_inputs["labels"].as_local().unwrap();
         assert_ne!(new_local, local);
         assert_eq!(
