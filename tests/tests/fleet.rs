@@ -2903,7 +2903,7 @@ fn a_job_answered_201_is_published_whole_though_its_serve_dies() {
     // SAFETY: kill(2) on our own child.
     assert_eq!(unsafe { libc::kill(first.0.id() as i32, libc::SIGSTOP) }, 0);
     let ledger = fleet.runtime.block_on(async {
-        RedisLedger::connect(&fleet.redis_url, "fleetrun")
+        RedisLedger::connect(&fleet.redis_url, "fleetrun", &Tls::default())
             .await
             .unwrap()
     });
