@@ -67,6 +67,7 @@ use lapin::options::{
     ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
     QueueDeleteOptions,
 };
+use lapin::tcp::AMQPUriTcpExt;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -78,7 +79,11 @@ use super::{
 };
 use crate::events::{Events, JobEvent};
 
+mod brokers;
 mod follow;
+
+use brokers::{Brokers, node_name};
+pub use brokers::{TlsCause, TlsFailure, UrlError};
 
 /// Every name the backend gives the broker, in one place.
 mod names {
@@ -135,6 +140,9 @@ const MANAGEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a connection may take, TCP retries and AMQP handshake together: a broker can
 /// take the TCP connection and never answer the handshake.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(60);
+/// How long one node may take to accept a TCP connection and finish the TLS handshake: a
+/// node whose host is gone drops the packets, and the next node should get its turn.
+const NODE_PATIENCE: Duration = Duration::from_secs(10);
 /// Times an operation waits for a recovered connection before giving up.
 const MAX_RECOVERIES: u32 = 3;
 
@@ -167,7 +175,7 @@ pub struct AmqpQueue {
 }
 
 struct Shared {
-    url: String,
+    brokers: Arc<Brokers>,
     pool: String,
     options: QueueOptions,
     connection_name: String,
@@ -222,8 +230,9 @@ impl Slot {
 }
 
 impl AmqpQueue {
-    /// Connects to the broker at `url` (`amqp://user:pass@host:port/vhost`), declares the
-    /// pool's queues and opens the publishing channel.
+    /// Connects to the broker at `url` (`amqp://user:pass@host:port/vhost`, or the nodes of a
+    /// cluster as a comma-separated list of such URLs, tried in turn), declares the pool's
+    /// queues and opens the publishing channel.
     ///
     /// `management_url` (`http://user:pass@host:15672`) lets [`Queue::depth`] count unacked
     /// messages from the management API, whose figures lag by up to ~5 s; without it,
@@ -234,21 +243,15 @@ impl AmqpQueue {
         options: QueueOptions,
         management_url: Option<&str>,
     ) -> Result<AmqpQueue, QueueError> {
-        let vhost = url
-            .parse::<lapin::uri::AMQPUri>()
-            // lapin's error quotes the URL, password and all.
-            .map_err(|_| {
-                QueueError::Backend(format!("bad AMQP URL: {}", crate::report::redact_url(url)))
-            })?
-            .vhost;
+        let brokers = Arc::new(Brokers::parse(url, lapin::tcp::OwnedTLSConfig::default())?);
         let management = management_url
-            .map(|base| Management::new(base, &vhost))
+            .map(|base| Management::new(base, brokers.vhost()))
             .transpose()?;
         let connection_name = format!("fleetrun {pool} pid {}", std::process::id());
         let blocked = Blocked::default();
-        let connection = connect(url, &connection_name, &blocked).await?;
+        let connection = connect(&brokers, &connection_name, &blocked).await?;
         let shared = Shared {
-            url: url.to_owned(),
+            brokers,
             pool: pool.to_owned(),
             options,
             connection_name,
@@ -393,7 +396,13 @@ async fn consumer_qos(channel: &Channel, prefetch: u16) -> lapin::Result<()> {
         .await
 }
 
-async fn connect(url: &str, name: &str, blocked: &Blocked) -> Result<Connection, QueueError> {
+/// A connection to one of the nodes, and on every reconnection of lapin's to the next one in
+/// turn (see `brokers`).
+async fn connect(
+    brokers: &Arc<Brokers>,
+    name: &str,
+    blocked: &Blocked,
+) -> Result<Connection, QueueError> {
     // lapin retries each TCP connection with this backoff, the first one included; its
     // default (1 s to 60 s, 16 times) would make a down broker hang a caller ~11 min. This
     // gives up after ~30 s; a later call reconnects again (`Shared::open_channel`).
@@ -406,18 +415,41 @@ async fn connect(url: &str, name: &str, blocked: &Blocked) -> Result<Connection,
         .with_connection_name(name.into())
         .enable_auto_recover()
         .with_backoff(backoff);
-    let connection = tokio::time::timeout(CONNECT_PATIENCE, Connection::connect(url, properties))
+    let runtime = lapin::runtime::default_runtime().map_err(backend("start lapin"))?;
+    let nodes = brokers.clone();
+    let opening = Connection::connector(
+        brokers.first().clone(),
+        runtime,
+        async move |_first, runtime| {
+            let node = nodes.next_node();
+            let stream = node.connect_with_config_async(nodes.tls().as_ref(), &runtime);
+            let stream = tokio::time::timeout(NODE_PATIENCE, stream)
+                .await
+                .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
+            stream.map_err(|e| {
+                let error = lapin::Error::from(e);
+                let said = nodes.failure(&error).map_or_else(|| error.to_string(), |f| f.cause.to_string());
+                warn!(node = %node_name(node), error = %said, "RabbitMQ node unreachable; the next attempt goes to the next node.");
+                error
+            })
+        },
+        properties,
+    );
+    let connection = tokio::time::timeout(CONNECT_PATIENCE, opening)
         .await
         .map_err(|_| {
             QueueError::Backend(format!(
                 "RabbitMQ at {} did not complete a connection within {}s: it is unreachable, \
                  or it takes connections without answering them, as a broker out of file \
                  handles does (see its file descriptors in `rabbitmq-diagnostics status`)",
-                crate::report::redact_url(url),
+                brokers.shown(),
                 CONNECT_PATIENCE.as_secs()
             ))
         })?
-        .map_err(backend("connect to RabbitMQ"))?;
+        .map_err(|e| match brokers.failure(&e) {
+            Some(failure) => QueueError::Tls(failure),
+            None => backend("connect to RabbitMQ")(e),
+        })?;
     tokio::spawn(watch_blocked(connection.events_listener(), blocked.clone()));
     Ok(connection)
 }
@@ -652,7 +684,7 @@ impl Shared {
         let status = connection.status();
         if status.closed() || status.errored() {
             warn!(pool = %self.pool, "RabbitMQ connection lost; reconnecting.");
-            *connection = connect(&self.url, &self.connection_name, &self.blocked)
+            *connection = connect(&self.brokers, &self.connection_name, &self.blocked)
                 .await
                 .map_err(|e| lapin::Error::from(std::io::Error::other(e.to_string())))?;
         }

@@ -38,6 +38,12 @@ pub enum QueueError {
     Returned(String),
     #[error("queue backend: {0}")]
     Backend(String),
+    /// The broker URL (or one of a list) cannot be used.
+    #[error(transparent)]
+    Url(#[from] amqp::UrlError),
+    /// The TLS handshake with a broker node failed: no retry mends it.
+    #[error(transparent)]
+    Tls(#[from] amqp::TlsFailure),
 }
 
 /// How a queue is declared.

@@ -1,0 +1,366 @@
+//! Where RabbitMQ is: one URL, or the nodes of a cluster as a comma-separated list of URLs,
+//! and the TLS material `amqps://` URLs use (a private CA, a client certificate).
+//!
+//! lapin connects to one host per URL. [`Brokers::open`] is the stream of its every
+//! connection and reconnection: each call takes the next node in turn, starting at a random
+//! one, so a node that is down costs one attempt and a fleet's processes spread over the
+//! nodes. The URLs of a list are one cluster's: they must name the same user, password,
+//! vhost and options, since the AMQP handshake after the stream uses the first's.
+//!
+//! Nothing here shows a password: a URL is shown as [`redact_url`] gives it, a node as
+//! `host:port`. A failed TLS handshake is said as its cause ([`TlsCause`]).
+
+use std::error::Error;
+use std::fmt;
+use std::io;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use lapin::tcp::OwnedTLSConfig;
+use lapin::uri::{AMQPScheme, AMQPUri};
+
+use crate::report::redact_url;
+
+/// The nodes of a broker and how to open a stream to each.
+pub(crate) struct Brokers {
+    nodes: Vec<AMQPUri>,
+    /// The URLs, passwords hidden, for messages.
+    shown: String,
+    tls: OwnedTLSConfig,
+    /// The node the next stream goes to, modulo their number.
+    next: AtomicUsize,
+    /// The node the latest stream went to (`host:port`), which a failed handshake names.
+    latest: Mutex<String>,
+}
+
+/// A list of broker URLs that cannot be used. Shows the URLs with their passwords hidden,
+/// and nothing of what failed to parse.
+#[derive(Debug, thiserror::Error)]
+pub enum UrlError {
+    #[error("no RabbitMQ URL in {shown:?}")]
+    Empty { shown: String },
+    #[error("{url} is not an AMQP URL: {why}")]
+    Invalid { url: String, why: String },
+    #[error(
+        "{url} names another user, password, vhost or options than {first}: the URLs of a list \
+         are the nodes of one cluster"
+    )]
+    Mismatch { url: String, first: String },
+}
+
+impl Brokers {
+    /// Reads `urls` (`amqp[s]://user:password@host:port/vhost`, several separated by commas;
+    /// a comma inside a password is written `%2C`).
+    pub(crate) fn parse(urls: &str, tls: OwnedTLSConfig) -> Result<Brokers, UrlError> {
+        let shown = redact_url(urls);
+        let nodes = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|url| !url.is_empty())
+            .map(parse_one)
+            .collect::<Result<Vec<_>, _>>()?;
+        let Some(first) = nodes.first() else {
+            return Err(UrlError::Empty { shown });
+        };
+        if let Some(other) = nodes.iter().find(|n| !same_login(first, n)) {
+            return Err(UrlError::Mismatch {
+                url: show(other),
+                first: show(first),
+            });
+        }
+        Ok(Brokers {
+            next: AtomicUsize::new(rand::random::<u16>().into()),
+            latest: Mutex::new(node_name(first)),
+            nodes,
+            shown,
+            tls,
+        })
+    }
+
+    /// The URL whose user, password, vhost and options every node's handshake uses.
+    pub(crate) fn first(&self) -> &AMQPUri {
+        &self.nodes[0]
+    }
+
+    /// The vhost of every node.
+    pub(crate) fn vhost(&self) -> &str {
+        &self.first().vhost
+    }
+
+    /// The URLs as a message shows them: passwords hidden.
+    pub(crate) fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    /// The node the next stream goes to; the one after it next time.
+    pub(crate) fn next_node(&self) -> &AMQPUri {
+        let at = self.next.fetch_add(1, Ordering::Relaxed);
+        let node = &self.nodes[at % self.nodes.len()];
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = node_name(node);
+        node
+    }
+
+    /// What a failed connection says: a TLS failure as its cause at the node it happened
+    /// with, anything else as it is.
+    pub(crate) fn failure(&self, error: &lapin::Error) -> Option<TlsFailure> {
+        let cause = TlsCause::of(error, self.tls.identity.is_some())?;
+        let node = self
+            .latest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        Some(TlsFailure { node, cause })
+    }
+
+    /// The TLS configuration of `amqps://` streams.
+    pub(crate) fn tls(&self) -> &OwnedTLSConfig {
+        &self.tls
+    }
+}
+
+impl fmt::Debug for Brokers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Brokers")
+            .field("urls", &self.shown)
+            .finish()
+    }
+}
+
+/// `host:port` of a node, for messages.
+pub(crate) fn node_name(uri: &AMQPUri) -> String {
+    let host = &uri.authority.host;
+    if host.contains(':') {
+        format!("[{host}]:{}", uri.authority.port)
+    } else {
+        format!("{host}:{}", uri.authority.port)
+    }
+}
+
+fn show(uri: &AMQPUri) -> String {
+    let scheme = match uri.scheme {
+        AMQPScheme::AMQP => "amqp",
+        AMQPScheme::AMQPS => "amqps",
+    };
+    format!("{scheme}://{}", node_name(uri))
+}
+
+fn parse_one(text: &str) -> Result<AMQPUri, UrlError> {
+    let invalid = |why: String| UrlError::Invalid {
+        url: redact_url(text),
+        why,
+    };
+    // The url crate's errors never quote the input; amq-protocol's may.
+    let url = reqwest::Url::parse(text).map_err(|e| invalid(e.to_string()))?;
+    let Some(host) = url.host_str() else {
+        return Err(invalid("no host".to_owned()));
+    };
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let mut uri: AMQPUri = text.parse().map_err(|e: String| {
+        invalid(if e.starts_with("Invalid AMQP scheme") {
+            "the scheme is neither amqp nor amqps".to_owned()
+        } else {
+            "its vhost or a query parameter does not parse".to_owned()
+        })
+    })?;
+    // amq-protocol takes the host from `Url::domain`, which is empty for an IP address: it
+    // would connect to `localhost` instead.
+    uri.authority.host = host;
+    Ok(uri)
+}
+
+fn same_login(a: &AMQPUri, b: &AMQPUri) -> bool {
+    a.authority.userinfo == b.authority.userinfo && a.vhost == b.vhost && a.query == b.query
+}
+
+/// Why a TLS handshake with a broker failed, as an operator fixes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsCause {
+    /// The server's certificate is not signed by a CA the client trusts.
+    UnknownCa,
+    /// The server's certificate has expired (or is not valid yet).
+    Expired,
+    /// The server's certificate does not name the host connected to.
+    WrongName,
+    /// The server asked for a client certificate and none was presented.
+    NoClientCertificate,
+    /// The server refused the client certificate presented.
+    ClientCertificateRefused,
+    /// Anything else rustls said.
+    Other(String),
+}
+
+impl fmt::Display for TlsCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TlsCause::UnknownCa => {
+                "its certificate is signed by an unknown CA (set FLEETRUN_TLS_CA_FILE to the CA \
+                 that signs it)"
+            }
+            TlsCause::Expired => "its certificate has expired or is not valid yet",
+            TlsCause::WrongName => "its certificate does not name the host in the URL",
+            TlsCause::NoClientCertificate => {
+                "it requires a client certificate and none was presented (set \
+                 FLEETRUN_TLS_CERT_FILE and FLEETRUN_TLS_KEY_FILE)"
+            }
+            TlsCause::ClientCertificateRefused => {
+                "it refused the client certificate (not signed by a CA it trusts, or expired)"
+            }
+            TlsCause::Other(what) => return write!(f, "{what}"),
+        })
+    }
+}
+
+/// A TLS handshake with the node `node` failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("TLS with RabbitMQ node {node} failed: {cause}")]
+pub struct TlsFailure {
+    pub node: String,
+    pub cause: TlsCause,
+}
+
+impl TlsCause {
+    /// The TLS cause of `error` or one of its sources, if it is a TLS failure.
+    /// `presented`: whether a client certificate was presented.
+    pub fn of(error: &(dyn Error + 'static), presented: bool) -> Option<TlsCause> {
+        let mut next = Some(error);
+        while let Some(e) = next {
+            if let Some(rustls) = e.downcast_ref::<rustls::Error>() {
+                return Some(TlsCause::from_rustls(rustls, presented));
+            }
+            // `io::Error::source` skips the error it wraps: look at it.
+            if let Some(inner) = e.downcast_ref::<io::Error>().and_then(io::Error::get_ref)
+                && let Some(cause) = TlsCause::of(inner, presented)
+            {
+                return Some(cause);
+            }
+            next = e.source();
+        }
+        None
+    }
+
+    fn from_rustls(error: &rustls::Error, presented: bool) -> TlsCause {
+        use rustls::{AlertDescription as Alert, CertificateError as Cert};
+        match error {
+            rustls::Error::InvalidCertificate(cert) => match cert {
+                Cert::UnknownIssuer | Cert::BadSignature => TlsCause::UnknownCa,
+                Cert::Expired
+                | Cert::ExpiredContext { .. }
+                | Cert::NotValidYet
+                | Cert::NotValidYetContext { .. } => TlsCause::Expired,
+                Cert::NotValidForName | Cert::NotValidForNameContext { .. } => TlsCause::WrongName,
+                other => TlsCause::Other(format!("invalid server certificate: {other:?}")),
+            },
+            rustls::Error::AlertReceived(Alert::CertificateRequired) => {
+                TlsCause::NoClientCertificate
+            }
+            rustls::Error::AlertReceived(Alert::HandshakeFailure) if !presented => {
+                TlsCause::NoClientCertificate
+            }
+            rustls::Error::AlertReceived(
+                Alert::BadCertificate
+                | Alert::UnknownCA
+                | Alert::CertificateExpired
+                | Alert::CertificateUnknown
+                | Alert::CertificateRevoked
+                | Alert::DecryptError
+                | Alert::HandshakeFailure,
+            ) => TlsCause::ClientCertificateRefused,
+            other => TlsCause::Other(other.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn brokers(urls: &str) -> Result<Brokers, UrlError> {
+        Brokers::parse(urls, OwnedTLSConfig::default())
+    }
+
+    #[test]
+    fn a_list_is_every_node_in_turn_from_a_random_one() {
+        let list = brokers("amqp://u:pw@10.0.0.1:5672/%2f, amqp://u:pw@10.0.0.2:5672/%2f,amqp://u:pw@[::1]:5673/%2f").unwrap();
+        let mut seen: Vec<String> = (0..6).map(|_| node_name(list.next_node())).collect();
+        assert_eq!(seen[..3], seen[3..], "round robin");
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen, ["10.0.0.1:5672", "10.0.0.2:5672", "[::1]:5673"]);
+        assert_eq!(list.vhost(), "/");
+    }
+
+    #[test]
+    fn an_ip_address_is_connected_to_not_localhost() {
+        let one = brokers("amqps://u:pw@192.0.2.7:5671/vh").unwrap();
+        assert_eq!(one.first().authority.host, "192.0.2.7");
+        assert_eq!(one.first().scheme, AMQPScheme::AMQPS);
+        assert_eq!(one.vhost(), "vh");
+    }
+
+    #[test]
+    fn messages_show_no_password_of_any_url() {
+        let urls = "amqp://u:first-secret@h1:5672/%2f,amqp://u:second-secret@h2:5672/%2f";
+        let shown = redact_url(urls);
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(shown.contains("h1") && shown.contains("h2"), "{shown}");
+        for bad in [
+            urls,
+            "amqp://u:pw-secret@h1:5672/%2f,amqp://u:pw-secret@h2:notaport/%2f",
+            "amqp://u:pw-secret@h1:5672/%2f,http://u:pw-secret@h2/",
+            "amqp://u:pw-secret@h1:5672/%2f,amqp://u:pw-secret@h2:5672/%2f?heartbeat=x",
+            " , ",
+        ] {
+            let error = brokers(bad).unwrap_err().to_string();
+            assert!(!error.contains("secret"), "{error}");
+        }
+    }
+
+    #[test]
+    fn nodes_with_other_logins_are_refused_naming_both() {
+        let error = brokers("amqp://u:a@h1/%2f,amqp://v:a@h2/%2f")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("amqp://h2:5672") && error.contains("amqp://h1:5672"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn rustls_errors_are_said_as_their_cause() {
+        use rustls::{AlertDescription as Alert, CertificateError as Cert};
+        let cases = [
+            (
+                rustls::Error::InvalidCertificate(Cert::UnknownIssuer),
+                TlsCause::UnknownCa,
+            ),
+            (
+                rustls::Error::InvalidCertificate(Cert::Expired),
+                TlsCause::Expired,
+            ),
+            (
+                rustls::Error::InvalidCertificate(Cert::NotValidForName),
+                TlsCause::WrongName,
+            ),
+            (
+                rustls::Error::AlertReceived(Alert::CertificateRequired),
+                TlsCause::NoClientCertificate,
+            ),
+            (
+                rustls::Error::AlertReceived(Alert::UnknownCA),
+                TlsCause::ClientCertificateRefused,
+            ),
+        ];
+        for (error, cause) in cases {
+            // As lapin hands it over: an I/O error in a lapin error.
+            let io = io::Error::new(io::ErrorKind::InvalidData, error);
+            let lapin = lapin::Error::from(io);
+            assert_eq!(TlsCause::of(&lapin, true), Some(cause));
+        }
+        let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
+        assert_eq!(TlsCause::of(&refused, true), None);
+    }
+}
