@@ -5,6 +5,11 @@
 #                                                     Prometheus metrics on 127.0.0.1:15693)
 #   Redis     redis://127.0.0.1:6390/                 (append-only persistence on)
 #   S3        http://127.0.0.1:5055                   (moto_server)
+# and, for the TLS tests, with a private CA (scripts/test-certs.sh, in $STATE/tls) whose
+# client certificate both require:
+#   RabbitMQ  amqps://fleetrun:…@127.0.0.1:5674/%2f   (TLS only, verify_peer and
+#                                                     fail_if_no_peer_cert; EXTERNAL login)
+#   Redis     rediss://:…@127.0.0.1:6391/             (TLS only, tls-auth-clients yes)
 #
 #   scripts/services.sh start   # install what is missing, start, wait until each answers
 #
@@ -21,6 +26,12 @@ MGMT_PORT=15673
 PROMETHEUS_PORT=15693
 REDIS_PORT=6390
 S3_PORT=5055
+AMQPS_PORT=5674
+AMQPS_DIST_PORT=25674
+REDISS_PORT=6391
+# The TLS servers' password: a test looks for it in every log and output.
+TLS_PASSWORD=tls-secret-7f3a
+TLS_NODE=fleetrun-tls@localhost
 
 say() { printf '[services] %s\n' "$*" >&2; }
 
@@ -31,6 +42,9 @@ export FLEETRUN_TEST_AMQP_MANAGEMENT_URL=http://guest:guest@127.0.0.1:$MGMT_PORT
 export FLEETRUN_TEST_RABBITMQ_PROMETHEUS=127.0.0.1:$PROMETHEUS_PORT
 export FLEETRUN_TEST_REDIS_URL=redis://127.0.0.1:$REDIS_PORT/
 export FLEETRUN_TEST_S3_ENDPOINT=http://127.0.0.1:$S3_PORT
+export FLEETRUN_TEST_TLS_DIR=$STATE/tls
+export FLEETRUN_TEST_AMQPS_URL=amqps://fleetrun:$TLS_PASSWORD@127.0.0.1:$AMQPS_PORT/%2f
+export FLEETRUN_TEST_REDISS_URL=rediss://:$TLS_PASSWORD@127.0.0.1:$REDISS_PORT/
 ENV
 }
 
@@ -190,6 +204,86 @@ start_s3() {
   wait_port moto_server "$S3_PORT"
 }
 
+# The pid of the TLS RabbitMQ node this script starts, or nothing.
+tls_rabbitmq_pid() {
+  timeout 30 rabbitmqctl -n "$TLS_NODE" eval 'os:getpid().' 2>/dev/null | tr -d '"'
+}
+
+# A RabbitMQ node that speaks only TLS and wants a client certificate signed by the test CA;
+# it takes a password (PLAIN) or the certificate's common name alone (EXTERNAL, for the user
+# fleetrun-client).
+start_tls_rabbitmq() {
+  if port_open "$AMQPS_PORT"; then
+    local pid
+    pid=$(tls_rabbitmq_pid)
+    listens_as "$AMQPS_PORT" "$pid" || refuse_foreign "TLS RabbitMQ" "$AMQPS_PORT"
+    say "TLS RabbitMQ already running on 127.0.0.1:$AMQPS_PORT (started here: node $TLS_NODE, pid $pid)"
+    return 0
+  fi
+  local dir=$STATE/rabbitmq-tls tls=$STATE/tls
+  mkdir -p "$dir/mnesia" "$dir/log"
+  cat > "$dir/rabbitmq.conf" <<CONF
+listeners.tcp = none
+listeners.ssl.default = 127.0.0.1:$AMQPS_PORT
+ssl_options.cacertfile = $tls/ca.pem
+ssl_options.certfile = $tls/server.pem
+ssl_options.keyfile = $tls/server.key
+ssl_options.verify = verify_peer
+ssl_options.fail_if_no_peer_cert = true
+auth_mechanisms.1 = PLAIN
+auth_mechanisms.2 = AMQPLAIN
+auth_mechanisms.3 = EXTERNAL
+ssl_cert_login_from = common_name
+default_user = fleetrun
+default_pass = $TLS_PASSWORD
+consumer_timeout = 3600000
+CONF
+  echo '[rabbitmq_auth_mechanism_ssl].' > "$dir/enabled_plugins"
+  chown -R rabbitmq:rabbitmq "$dir"
+  say "starting TLS RabbitMQ on 127.0.0.1:$AMQPS_PORT"
+  ulimit -n 65536 2>/dev/null || true
+  RABBITMQ_NODENAME=$TLS_NODE RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
+    RABBITMQ_NODE_PORT=$AMQPS_PORT RABBITMQ_DIST_PORT=$AMQPS_DIST_PORT \
+    RABBITMQ_CONFIG_FILE=$dir/rabbitmq.conf RABBITMQ_ENABLED_PLUGINS_FILE=$dir/enabled_plugins \
+    RABBITMQ_MNESIA_BASE=$dir/mnesia RABBITMQ_LOG_BASE=$dir/log \
+    rabbitmq-server -detached </dev/null >/dev/null 2>&1
+  for _ in $(seq 120); do
+    rabbitmqctl -n "$TLS_NODE" await_startup --timeout 120 >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  wait_port "TLS RabbitMQ" "$AMQPS_PORT"
+  # The user EXTERNAL logs in: the client certificate's common name, no password.
+  if ! rabbitmqctl -n "$TLS_NODE" -q list_users | grep -q '^fleetrun-client'; then
+    rabbitmqctl -n "$TLS_NODE" -q add_user fleetrun-client "$(head -c 24 /dev/urandom | base64)" >/dev/null
+    rabbitmqctl -n "$TLS_NODE" -q clear_password fleetrun-client >/dev/null
+    rabbitmqctl -n "$TLS_NODE" -q set_permissions fleetrun-client '.*' '.*' '.*' >/dev/null
+  fi
+}
+
+# A Redis that speaks only TLS, with a password, asking every client for a certificate
+# signed by the test CA (Redis's default `tls-auth-clients yes`).
+start_tls_redis() {
+  if port_open "$REDISS_PORT"; then
+    local pid
+    pid=$(cat "$STATE/redis-tls.pid" 2>/dev/null || true)
+    listens_as "$REDISS_PORT" "$pid" || refuse_foreign "TLS Redis" "$REDISS_PORT"
+    say "TLS Redis already running on 127.0.0.1:$REDISS_PORT (started here: pid $pid)"
+    return 0
+  fi
+  local tls=$STATE/tls
+  mkdir -p "$STATE/redis-tls"
+  say "starting TLS Redis on 127.0.0.1:$REDISS_PORT"
+  # The password from a file: a command line is visible to every user of the machine.
+  printf 'requirepass %s\n' "$TLS_PASSWORD" > "$STATE/redis-tls/auth.conf"
+  chmod 600 "$STATE/redis-tls/auth.conf"
+  redis-server "$STATE/redis-tls/auth.conf" --port 0 --tls-port "$REDISS_PORT" --bind 127.0.0.1 \
+    --tls-cert-file "$tls/server.pem" --tls-key-file "$tls/server.key" \
+    --tls-ca-cert-file "$tls/ca.pem" --tls-auth-clients yes \
+    --dir "$STATE/redis-tls" --appendonly yes --save '' --daemonize yes \
+    --pidfile "$STATE/redis-tls.pid" --logfile "$STATE/redis-tls.log"
+  wait_port "TLS Redis" "$REDISS_PORT"
+}
+
 # Stops what this script started, and only that.
 stop_all() {
   # A node asked to stop has been seen to hang for good (it had hundreds of quorum queues):
@@ -205,6 +299,15 @@ stop_all() {
   if listens_as "$REDIS_PORT" "$pid"; then
     redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
   fi
+  node=$(tls_rabbitmq_pid || true)
+  if [ -n "$node" ] && ! timeout 60 rabbitmqctl -n "$TLS_NODE" stop >/dev/null 2>&1; then
+    say "TLS RabbitMQ did not stop within a minute: killing pid $node"
+    kill -9 "$node" 2>/dev/null || true
+  fi
+  pid=$(cat "$STATE/redis-tls.pid" 2>/dev/null || true)
+  if listens_as "$REDISS_PORT" "$pid"; then
+    kill "$pid" 2>/dev/null || true
+  fi
   pid=$(cat "$STATE/moto.pid" 2>/dev/null || true)
   if listens_as "$S3_PORT" "$pid"; then
     kill "$pid" 2>/dev/null || true
@@ -218,6 +321,9 @@ case "${1:-}" in
     start_redis
     start_s3
     start_rabbitmq
+    "$(dirname "$0")/test-certs.sh" "$STATE/tls" >/dev/null
+    start_tls_redis
+    start_tls_rabbitmq
     say "all services are up"
     ;;
   stop) stop_all ;;

@@ -2,9 +2,12 @@
 //! binaries to run it with, bounded waits on what they do, and servers of a test's own for
 //! faults that would disturb the shared ones.
 
+pub mod cluster;
 pub mod relay;
 pub mod s3_relay;
 pub mod tabular;
+
+pub use cluster::PrivateRabbitCluster;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

@@ -26,6 +26,8 @@ use futures::TryStreamExt;
 
 #[path = "fleet/chaos.rs"]
 mod chaos;
+#[path = "fleet/clusters.rs"]
+mod clusters;
 #[path = "fleet/dlq.rs"]
 mod dlq;
 #[path = "fleet/failover.rs"]
