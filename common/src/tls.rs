@@ -124,6 +124,15 @@ fn read_pem(setting: &'static str, path: &Path, label: &'static str) -> Result<V
     Ok(bytes)
 }
 
+/// Picks rustls's cryptography for the process: aws-lc-rs, which lapin uses. Both of rustls's
+/// providers are built in (reqwest brings ring), so rustls cannot pick one by itself and the
+/// first TLS connection that leaves it the choice (Redis's) would panic. Call once at start,
+/// before anything connects; a later call does nothing.
+pub fn install_crypto_provider() {
+    // An error: a provider is installed already, which is what is wanted.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+}
+
 impl Tls {
     /// The CA certificates to trust, PEM; `None`: the system's trust store.
     pub fn ca_pem(&self) -> Option<&[u8]> {

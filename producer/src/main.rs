@@ -224,6 +224,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // lapin logs the broker's errors in its own Debug form; fleetrun says what they mean.
+    fleetrun_common::tls::install_crypto_provider();
     if let Err(e) = fleetrun_worker::log_format::init("warn,lapin=off", false) {
         eprintln!("error: {e}");
         return ExitCode::from(exit::REFUSED);

@@ -463,6 +463,27 @@ pub mod services {
     pub fn s3_endpoint() -> String {
         var("FLEETRUN_TEST_S3_ENDPOINT", "http://127.0.0.1:5055")
     }
+
+    /// The TLS-only RabbitMQ, which wants a client certificate from [`tls_dir`].
+    pub fn amqps_url() -> String {
+        var(
+            "FLEETRUN_TEST_AMQPS_URL",
+            "amqps://fleetrun:tls-secret-7f3a@127.0.0.1:5674/%2f",
+        )
+    }
+
+    /// The TLS-only Redis, which wants a client certificate from [`tls_dir`].
+    pub fn rediss_url() -> String {
+        var(
+            "FLEETRUN_TEST_REDISS_URL",
+            "rediss://:tls-secret-7f3a@127.0.0.1:6391/",
+        )
+    }
+
+    /// The test CA and certificates (`scripts/test-certs.sh`).
+    pub fn tls_dir() -> std::path::PathBuf {
+        var("FLEETRUN_TEST_TLS_DIR", "/tmp/fleetrun-services/tls").into()
+    }
 }
 
 /// A RabbitMQ node of one test's own, for faults that would disturb every other test on the

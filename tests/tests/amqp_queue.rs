@@ -17,6 +17,7 @@ use fleetrun_common::queue::{
     Consumer, DeadLetterHold, Delivery, Depth, Disposition, Queue, QueueError, QueueOptions,
 };
 use fleetrun_common::testing::random_suffix;
+use fleetrun_common::tls::Tls;
 use fleetrun_tests::services::amqp_url;
 use fleetrun_tests::{PrivateRabbitMq, output_within};
 use futures::StreamExt;
@@ -38,9 +39,15 @@ fn pool() -> String {
 }
 
 async fn queue(pool: &str, options: QueueOptions) -> AmqpQueue {
-    AmqpQueue::connect(&amqp_url(), pool, options, Some(&management_url()))
-        .await
-        .expect("connect to RabbitMQ (is scripts/services.sh start done?)")
+    AmqpQueue::connect(
+        &amqp_url(),
+        pool,
+        options,
+        Some(&management_url()),
+        &Tls::default(),
+    )
+    .await
+    .expect("connect to RabbitMQ (is scripts/services.sh start done?)")
 }
 
 mod conformance {
@@ -612,9 +619,15 @@ async fn wait_for_policy(queue: &str, policy: &str) {
 #[tokio::test]
 async fn a_broker_blocking_publishes_is_named_until_its_alarm_clears() {
     let broker = PrivateRabbitMq::start();
-    let q = AmqpQueue::connect(&broker.url(), &pool(), QueueOptions::default(), None)
-        .await
-        .expect("connect to the private broker");
+    let q = AmqpQueue::connect(
+        &broker.url(),
+        &pool(),
+        QueueOptions::default(),
+        None,
+        &Tls::default(),
+    )
+    .await
+    .expect("connect to the private broker");
     q.open_lane(LANE).await.unwrap();
     assert_eq!(q.blocked(), None);
     broker.disk_alarm(true);

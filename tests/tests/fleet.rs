@@ -26,12 +26,12 @@ use futures::TryStreamExt;
 
 #[path = "fleet/chaos.rs"]
 mod chaos;
-#[path = "fleet/clusters.rs"]
-mod clusters;
 #[path = "fleet/dlq.rs"]
 mod dlq;
 #[path = "fleet/failover.rs"]
 mod failover;
+#[path = "fleet/infrastructure.rs"]
+mod infrastructure;
 #[path = "fleet/named_outputs.rs"]
 mod named_outputs;
 #[path = "fleet/observability.rs"]
@@ -64,6 +64,9 @@ struct Fleet {
     other_pools: Vec<String>,
     /// Variables every process of the fleet gets besides the services'.
     extra_env: Vec<(String, String)>,
+    /// The TLS material the fleet's processes are given (`FLEETRUN_TLS_*` in `extra_env`),
+    /// for the test's own connections.
+    tls: Tls,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -84,6 +87,7 @@ impl Fleet {
     }
 
     fn on_pool(script: &str, pool: String) -> Fleet {
+        fleetrun_common::tls::install_crypto_provider();
         let fleet = Fleet {
             pool,
             amqp_url: services::amqp_url(),
@@ -94,6 +98,7 @@ impl Fleet {
             workers: Vec::new(),
             other_pools: Vec::new(),
             extra_env: Vec::new(),
+            tls: Tls::default(),
             runtime: tokio::runtime::Runtime::new().unwrap(),
         };
         std::fs::create_dir_all(fleet.path("code")).unwrap();
@@ -107,7 +112,7 @@ impl Fleet {
     fn know_pool(&self, pool: &str) {
         self.runtime.block_on(async {
             // The binaries' key prefix.
-            let registry = RedisRegistry::connect(&self.redis_url, "fleetrun", &Tls::default())
+            let registry = RedisRegistry::connect(&self.redis_url, "fleetrun", &self.tls)
                 .await
                 .unwrap();
             registry
@@ -305,7 +310,7 @@ impl Fleet {
                 delivery_limit: Some(fleetrun_worker_delivery_limit()),
             };
             Arc::new(
-                AmqpQueue::connect(&url, &pool, options, mgmt.as_deref())
+                AmqpQueue::connect(&url, &pool, options, mgmt.as_deref(), &self.tls)
                     .await
                     .unwrap(),
             )
@@ -339,6 +344,7 @@ impl Drop for Fleet {
                         delivery_limit: Some(fleetrun_worker_delivery_limit()),
                     },
                     self.management_url.as_deref(),
+                    &self.tls,
                 )
                 .await?
                 .delete()
@@ -2322,6 +2328,7 @@ fn small_default_jobs_all_finish(
                 delivery_limit: Some(fleetrun_worker_delivery_limit()),
             },
             fleet.management_url.as_deref(),
+            &fleet.tls,
         ));
         let queue = queue.unwrap();
         let mut last = None;

@@ -62,6 +62,7 @@ struct Cli {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // lapin logs the broker's errors in its own Debug form; fleetrun says what they mean.
+    fleetrun_common::tls::install_crypto_provider();
     let format = match log_format::init("info,lapin=off", true) {
         Ok(format) => format,
         Err(e) => {

@@ -78,6 +78,7 @@ use super::{
     QueueOptions,
 };
 use crate::events::{Events, JobEvent};
+use crate::tls::Tls;
 
 mod brokers;
 mod follow;
@@ -237,15 +238,20 @@ impl AmqpQueue {
     /// `management_url` (`http://user:pass@host:15672`) lets [`Queue::depth`] count unacked
     /// messages from the management API, whose figures lag by up to ~5 s; without it,
     /// `unacked` is always 0.
+    ///
+    /// `tls`: the CA to trust and the client certificate to show, for `amqps://` nodes and an
+    /// `https://` management API (add `?auth_mechanism=external` to a URL to log in by the
+    /// certificate alone).
     pub async fn connect(
         url: &str,
         pool: &str,
         options: QueueOptions,
         management_url: Option<&str>,
+        tls: &Tls,
     ) -> Result<AmqpQueue, QueueError> {
-        let brokers = Arc::new(Brokers::parse(url, lapin::tcp::OwnedTLSConfig::default())?);
+        let brokers = Arc::new(Brokers::parse(url, tls)?);
         let management = management_url
-            .map(|base| Management::new(base, brokers.vhost()))
+            .map(|base| Management::new(base, brokers.vhost(), tls))
             .transpose()?;
         let connection_name = format!("fleetrun {pool} pid {}", std::process::id());
         let blocked = Blocked::default();
@@ -1006,11 +1012,18 @@ struct QueueStats {
 }
 
 impl Management {
-    fn new(base: &str, vhost: &str) -> Result<Self, QueueError> {
-        let client = reqwest::Client::builder()
-            .timeout(MANAGEMENT_TIMEOUT)
-            .build()
-            .map_err(|e| QueueError::Backend(format!("management API client: {e}")))?;
+    fn new(base: &str, vhost: &str, tls: &Tls) -> Result<Self, QueueError> {
+        let failed = |e: reqwest::Error| QueueError::Backend(format!("management API client: {e}"));
+        let mut client = reqwest::Client::builder().timeout(MANAGEMENT_TIMEOUT);
+        if let Some(ca) = tls.ca_pem() {
+            client =
+                client.add_root_certificate(reqwest::Certificate::from_pem(ca).map_err(failed)?);
+        }
+        if let Some(identity) = tls.identity() {
+            let pem = [identity.cert_pem.as_slice(), identity.key_pem.as_slice()].join(&b'\n');
+            client = client.identity(reqwest::Identity::from_pem(&pem).map_err(failed)?);
+        }
+        let client = client.build().map_err(failed)?;
         let queues = format!(
             "{}/api/queues/{}/",
             base.trim_end_matches('/'),
@@ -1526,6 +1539,7 @@ mod tests {
                 "pool",
                 QueueOptions::default(),
                 None,
+                &Tls::default(),
             ));
             let _ = sent.send(result.err().map(|e| e.to_string()));
         });

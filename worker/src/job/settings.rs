@@ -191,7 +191,8 @@ impl Fleet {
         let options = QueueOptions {
             delivery_limit: Some(POOL_DELIVERY_LIMIT),
         };
-        let queue = AmqpQueue::connect(amqp, &pool, options, args.amqp_management_url.as_deref())
+        let management = args.amqp_management_url.as_deref();
+        let queue = AmqpQueue::connect(amqp, &pool, options, management, &tls)
             .await
             .map_err(|source| SettingsError::Queue {
                 url: fleetrun_common::report::redact_url(amqp),

@@ -16,10 +16,11 @@ use std::io;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use lapin::tcp::OwnedTLSConfig;
+use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::uri::{AMQPScheme, AMQPUri};
 
 use crate::report::redact_url;
+use crate::tls::Tls;
 
 /// The nodes of a broker and how to open a stream to each.
 pub(crate) struct Brokers {
@@ -51,7 +52,7 @@ pub enum UrlError {
 impl Brokers {
     /// Reads `urls` (`amqp[s]://user:password@host:port/vhost`, several separated by commas;
     /// a comma inside a password is written `%2C`).
-    pub(crate) fn parse(urls: &str, tls: OwnedTLSConfig) -> Result<Brokers, UrlError> {
+    pub(crate) fn parse(urls: &str, tls: &Tls) -> Result<Brokers, UrlError> {
         let shown = redact_url(urls);
         let nodes = urls
             .split(',')
@@ -73,7 +74,7 @@ impl Brokers {
             latest: Mutex::new(node_name(first)),
             nodes,
             shown,
-            tls,
+            tls: tls_config(tls),
         })
     }
 
@@ -169,6 +170,20 @@ fn parse_one(text: &str) -> Result<AMQPUri, UrlError> {
     // would connect to `localhost` instead.
     uri.authority.host = host;
     Ok(uri)
+}
+
+/// A private CA is trusted besides the system's store; a client certificate is shown to
+/// every node that asks.
+fn tls_config(tls: &Tls) -> OwnedTLSConfig {
+    OwnedTLSConfig {
+        identity: tls.identity().map(|identity| OwnedIdentity::PKCS8 {
+            pem: identity.cert_pem.clone(),
+            key: identity.key_pem.clone(),
+        }),
+        cert_chain: tls
+            .ca_pem()
+            .map(|pem| String::from_utf8_lossy(pem).into_owned()),
+    }
 }
 
 fn same_login(a: &AMQPUri, b: &AMQPUri) -> bool {
@@ -278,7 +293,7 @@ mod tests {
     use super::*;
 
     fn brokers(urls: &str) -> Result<Brokers, UrlError> {
-        Brokers::parse(urls, OwnedTLSConfig::default())
+        Brokers::parse(urls, &Tls::default())
     }
 
     #[test]
