@@ -31,19 +31,16 @@ async fn connect(url: &str, tls: &Tls) -> Result<AmqpQueue, QueueError> {
     AmqpQueue::connect(url, &pool, QueueOptions::default(), None, tls).await
 }
 
-/// The failure of connecting to `url` with `tls`: a TLS failure at `node` with `cause`, said
-/// in one line without the password.
-async fn assert_refused(url: &str, tls: &Tls, node: &str, cause: TlsCause) {
+/// The failure of connecting to `url` with `tls`: a TLS failure at `node` with one of
+/// `causes`, said in one line without the password.
+async fn assert_refused(url: &str, tls: &Tls, node: &str, causes: &[TlsCause]) {
     let error = connect(url, tls).await.err().expect("the handshake fails");
     let line = one_line(&error);
     let QueueError::Tls(failure) = &error else {
         panic!("not a TLS failure: {line}");
     };
-    assert_eq!(
-        (failure.node.as_str(), &failure.cause),
-        (node, &cause),
-        "{line}"
-    );
+    assert_eq!(failure.node, node, "{line}");
+    assert!(causes.contains(&failure.cause), "{line}");
     assert!(!line.contains('\n') && line.contains(node), "{line}");
     assert!(!line.contains("secret"), "{line}");
 }
@@ -85,7 +82,7 @@ async fn a_server_signed_by_an_unknown_ca_is_refused_naming_it() {
         &url,
         &tls("other-ca.pem", true),
         &node_of(&url),
-        TlsCause::UnknownCa,
+        &[TlsCause::UnknownCa],
     )
     .await;
 }
@@ -97,7 +94,11 @@ async fn a_server_that_requires_a_client_certificate_says_so_when_none_is_given(
         &url,
         &tls("ca.pem", false),
         &node_of(&url),
-        TlsCause::NoClientCertificate,
+        // Its alert, or the reset that can overtake it.
+        &[
+            TlsCause::NoClientCertificate,
+            TlsCause::ClosedWithoutCertificate,
+        ],
     )
     .await;
 }
@@ -110,7 +111,7 @@ async fn an_expired_server_certificate_is_refused_naming_it() {
         &url,
         &tls("ca.pem", true),
         &node_of(&url),
-        TlsCause::Expired,
+        &[TlsCause::Expired],
     )
     .await;
 }
@@ -123,7 +124,7 @@ async fn a_server_certificate_for_another_name_is_refused_naming_it() {
         &url,
         &tls("ca.pem", true),
         &node_of(&url),
-        TlsCause::WrongName,
+        &[TlsCause::WrongName],
     )
     .await;
 }

@@ -422,6 +422,7 @@ async fn connect(
         .enable_auto_recover()
         .with_backoff(backoff);
     let runtime = lapin::runtime::default_runtime().map_err(backend("start lapin"))?;
+    let mut refused = brokers.new_round();
     let nodes = brokers.clone();
     let opening = Connection::connector(
         brokers.first().clone(),
@@ -434,14 +435,31 @@ async fn connect(
                 .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
             stream.map_err(|e| {
                 let error = lapin::Error::from(e);
-                let said = nodes.failure(&error).map_or_else(|| error.to_string(), |f| f.cause.to_string());
+                let said = nodes.note_failure(node, &error);
                 warn!(node = %node_name(node), error = %said, "RabbitMQ node unreachable; the next attempt goes to the next node.");
                 error
             })
         },
         properties,
     );
-    let connection = tokio::time::timeout(CONNECT_PATIENCE, opening)
+    // lapin retries a refused handshake as it does a refused connection; a certificate
+    // every node refuses ends the attempt at once.
+    let refusal = async move {
+        match refused.wait_for(Option::is_some).await {
+            Ok(failure) => failure.clone(),
+            Err(_) => None,
+        }
+    };
+    let attempt = async {
+        tokio::select! {
+            connection = opening => connection.map_err(|e| match brokers.failure(&e) {
+                Some(failure) => QueueError::Tls(failure),
+                None => backend("connect to RabbitMQ")(e),
+            }),
+            Some(failure) = refusal => Err(QueueError::Tls(failure)),
+        }
+    };
+    let connection = tokio::time::timeout(CONNECT_PATIENCE, attempt)
         .await
         .map_err(|_| {
             QueueError::Backend(format!(
@@ -451,11 +469,7 @@ async fn connect(
                 brokers.shown(),
                 CONNECT_PATIENCE.as_secs()
             ))
-        })?
-        .map_err(|e| match brokers.failure(&e) {
-            Some(failure) => QueueError::Tls(failure),
-            None => backend("connect to RabbitMQ")(e),
-        })?;
+        })??;
     tokio::spawn(watch_blocked(connection.events_listener(), blocked.clone()));
     Ok(connection)
 }

@@ -10,6 +10,7 @@
 //! Nothing here shows a password: a URL is shown as [`redact_url`] gives it, a node as
 //! `host:port`. A failed TLS handshake is said as its cause ([`TlsCause`]).
 
+use std::collections::HashSet;
 use std::error::Error;
 use std::fmt;
 use std::io;
@@ -18,6 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::uri::{AMQPScheme, AMQPUri};
+use tokio::sync::watch;
 
 use crate::report::redact_url;
 use crate::tls::Tls;
@@ -32,6 +34,12 @@ pub(crate) struct Brokers {
     next: AtomicUsize,
     /// The node the latest stream went to (`host:port`), which a failed handshake names.
     latest: Mutex<String>,
+    /// The nodes (`host:port`) whose TLS handshake failed since the round of attempts began.
+    refusals: Mutex<HashSet<String>>,
+    /// How many distinct nodes there are.
+    distinct: usize,
+    /// Once every node has refused the handshake in a round, the last refusal.
+    refused: watch::Sender<Option<TlsFailure>>,
 }
 
 /// A list of broker URLs that cannot be used. Shows the URLs with their passwords hidden,
@@ -69,9 +77,13 @@ impl Brokers {
                 first: show(first),
             });
         }
+        let distinct = nodes.iter().map(node_name).collect::<HashSet<_>>().len();
         Ok(Brokers {
             next: AtomicUsize::new(rand::random::<u16>().into()),
             latest: Mutex::new(node_name(first)),
+            refusals: Mutex::default(),
+            distinct,
+            refused: watch::Sender::new(None),
             nodes,
             shown,
             tls: tls_config(tls),
@@ -101,10 +113,46 @@ impl Brokers {
         node
     }
 
+    /// Begins a round of connection attempts, no node having refused yet; the receiver
+    /// hears when every node has refused the TLS handshake, which no retry mends.
+    pub(crate) fn new_round(&self) -> watch::Receiver<Option<TlsFailure>> {
+        self.refusals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.refused.send_replace(None);
+        self.refused.subscribe()
+    }
+
+    /// Notes that the stream to `node` failed with `error`, and says why: a TLS failure as its
+    /// cause (the last node to refuse ends the round), anything else as it is.
+    pub(crate) fn note_failure(&self, node: &AMQPUri, error: &lapin::Error) -> String {
+        let Some(cause) = TlsCause::of(error, self.tls.identity.is_some()) else {
+            return error.to_string();
+        };
+        let said = cause.to_string();
+        let failure = TlsFailure {
+            node: node_name(node),
+            cause,
+        };
+        let mut refusals = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
+        refusals.insert(failure.node.clone());
+        if refusals.len() >= self.distinct {
+            self.refused.send_replace(Some(failure));
+        }
+        said
+    }
+
     /// What a failed connection says: a TLS failure as its cause at the node it happened
     /// with, anything else as it is.
     pub(crate) fn failure(&self, error: &lapin::Error) -> Option<TlsFailure> {
-        let cause = TlsCause::of(error, self.tls.identity.is_some())?;
+        let presented = self.tls.identity.is_some();
+        let cause = TlsCause::of(error, presented).or_else(|| {
+            // A server that wants a certificate may reset the connection before its alert
+            // is read.
+            let tls = self.first().scheme == AMQPScheme::AMQPS;
+            (tls && !presented && closed(error)).then_some(TlsCause::ClosedWithoutCertificate)
+        })?;
         let node = self
             .latest
             .lock()
@@ -203,6 +251,8 @@ pub enum TlsCause {
     NoClientCertificate,
     /// The server refused the client certificate presented.
     ClientCertificateRefused,
+    /// The server closed the connection after the handshake, none having been presented.
+    ClosedWithoutCertificate,
     /// Anything else rustls said.
     Other(String),
 }
@@ -219,6 +269,11 @@ impl fmt::Display for TlsCause {
             TlsCause::NoClientCertificate => {
                 "it requires a client certificate and none was presented (set \
                  FLEETRUN_TLS_CERT_FILE and FLEETRUN_TLS_KEY_FILE)"
+            }
+            TlsCause::ClosedWithoutCertificate => {
+                "it closed the connection after the handshake, and no client certificate was \
+                 presented: it likely requires one (set FLEETRUN_TLS_CERT_FILE and \
+                 FLEETRUN_TLS_KEY_FILE)"
             }
             TlsCause::ClientCertificateRefused => {
                 "it refused the client certificate (not signed by a CA it trusts, or expired)"
@@ -286,6 +341,20 @@ impl TlsCause {
             other => TlsCause::Other(other.to_string()),
         }
     }
+}
+
+/// Whether `error` is the peer closing the connection.
+fn closed(error: &lapin::Error) -> bool {
+    let Some(io) = error.source().and_then(|e| e.downcast_ref::<io::Error>()) else {
+        return false;
+    };
+    matches!(
+        io.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::BrokenPipe
+    )
 }
 
 #[cfg(test)]
