@@ -7,6 +7,9 @@
 //! no CA file, the system's trust store decides; with no client certificate, none is shown.
 //! A plain `amqp://` or `redis://` URL ignores all of it.
 
+use std::error::Error;
+use std::fmt;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -151,6 +154,109 @@ impl std::fmt::Debug for Tls {
             .field("ca", &self.ca_pem.is_some())
             .field("client_certificate", &self.identity.is_some())
             .finish()
+    }
+}
+
+/// Why a TLS handshake with a server (RabbitMQ, Redis) failed, as an operator fixes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsCause {
+    /// The server's certificate is not signed by a CA the client trusts.
+    UnknownCa,
+    /// The server's certificate has expired (or is not valid yet).
+    Expired,
+    /// The server's certificate does not name the host connected to.
+    WrongName,
+    /// The server asked for a client certificate and none was presented.
+    NoClientCertificate,
+    /// The server refused the client certificate presented.
+    ClientCertificateRefused,
+    /// The server closed the connection after the handshake, none having been presented.
+    ClosedWithoutCertificate,
+    /// Anything else rustls said.
+    Other(String),
+}
+
+impl fmt::Display for TlsCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TlsCause::UnknownCa => {
+                "its certificate is signed by an unknown CA (set FLEETRUN_TLS_CA_FILE to the CA \
+                 that signs it)"
+            }
+            TlsCause::Expired => "its certificate has expired or is not valid yet",
+            TlsCause::WrongName => "its certificate does not name the host in the URL",
+            TlsCause::NoClientCertificate => {
+                "it requires a client certificate and none was presented (set \
+                 FLEETRUN_TLS_CERT_FILE and FLEETRUN_TLS_KEY_FILE)"
+            }
+            TlsCause::ClosedWithoutCertificate => {
+                "it closed the connection after the handshake, and no client certificate was \
+                 presented: it likely requires one (set FLEETRUN_TLS_CERT_FILE and \
+                 FLEETRUN_TLS_KEY_FILE)"
+            }
+            TlsCause::ClientCertificateRefused => {
+                "it refused the client certificate (not signed by a CA it trusts, or expired)"
+            }
+            TlsCause::Other(what) => return write!(f, "{what}"),
+        })
+    }
+}
+
+impl TlsCause {
+    /// The TLS cause of `error` or one of its sources, if it is a TLS failure.
+    /// `presented`: whether a client certificate was presented.
+    pub fn of(error: &(dyn Error + 'static), presented: bool) -> Option<TlsCause> {
+        let mut next = Some(error);
+        while let Some(e) = next {
+            if let Some(rustls) = e.downcast_ref::<rustls::Error>() {
+                return Some(TlsCause::from_rustls(rustls, presented));
+            }
+            // `io::Error::source` skips the error it wraps: look at it.
+            if let Some(inner) = e.downcast_ref::<io::Error>().and_then(io::Error::get_ref)
+                && let Some(cause) = TlsCause::of(inner, presented)
+            {
+                return Some(cause);
+            }
+            // Redis keeps its cause as an `Arc`, whose `source` skips it too.
+            if let Some(shared) = e.downcast_ref::<Arc<dyn Error + Send + Sync>>()
+                && let Some(cause) = TlsCause::of(&**shared, presented)
+            {
+                return Some(cause);
+            }
+            next = e.source();
+        }
+        None
+    }
+
+    fn from_rustls(error: &rustls::Error, presented: bool) -> TlsCause {
+        use rustls::{AlertDescription as Alert, CertificateError as Cert};
+        match error {
+            rustls::Error::InvalidCertificate(cert) => match cert {
+                Cert::UnknownIssuer | Cert::BadSignature => TlsCause::UnknownCa,
+                Cert::Expired
+                | Cert::ExpiredContext { .. }
+                | Cert::NotValidYet
+                | Cert::NotValidYetContext { .. } => TlsCause::Expired,
+                Cert::NotValidForName | Cert::NotValidForNameContext { .. } => TlsCause::WrongName,
+                other => TlsCause::Other(format!("invalid server certificate: {other:?}")),
+            },
+            rustls::Error::AlertReceived(Alert::CertificateRequired) => {
+                TlsCause::NoClientCertificate
+            }
+            rustls::Error::AlertReceived(Alert::HandshakeFailure) if !presented => {
+                TlsCause::NoClientCertificate
+            }
+            rustls::Error::AlertReceived(
+                Alert::BadCertificate
+                | Alert::UnknownCA
+                | Alert::CertificateExpired
+                | Alert::CertificateUnknown
+                | Alert::CertificateRevoked
+                | Alert::DecryptError
+                | Alert::HandshakeFailure,
+            ) => TlsCause::ClientCertificateRefused,
+            other => TlsCause::Other(other.to_string()),
+        }
     }
 }
 

@@ -28,6 +28,7 @@ pub(crate) fn client(url: &str, tls: &Tls) -> RedisResult<Client> {
     if !url.starts_with("rediss://") {
         return Client::open(url);
     }
+    crate::tls::install_crypto_provider();
     let certificates = TlsCertificates {
         client_tls: tls.identity().map(|id| ClientTlsConfig {
             client_cert: id.cert_pem.clone(),
@@ -36,6 +37,23 @@ pub(crate) fn client(url: &str, tls: &Tls) -> RedisResult<Client> {
         root_cert: tls.ca_pem().map(<[u8]>::to_vec),
     };
     Client::build_with_tls(url, certificates)
+}
+
+/// Why connecting to the Redis at `url` failed: the TLS cause, said as an operator fixes
+/// it, when the handshake failed; else `other`.
+pub(crate) fn connect_error(
+    url: &str,
+    tls: &Tls,
+    error: RedisError,
+    other: impl FnOnce(RedisError) -> super::LedgerError,
+) -> super::LedgerError {
+    match crate::tls::TlsCause::of(&error, tls.identity().is_some()) {
+        Some(cause) => super::LedgerError::Tls {
+            redis: crate::report::redact_url(url),
+            cause,
+        },
+        None => other(error),
+    }
 }
 
 /// A connection to the primary a URL names, which follows it when Sentinel moves it.

@@ -32,6 +32,12 @@ pub enum LedgerError {
     PartsForgotten(String),
     #[error("ledger backend: {0}")]
     Backend(String),
+    /// The TLS handshake with the ledger's Redis failed: `redis` is its URL, redacted.
+    #[error("TLS with Redis {redis} failed: {cause}")]
+    Tls {
+        redis: String,
+        cause: crate::tls::TlsCause,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

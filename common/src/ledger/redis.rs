@@ -493,7 +493,7 @@ impl RedisLedger {
             .set_connection_timeout(Some(CONNECTION_TIMEOUT));
         let conn = Connection::open(url, tls, config)
             .await
-            .map_err(|e| backend("connect", &e))?;
+            .map_err(|e| super::endpoint::connect_error(url, tls, e, |e| backend("connect", &e)))?;
         Ok(RedisLedger {
             conn,
             replicas: Replicas::new(),

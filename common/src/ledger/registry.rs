@@ -351,7 +351,7 @@ impl RedisRegistry {
             .set_response_timeout(Some(std::time::Duration::from_secs(10)));
         let conn = super::endpoint::Connection::open(url, tls, config)
             .await
-            .map_err(backend)?;
+            .map_err(|e| super::endpoint::connect_error(url, tls, e, backend))?;
         Ok(RedisRegistry {
             conn,
             prefix: key_prefix.to_owned(),

@@ -136,10 +136,21 @@ impl Replicas {
         }
     }
 
-    /// Counts the replicas connected to the primary now (`ROLE`).
+    /// Counts the replicas connected to the primary now (`ROLE`). A server that refuses
+    /// `ROLE` (a managed Redis may rename or disable it) is taken to have none, with a warning
+    /// at each count: its provider then answers for what a failover loses.
     async fn count(&self, conn: &mut ConnectionManager) -> RedisResult<usize> {
-        let role: redis::Value = redis::cmd("ROLE").query_async(conn).await?;
-        let count = connected_replicas(&role);
+        let count = match redis::cmd("ROLE").query_async::<redis::Value>(conn).await {
+            Ok(role) => connected_replicas(&role),
+            Err(e)
+                if e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
+                    || e.kind() == ErrorKind::Extension =>
+            {
+                warn!(error = %e, "Redis refuses ROLE: its replicas are not waited for, and a failover may lose recordings.");
+                0
+            }
+            Err(e) => return Err(e),
+        };
         self.count.store(count, Ordering::Relaxed);
         *self.counted.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         Ok(count)

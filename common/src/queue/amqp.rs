@@ -83,8 +83,9 @@ use crate::tls::Tls;
 mod brokers;
 mod follow;
 
+pub use crate::tls::TlsCause;
 use brokers::{Brokers, node_name};
-pub use brokers::{TlsCause, TlsFailure, UrlError};
+pub use brokers::{TlsFailure, UrlError};
 
 /// Every name the backend gives the broker, in one place.
 mod names {

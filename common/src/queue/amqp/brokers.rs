@@ -22,7 +22,7 @@ use lapin::uri::{AMQPScheme, AMQPUri};
 use tokio::sync::watch;
 
 use crate::report::redact_url;
-use crate::tls::Tls;
+use crate::tls::{Tls, TlsCause};
 
 /// The nodes of a broker and how to open a stream to each.
 pub(crate) struct Brokers {
@@ -238,109 +238,12 @@ fn same_login(a: &AMQPUri, b: &AMQPUri) -> bool {
     a.authority.userinfo == b.authority.userinfo && a.vhost == b.vhost && a.query == b.query
 }
 
-/// Why a TLS handshake with a broker failed, as an operator fixes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TlsCause {
-    /// The server's certificate is not signed by a CA the client trusts.
-    UnknownCa,
-    /// The server's certificate has expired (or is not valid yet).
-    Expired,
-    /// The server's certificate does not name the host connected to.
-    WrongName,
-    /// The server asked for a client certificate and none was presented.
-    NoClientCertificate,
-    /// The server refused the client certificate presented.
-    ClientCertificateRefused,
-    /// The server closed the connection after the handshake, none having been presented.
-    ClosedWithoutCertificate,
-    /// Anything else rustls said.
-    Other(String),
-}
-
-impl fmt::Display for TlsCause {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            TlsCause::UnknownCa => {
-                "its certificate is signed by an unknown CA (set FLEETRUN_TLS_CA_FILE to the CA \
-                 that signs it)"
-            }
-            TlsCause::Expired => "its certificate has expired or is not valid yet",
-            TlsCause::WrongName => "its certificate does not name the host in the URL",
-            TlsCause::NoClientCertificate => {
-                "it requires a client certificate and none was presented (set \
-                 FLEETRUN_TLS_CERT_FILE and FLEETRUN_TLS_KEY_FILE)"
-            }
-            TlsCause::ClosedWithoutCertificate => {
-                "it closed the connection after the handshake, and no client certificate was \
-                 presented: it likely requires one (set FLEETRUN_TLS_CERT_FILE and \
-                 FLEETRUN_TLS_KEY_FILE)"
-            }
-            TlsCause::ClientCertificateRefused => {
-                "it refused the client certificate (not signed by a CA it trusts, or expired)"
-            }
-            TlsCause::Other(what) => return write!(f, "{what}"),
-        })
-    }
-}
-
 /// A TLS handshake with the node `node` failed.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("TLS with RabbitMQ node {node} failed: {cause}")]
 pub struct TlsFailure {
     pub node: String,
     pub cause: TlsCause,
-}
-
-impl TlsCause {
-    /// The TLS cause of `error` or one of its sources, if it is a TLS failure.
-    /// `presented`: whether a client certificate was presented.
-    pub fn of(error: &(dyn Error + 'static), presented: bool) -> Option<TlsCause> {
-        let mut next = Some(error);
-        while let Some(e) = next {
-            if let Some(rustls) = e.downcast_ref::<rustls::Error>() {
-                return Some(TlsCause::from_rustls(rustls, presented));
-            }
-            // `io::Error::source` skips the error it wraps: look at it.
-            if let Some(inner) = e.downcast_ref::<io::Error>().and_then(io::Error::get_ref)
-                && let Some(cause) = TlsCause::of(inner, presented)
-            {
-                return Some(cause);
-            }
-            next = e.source();
-        }
-        None
-    }
-
-    fn from_rustls(error: &rustls::Error, presented: bool) -> TlsCause {
-        use rustls::{AlertDescription as Alert, CertificateError as Cert};
-        match error {
-            rustls::Error::InvalidCertificate(cert) => match cert {
-                Cert::UnknownIssuer | Cert::BadSignature => TlsCause::UnknownCa,
-                Cert::Expired
-                | Cert::ExpiredContext { .. }
-                | Cert::NotValidYet
-                | Cert::NotValidYetContext { .. } => TlsCause::Expired,
-                Cert::NotValidForName | Cert::NotValidForNameContext { .. } => TlsCause::WrongName,
-                other => TlsCause::Other(format!("invalid server certificate: {other:?}")),
-            },
-            rustls::Error::AlertReceived(Alert::CertificateRequired) => {
-                TlsCause::NoClientCertificate
-            }
-            rustls::Error::AlertReceived(Alert::HandshakeFailure) if !presented => {
-                TlsCause::NoClientCertificate
-            }
-            rustls::Error::AlertReceived(
-                Alert::BadCertificate
-                | Alert::UnknownCA
-                | Alert::CertificateExpired
-                | Alert::CertificateUnknown
-                | Alert::CertificateRevoked
-                | Alert::DecryptError
-                | Alert::HandshakeFailure,
-            ) => TlsCause::ClientCertificateRefused,
-            other => TlsCause::Other(other.to_string()),
-        }
-    }
 }
 
 /// Whether `error` is the peer closing the connection.
