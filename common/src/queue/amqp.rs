@@ -437,7 +437,11 @@ async fn connect(
             stream.map_err(|e| {
                 let error = lapin::Error::from(e);
                 let said = nodes.note_failure(node, &error);
-                warn!(node = %node_name(node), error = %said, "RabbitMQ node unreachable; the next attempt goes to the next node.");
+                if nodes.is_cluster() {
+                    warn!(node = %node_name(node), error = %said, "RabbitMQ node unreachable; the next attempt goes to the next node.");
+                } else {
+                    debug!(node = %node_name(node), error = %said, "RabbitMQ unreachable.");
+                }
                 error
             })
         },

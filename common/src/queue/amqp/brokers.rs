@@ -106,6 +106,12 @@ impl Brokers {
     }
 
     /// The node the next stream goes to; the one after it next time.
+    /// Whether the list names more than one node: only then is a node's failure worth a
+    /// warning of its own (a single node's is the connection's error, said once).
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.nodes.len() > 1
+    }
+
     pub(crate) fn next_node(&self) -> &AMQPUri {
         let at = self.next.fetch_add(1, Ordering::Relaxed);
         let node = &self.nodes[at % self.nodes.len()];
