@@ -22,6 +22,8 @@ done
 
 packages=()
 command -v redis-server >/dev/null || packages+=(redis-server)
+# scripts/test-certs.sh makes the TLS tests' CA and certificates with it.
+command -v openssl >/dev/null || packages+=(openssl)
 # A ledger test slows Redis's disk syncs with it.
 command -v strace >/dev/null || packages+=(strace)
 command -v rabbitmq-server >/dev/null || packages+=(rabbitmq-server)
