@@ -16,6 +16,11 @@
 #   6. the alert rules and the scrape configuration pass `promtool check` (Debian's
 #      prometheus package, installed with apt-get when missing), and the Grafana dashboard
 #      is JSON whose every panel has a PromQL query on the provisioned data source.
+#   7. secure by default: compose refuses to start without its secrets (no guest, a Redis
+#      password, an API token, a Grafana password), Redis keeps protected mode, RabbitMQ
+#      lets no guest in from the network; docker-compose.tls.yml and deploy/k8s/tls give
+#      every fleetrun container amqps://, rediss:// and the CA and client certificate,
+#      and both servers listen on TLS only and ask for a client certificate.
 #
 #   scripts/check-deploy.sh        # exit 0 when every check passed
 set -euo pipefail
@@ -45,18 +50,43 @@ ok() { passed=$((passed + 1)); say "ok: $*"; }
 bad() { failed=$((failed + 1)); say "FAILED: $*"; }
 
 # --- 1. the compose file parses --------------------------------------------------------
+# With stand-in secrets (scripts/compose-env.sh makes the real ones in .env, which
+# an empty --env-file keeps out of these checks).
 config="$(mktemp)"
-trap 'rm -f "$config"' EXIT
-if docker-compose -f docker-compose.yml config -q \
-   && docker-compose -f docker-compose.yml config > "$config"; then
+tls_config="$(mktemp)"
+refusal="$(mktemp)"
+no_env="$(mktemp)"
+trap 'rm -f "$config" "$tls_config" "$refusal" "$no_env"' EXIT
+SECRETS=(FLEETRUN_RABBITMQ_PASSWORD FLEETRUN_REDIS_PASSWORD FLEETRUN_API_TOKEN FLEETRUN_GRAFANA_PASSWORD)
+compose() {
+    env "${SECRETS[@]/%/=check-deploy-secret}" docker-compose --env-file "$no_env" "$@"
+}
+if compose -f docker-compose.yml config -q && compose -f docker-compose.yml config > "$config"; then
     ok "docker-compose.yml parses ($(docker-compose version --short))"
 else
     bad "docker-compose -f docker-compose.yml config -q"
 fi
+if compose -f docker-compose.yml -f docker-compose.tls.yml config > "$tls_config"; then
+    ok "docker-compose.yml with docker-compose.tls.yml parses"
+else
+    bad "docker-compose -f docker-compose.yml -f docker-compose.tls.yml config"
+fi
+for name in "${SECRETS[@]}"; do
+    others=()
+    for other in "${SECRETS[@]}"; do [ "$other" = "$name" ] || others+=("$other=x"); done
+    if env -u "$name" "${others[@]}" docker-compose --env-file "$no_env" -f docker-compose.yml \
+        config -q 2> "$refusal"; then
+        bad "docker-compose.yml starts without $name"
+    elif grep -q "$name" "$refusal" && grep -q "scripts/compose-env.sh" "$refusal"; then
+        ok "docker-compose.yml refuses to start without $name, naming it and scripts/compose-env.sh"
+    else
+        bad "docker-compose.yml without $name: $(tr '\n' ' ' < "$refusal")"
+    fi
+done
 
 # --- 2-5: the rest in Python (PyYAML) -----------------------------------------------------
 # Prints one line per check: "ok <what>" or "bad <what>".
-results="$(python3 - "$config" <<'PY'
+results="$(python3 - "$config" "$tls_config" <<'PY'
 import glob, json, os, re, sys
 import yaml
 
@@ -325,6 +355,76 @@ except Exception as e:
 services = compose.get("services") or {}
 for name in ("prometheus", "grafana"):
     (ok if name in services else bad)(f"docker-compose.yml: a {name} service")
+
+# 7. secure by default
+def words(value):
+    return value if isinstance(value, list) else str(value or "").split()
+def text_of(svc):
+    return " ".join(words(svc.get("entrypoint")) + words(svc.get("command")))
+everything = json.dumps(compose)
+(bad if re.search(r"guest", everything) else ok)("docker-compose.yml: no guest user anywhere")
+rabbit_env = (services.get("rabbitmq") or {}).get("environment") or {}
+(ok if rabbit_env.get("RABBITMQ_DEFAULT_USER") and rabbit_env.get("RABBITMQ_DEFAULT_PASS") == "check-deploy-secret" else bad)(
+    "docker-compose.yml: RabbitMQ's one user and its password from the secrets")
+(ok if setting("deploy/rabbitmq/rabbitmq.conf", "loopback_users.guest", "=") == "true" else bad)(
+    "rabbitmq.conf: loopback_users.guest = true (a guest only from localhost)")
+(ok if setting("deploy/redis/redis.conf", "protected-mode", " ") == "yes" else bad)(
+    "redis.conf: protected-mode yes")
+redis = services.get("redis") or {}
+(ok if "requirepass" in text_of(redis) and "--include" in text_of(redis) else bad)(
+    "docker-compose.yml: Redis gets requirepass from a file (--include), not its command line")
+for name in ("worker", "api", "producer"):
+    env = (services.get(name) or {}).get("environment") or {}
+    amqp, redis_url = env.get("FLEETRUN_AMQP_URL", ""), env.get("FLEETRUN_REDIS_URL", "")
+    (ok if "check-deploy-secret@" in amqp and "check-deploy-secret@" in redis_url else bad)(
+        f"docker-compose.yml: {name} logs in to RabbitMQ and Redis with the secrets")
+api_env = (services.get("api") or {}).get("environment") or {}
+(ok if api_env.get("FLEETRUN_API_TOKEN") == "check-deploy-secret" else bad)(
+    "docker-compose.yml: the API asks for a bearer token")
+graf_env = (services.get("grafana") or {}).get("environment") or {}
+(ok if graf_env.get("GF_SECURITY_ADMIN_PASSWORD") == "check-deploy-secret" else bad)(
+    "docker-compose.yml: Grafana's admin password from the secrets")
+
+try:
+    with open(sys.argv[2]) as f:
+        tls = (yaml.safe_load(f) or {}).get("services") or {}
+except Exception as e:
+    tls = {}
+    bad(f"normalized TLS compose config unreadable: {e}")
+for name in ("worker", "api", "producer"):
+    svc = tls.get(name) or {}
+    env = svc.get("environment") or {}
+    mounts = [v if isinstance(v, str) else f"{v.get('source')}:{v.get('target')}" for v in svc.get("volumes") or []]
+    files = [env.get(k, "") for k in ("FLEETRUN_TLS_CA_FILE", "FLEETRUN_TLS_CERT_FILE", "FLEETRUN_TLS_KEY_FILE")]
+    mounted = all(f and any(f.startswith(m.split(":")[1] + "/") for m in mounts if m.count(":") >= 1) for f in files)
+    (ok if env.get("FLEETRUN_AMQP_URL", "").startswith("amqps://")
+        and env.get("FLEETRUN_AMQP_MANAGEMENT_URL", "").startswith("https://")
+        and env.get("FLEETRUN_REDIS_URL", "").startswith("rediss://") and mounted else bad)(
+        f"docker-compose.tls.yml: {name} uses amqps://, https://, rediss:// and mounts its CA, certificate and key")
+tls_redis = text_of(tls.get("redis") or {})
+(ok if "--port 0" in tls_redis and "--tls-auth-clients yes" in tls_redis and "--include" in tls_redis else bad)(
+    "docker-compose.tls.yml: Redis on TLS only, asking for a client certificate, with its password")
+rabbit_mounts = " ".join(str(v) for v in (tls.get("rabbitmq") or {}).get("volumes") or [])
+(ok if "tls.conf" in rabbit_mounts and "conf.d" in rabbit_mounts else bad)(
+    "docker-compose.tls.yml: RabbitMQ reads deploy/rabbitmq/tls.conf")
+tls_conf = "deploy/rabbitmq/tls.conf"
+(ok if setting(tls_conf, "listeners.tcp", "=") == "none"
+    and setting(tls_conf, "ssl_options.verify", "=") == "verify_peer"
+    and setting(tls_conf, "ssl_options.fail_if_no_peer_cert", "=") == "true"
+    and setting(tls_conf, "management.ssl.port", "=") else bad)(
+    f"{tls_conf}: AMQP on TLS only, a client certificate required, the management API over HTTPS")
+
+objects = kustomized("deploy/k8s/tls") or []
+for deploy in (o for o in objects if o["kind"] == "Deployment"):
+    pod = deploy["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = env_of(container, {})
+    secret_vols = {v["name"] for v in pod.get("volumes") or [] if (v.get("secret") or {}).get("secretName") == "fleetrun-tls"}
+    dirs = [m["mountPath"] for m in container.get("volumeMounts") or [] if m["name"] in secret_vols]
+    files = [env.get(k, "") for k in ("FLEETRUN_TLS_CA_FILE", "FLEETRUN_TLS_CERT_FILE", "FLEETRUN_TLS_KEY_FILE")]
+    readable = (pod.get("securityContext") or {}).get("fsGroup") is not None
+    (ok if dirs and all(any(f.startswith(d + "/") for d in dirs) for f in files) and readable else bad)(
+        f"deploy/k8s/tls: {deploy['metadata']['name']} reads its CA, certificate and key from the Secret fleetrun-tls")
 PY
 )" || bad "the Python checks crashed"
 
