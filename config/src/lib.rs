@@ -3,7 +3,7 @@
 //! # Layout
 //!
 //! - [`JobFile`] (`file.rs`) is the job as written: one serde type, read from the TOML job
-//!   file (see `README.md` and CONTRACT.md §2), from the `--set key=value` overrides layered
+//!   file (see `docs/guide.md` and docs/contract.md §2), from the `--set key=value` overrides layered
 //!   onto it, and from JSON (the job as an API client sends it). Unknown keys are refused.
 //! - [`JobFile::validate`] (`validate.rs`) checks every rule, fills in the defaults that
 //!   depend on other fields and resolves relative paths against the job file's folder,

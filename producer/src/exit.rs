@@ -1,4 +1,4 @@
-//! The exit codes of `fleetrun`, in one table (the README's "Exit codes" shows the same).
+//! The exit codes of `fleetrun`, in one table (docs/guide.md, "Exit codes", shows the same).
 
 /// The job completed (or the command did what it was asked).
 pub const COMPLETED: u8 = 0;
