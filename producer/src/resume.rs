@@ -14,12 +14,8 @@ use fleetrun_worker::job;
 use tokio_util::sync::CancellationToken;
 
 use crate::partition::Produced;
-use sha2::{Digest, Sha256};
 
-/// The parts of a fingerprint, as a refusal names them.
-pub const JOB_FILE: &str = "the job's settings";
-pub const CODE: &str = "the script's code";
-pub const INPUT: &str = "the input listing";
+pub use fleetrun_worker::job::manifest::{CODE, INPUT, JOB_FILE};
 
 /// Why a fingerprint was not taken, or the input not cut again.
 #[derive(Debug, thiserror::Error)]
@@ -32,15 +28,10 @@ pub enum FingerprintError {
     Cut(#[from] crate::partition::PartitionError),
 }
 
-/// What a job run is made of: its settings and its script's code, each a SHA-256. Its input
-/// is told by how the run cut it ([`same_cut`]), from the run's own listing.
+/// What a job run is made of ([`job::manifest::fingerprint`]). Its input is told by how the
+/// run cut it ([`same_cut`]), from the run's own listing.
 pub fn fingerprint(spec: &JobSpec) -> Result<BTreeMap<String, String>, FingerprintError> {
-    let settings = serde_json::to_vec(spec).expect("a job always encodes");
-    let mut parts = BTreeMap::from([(JOB_FILE.to_owned(), hex(Sha256::digest(&settings)))]);
-    if let Some(code) = job::code_digest(spec)? {
-        parts.insert(CODE.to_owned(), code);
-    }
-    Ok(parts)
+    Ok(job::manifest::fingerprint(spec)?)
 }
 
 /// How the input is cut now against the last run's `cuts`.
@@ -106,10 +97,6 @@ pub fn changed(before: &BTreeMap<String, String>, now: &BTreeMap<String, String>
         .filter(|name| name.as_str() != INPUT && before.get(*name) != now.get(*name))
         .cloned()
         .collect()
-}
-
-fn hex(digest: impl AsRef<[u8]>) -> String {
-    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A queue that publishes only the mini-batches not already `done`: those a resumed job kept

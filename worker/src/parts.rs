@@ -115,33 +115,50 @@ impl PartKind {
     }
 }
 
-/// The bodies of the parts of `kind` the ledger counted for mini-batches `0..total`, in
-/// mini-batch order, read a few ahead. The ledger is asked for its references a thousand
-/// at a time, so memory does not grow with the job.
+/// The bodies of the parts of `kind` the ledger counted for mini-batches `0..total`, with
+/// their mini-batch's index, in mini-batch order, read a few ahead. The ledger is asked for
+/// its references a thousand at a time, so memory does not grow with the job.
 fn counted<'a>(
     parts: &'a dyn Parts,
     ledger: &'a dyn Ledger,
     job: &'a str,
     total: u64,
     kind: PartKind,
-) -> impl futures::Stream<Item = Result<Bytes, String>> + 'a {
+) -> impl futures::Stream<Item = Result<(u64, Bytes), String>> + 'a {
     let ranges = (0..total)
         .step_by(REFS_PER_CALL as usize)
         .map(move |start| start..total.min(start + REFS_PER_CALL));
     futures::stream::iter(ranges)
-        .then(move |range| async move { ledger.parts(job, range).await.map_err(|e| e.to_string()) })
-        .map_ok(move |refs| {
-            let wanted = refs.into_iter().flatten().filter_map(move |r| kind.take(r));
+        .then(move |range| async move {
+            let start = range.start;
+            let refs = ledger.parts(job, range).await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((start, refs))
+        })
+        .map_ok(move |(start, refs)| {
+            let wanted = (start..).zip(refs).filter_map(move |(index, r)| {
+                r.and_then(|r| kind.take(r)).map(|part| (index, part))
+            });
             futures::stream::iter(wanted.map(Ok::<_, String>))
         })
         .try_flatten()
-        .map_ok(move |part| async move { parts.get(&part).await })
+        .map_ok(move |(index, part)| async move { Ok((index, parts.get(&part).await?)) })
         .try_buffered(READ_AHEAD)
 }
 
+/// What a join writes into the output file, piece by piece, as its watcher (the job's
+/// manifest) is told.
+#[derive(Debug, Clone, Copy)]
+pub enum Joined<'a> {
+    /// The header line, newline included, written once at the top.
+    Header(&'a [u8]),
+    /// Mini-batch `index`'s rows.
+    Part { index: u64, rows: &'a [u8] },
+}
+
 /// Writes the parts the ledger recorded for mini-batches `0..total`, in order, into
-/// `file_name` of `output`. Returns the output's size. The parts stay until the caller
+/// `file_name` of `output`, telling `watch` each piece. Returns the output's size. The parts stay until the caller
 /// clears them, once the job is Completed: another finalizer may still be reading them.
+#[allow(clippy::too_many_arguments)]
 pub async fn join_parts(
     parts: &dyn Parts,
     ledger: &dyn Ledger,
@@ -150,24 +167,27 @@ pub async fn join_parts(
     output: &dyn Storage,
     file_name: &str,
     framed: bool,
+    watch: &mut (dyn FnMut(Joined<'_>) + Send),
 ) -> Result<u64, String> {
     let mut header_written = false;
     let mut writer = output.writer(file_name).await.map_err(|e| e.to_string())?;
     let bodies = counted(parts, ledger, job, total, PartKind::Rows);
     futures::pin_mut!(bodies);
-    while let Some(body) = bodies.try_next().await? {
+    while let Some((index, body)) = bodies.try_next().await? {
         let body = if framed {
             let (header, rows) = split_header(body)?;
             if !header_written && !header.is_empty() {
                 header_written = true;
                 let mut line = header.to_vec();
                 line.push(b'\n');
+                watch(Joined::Header(&line));
                 writer.write(line.into()).await.map_err(|e| e.to_string())?;
             }
             rows
         } else {
             body
         };
+        watch(Joined::Part { index, rows: &body });
         writer.write(body).await.map_err(|e| e.to_string())?;
     }
     writer.finish().await.map_err(|e| e.to_string())
@@ -187,7 +207,7 @@ pub async fn join_failed_items(
 ) -> Result<bool, String> {
     let bodies = counted(parts, ledger, job, total, PartKind::FailedItems);
     futures::pin_mut!(bodies);
-    let Some(first) = bodies.try_next().await? else {
+    let Some((_, first)) = bodies.try_next().await? else {
         return Ok(false);
     };
     let mut writer = output.writer(key).await.map_err(|e| e.to_string())?;
@@ -195,7 +215,7 @@ pub async fn join_failed_items(
     for body in [top, first] {
         writer.write(body).await.map_err(|e| e.to_string())?;
     }
-    while let Some(body) = bodies.try_next().await? {
+    while let Some((_, body)) = bodies.try_next().await? {
         writer.write(body).await.map_err(|e| e.to_string())?;
     }
     writer.finish().await.map_err(|e| e.to_string())?;
@@ -586,7 +606,7 @@ mod tests {
 
         let out_dir = tempfile::tempdir().unwrap();
         let out = LocalStorage::new(out_dir.path());
-        let size = join_parts(a, &ledger, "j", 4, &out, "out.txt", false)
+        let size = join_parts(a, &ledger, "j", 4, &out, "out.txt", false, &mut |_| {})
             .await
             .unwrap();
         a.clear().await.unwrap();
@@ -662,18 +682,36 @@ mod tests {
         }
         let out_dir = tempfile::tempdir().unwrap();
         let out = LocalStorage::new(out_dir.path());
-        join_parts(&parts, &*ledger, "j", 3, &out, "out.txt", false)
-            .await
-            .unwrap();
+        join_parts(
+            &parts,
+            &*ledger,
+            "j",
+            3,
+            &out,
+            "out.txt",
+            false,
+            &mut |_| {},
+        )
+        .await
+        .unwrap();
         let joined = std::fs::read(out_dir.path().join("out.txt")).unwrap();
         assert_eq!(joined, [&small[..], &large[..], &small[..]].concat());
 
         parts.clear().await.unwrap();
         assert!(!dir.path().join("_parts/j").exists());
         assert!(
-            join_parts(&parts, &*ledger, "j", 3, &out, "again.txt", false)
-                .await
-                .is_err()
+            join_parts(
+                &parts,
+                &*ledger,
+                "j",
+                3,
+                &out,
+                "again.txt",
+                false,
+                &mut |_| {}
+            )
+            .await
+            .is_err()
         );
         assert!(!out_dir.path().join("again.txt").exists());
     }
@@ -699,7 +737,7 @@ mod tests {
                 .unwrap();
         }
         let out = LocalStorage::new(dir.path());
-        join_parts(&parts, &ledger, "j", 3, &out, "out.txt", true)
+        join_parts(&parts, &ledger, "j", 3, &out, "out.txt", true, &mut |_| {})
             .await
             .unwrap();
         let joined = std::fs::read_to_string(dir.path().join("out.txt")).unwrap();
@@ -730,7 +768,7 @@ mod tests {
         let r2 = parts.put(2, Bytes::from("c\n")).await.unwrap();
         ledger.record("j", 2, OK, Some(&r2)).await.unwrap();
         let out = LocalStorage::new(dir.path());
-        join_parts(&parts, &ledger, "j", 3, &out, "out.txt", false)
+        join_parts(&parts, &ledger, "j", 3, &out, "out.txt", false, &mut |_| {})
             .await
             .unwrap();
         join_failed_items(&parts, &ledger, "j", 3, &out, "failed.csv", "h")
@@ -780,9 +818,18 @@ mod tests {
         let ledger = MemoryLedger::new();
         ledger.create("j", Limits::NONE).await.unwrap();
         let out = LocalStorage::new(dir.path());
-        join_parts(&*parts, &ledger, "j", 0, &out, "out.txt", false)
-            .await
-            .unwrap();
+        join_parts(
+            &*parts,
+            &ledger,
+            "j",
+            0,
+            &out,
+            "out.txt",
+            false,
+            &mut |_| {},
+        )
+        .await
+        .unwrap();
         assert_eq!(
             std::fs::read_to_string(dir.path().join("out.txt")).unwrap(),
             ""
