@@ -5,12 +5,13 @@
 use std::collections::{BTreeMap, HashSet};
 
 use async_trait::async_trait;
-use fleetrun_common::ledger::journal::Cut;
+use fleetrun_common::ledger::journal::{Cut, Entry};
 use fleetrun_common::queue::{Consumer, DeadLetterHold, Depth, Queue, QueueError};
 use fleetrun_common::storage::s3::S3Settings;
 use fleetrun_common::wire::MiniBatch;
 use fleetrun_config::JobSpec;
 use fleetrun_worker::job;
+use fleetrun_worker::parts::{self, Parts};
 use tokio_util::sync::CancellationToken;
 
 use crate::partition::Produced;
@@ -97,6 +98,32 @@ pub fn changed(before: &BTreeMap<String, String>, now: &BTreeMap<String, String>
         .filter(|name| name.as_str() != INPUT && before.get(*name) != now.get(*name))
         .cloned()
         .collect()
+}
+
+/// The recordings of a job's last run that a resumed run keeps: those whose stored parts
+/// still read as they were written ([`parts::check_kept`]). A mini-batch whose rows were
+/// edited, cut short or removed since is left out, so it runs again, and is named.
+pub async fn kept_intact(parts: &dyn Parts, job: &str, entries: Vec<Entry>) -> Vec<Entry> {
+    let mut kept = Vec::with_capacity(entries.len());
+    let mut again = Vec::new();
+    for entry in entries {
+        let checked = match &entry.part {
+            Some(reference) => parts::check_kept(parts, reference).await,
+            None => Ok(()),
+        };
+        match checked {
+            Ok(()) => kept.push(entry),
+            Err(e) => {
+                tracing::debug!(job = %job, mini_batch = entry.index, error = %e, "A kept part does not read as written.");
+                again.push(entry.index.to_string());
+            }
+        }
+    }
+    if !again.is_empty() {
+        let list = again.join(", ");
+        tracing::warn!(job = %job, mini_batches = %list, "Resuming: these mini-batches' kept rows changed or went missing since they were recorded; they run again.");
+    }
+    kept
 }
 
 /// A queue that publishes only the mini-batches not already `done`: those a resumed job kept

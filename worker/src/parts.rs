@@ -79,6 +79,52 @@ pub trait Parts: Send + Sync {
 /// isolated). The failed items' part follows this mark, after the rows' part if any.
 const FAILED_ITEMS_MARK: char = '!';
 
+/// The mark before the digest a stored part's reference ends with: the first 16 hex digits
+/// of the part's SHA-256, checked as it is read back, so a part edited or cut short since
+/// it was written is never taken for the mini-batch's rows (a resume runs that mini-batch
+/// again, a finalizer refuses it). A reference without one (written by an older fleetrun,
+/// or a part kept in the ledger, which no user edits) is read unchecked.
+const DIGEST_MARK: char = '#';
+
+/// `reference` with `body`'s digest.
+fn sealed(reference: String, body: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let digest: String = Sha256::digest(body)[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{reference}{DIGEST_MARK}{digest}")
+}
+
+/// A stored part's reference, and the digest it carries.
+fn unseal(sealed: &str) -> (&str, Option<&str>) {
+    match sealed.rsplit_once(DIGEST_MARK) {
+        Some((part, digest)) => (part, Some(digest)),
+        None => (sealed, None),
+    }
+}
+
+/// `body`, read back for `part`, if it is what was stored (`digest`).
+fn check(part: &str, digest: Option<&str>, body: Bytes) -> Result<Bytes, String> {
+    match digest {
+        Some(digest) if sealed(String::new(), &body)[1..] != *digest => Err(format!(
+            "part {part} changed since it was written (its digest does not match)"
+        )),
+        _ => Ok(body),
+    }
+}
+
+/// Reads every stored part a ledger reference names (a mini-batch's rows, its failed items'
+/// lines), checking each against its digest: `Err` says which changed or is gone.
+pub async fn check_kept(parts: &dyn Parts, reference: &str) -> Result<(), String> {
+    for kind in [PartKind::Rows, PartKind::FailedItems] {
+        if let Some(part) = kind.take(reference.to_owned()) {
+            parts.get(&part).await?;
+        }
+    }
+    Ok(())
+}
+
 /// Which of the counted parts a join takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PartKind {
@@ -393,10 +439,12 @@ impl Parts for SegmentParts {
             return Err(write_error(e));
         }
         *len += body.len() as u64;
-        Ok(format!("{}@{offset}+{}", self.segment, body.len()))
+        let reference = format!("{}@{offset}+{}", self.segment, body.len());
+        Ok(sealed(reference, &body))
     }
 
-    async fn get(&self, part: &str) -> Result<Bytes, String> {
+    async fn get(&self, sealed: &str) -> Result<Bytes, String> {
+        let (part, digest) = unseal(sealed);
         let bad = || format!("not a segment part reference: {part:?}");
         let (segment, span) = part.rsplit_once('@').ok_or_else(bad)?;
         let (offset, len) = span.split_once('+').ok_or_else(bad)?;
@@ -409,7 +457,7 @@ impl Parts for SegmentParts {
         let mut body = vec![0u8; len];
         file.read_exact_at(&mut body, offset)
             .map_err(|e| format!("{segment} at {offset}+{len}: {e}"))?;
-        Ok(body.into())
+        check(part, digest, body.into())
     }
 
     async fn clear(&self) -> Result<(), String> {
@@ -453,20 +501,25 @@ impl Parts for ObjectParts {
     async fn put(&self, index: u64, body: Bytes) -> Result<String, PartError> {
         let n = self.puts.fetch_add(1, Ordering::Relaxed);
         let name = format!("{index:010}.{}.{n}", self.writer);
+        let reference = sealed(name, &body);
+        let name = unseal(&reference).0;
         self.storage
             .put(&format!("{}{name}", self.prefix), body)
             .await?;
-        Ok(name)
+        Ok(reference)
     }
 
-    async fn get(&self, part: &str) -> Result<Bytes, String> {
+    async fn get(&self, sealed: &str) -> Result<Bytes, String> {
+        let (part, digest) = unseal(sealed);
         if part.is_empty() || part.contains('/') || part.starts_with('.') {
             return Err(format!("not an object part reference: {part:?}"));
         }
-        self.storage
+        let body = self
+            .storage
             .get(&format!("{}{part}", self.prefix))
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        check(part, digest, body)
     }
 
     async fn clear(&self) -> Result<(), String> {
@@ -811,9 +864,31 @@ mod tests {
         let storage: Arc<dyn Storage> = Arc::new(LocalStorage::new(dir.path()));
         let parts = for_job(storage, Arc::new(MemoryLedger::new()), "j", "n1-0");
         let name = parts.put(0, Bytes::from("x\n")).await.unwrap();
-        assert_eq!(name, "n1-0.seg@0+2");
+        // The reference ends with the part's digest (SHA-256 of "x\n", its first 8 bytes).
+        assert_eq!(name, "n1-0.seg@0+2#73cb3858a687a849");
         assert!(dir.path().join("_parts/j/n1-0.seg").is_file());
         assert_eq!(parts.get(&name).await.unwrap(), Bytes::from("x\n"));
+        // An older reference, with no digest, reads unchecked.
+        assert_eq!(parts.get("n1-0.seg@0+2").await.unwrap(), Bytes::from("x\n"));
+        // A part edited in place is refused, and so is one cut short.
+        std::fs::write(dir.path().join("_parts/j/n1-0.seg"), "y\n").unwrap();
+        let fresh = for_job(
+            Arc::new(LocalStorage::new(dir.path())),
+            Arc::new(MemoryLedger::new()),
+            "j",
+            "n2-0",
+        );
+        let changed = fresh.get(&name).await.unwrap_err();
+        assert!(
+            changed.contains("changed since it was written"),
+            "{changed}"
+        );
+        assert!(check_kept(&*fresh, &name).await.is_err());
+        std::fs::write(dir.path().join("_parts/j/n1-0.seg"), "x\n").unwrap();
+        assert!(check_kept(&*fresh, &name).await.is_ok());
+        std::fs::write(dir.path().join("_parts/j/n1-0.seg"), "").unwrap();
+        assert!(check_kept(&*fresh, &name).await.is_err());
+        std::fs::write(dir.path().join("_parts/j/n1-0.seg"), "x\n").unwrap();
 
         let ledger = MemoryLedger::new();
         ledger.create("j", Limits::NONE).await.unwrap();
