@@ -202,8 +202,9 @@ pub enum Joined<'a> {
 }
 
 /// Writes the parts the ledger recorded for mini-batches `0..total`, in order, into
-/// `file_name` of `output`, telling `watch` each piece. Returns the output's size. The parts stay until the caller
-/// clears them, once the job is Completed: another finalizer may still be reading them.
+/// `file_name` of `output`, telling `watch` each piece. Returns the output's size. The parts
+/// stay until the caller clears them, once the job is Completed: another finalizer may
+/// still be reading them.
 #[allow(clippy::too_many_arguments)]
 pub async fn join_parts(
     parts: &dyn Parts,
