@@ -59,6 +59,10 @@ pub struct JobEvent {
     pub output: String,
     /// When the change was made, in seconds since the Unix epoch.
     pub time: f64,
+    /// The digest (`sha256:<hex>`) of the job's `logs/manifest.json`, on the event of the
+    /// end that wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<String>,
 }
 
 impl JobEvent {

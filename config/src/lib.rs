@@ -230,6 +230,12 @@ impl Location {
             .to_owned()
     }
 
+    /// A location given on a command line: an `s3://bucket/prefix` URI, or a path against
+    /// the current folder.
+    pub fn parse(text: &str) -> Result<Location, FieldError> {
+        validate::command_line_location(text)
+    }
+
     /// The local path, if this is one.
     pub fn as_local(&self) -> Option<&Path> {
         match self {

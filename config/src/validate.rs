@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 use std::path::Path;
 
-use self::location::{local_path, location};
+use self::location::{absolute, local_path, location};
 use crate::file::{InputTable, MINI_BATCH_SIZE_EXPECTED, MiniBatchSizeSetting, default};
 use crate::{
     FieldError, Input, JobFile, JobSpec, Location, LoggingLevel, MiniBatchSize, OutputAction,
@@ -510,6 +510,12 @@ fn variable_names<'a>(
         taken.push(name.clone());
     }
     Ok(taken)
+}
+
+/// A location given on a command line: an `s3://` URI, or a path against the current
+/// folder.
+pub(crate) fn command_line_location(text: &str) -> Result<Location, FieldError> {
+    location("location", text, &Location::Local(absolute(Path::new("."))))
 }
 
 #[cfg(test)]

@@ -1001,13 +1001,20 @@ pub async fn summary(fleet: &Fleet, job: &str) -> Result<Option<JobSummary>, Fle
     } else {
         None
     };
-    Ok(Some(JobSummary::new(
-        job,
-        &record,
-        &status,
-        depth,
-        job::unix_now(),
-    )))
+    let mut summary = JobSummary::new(job, &record, &status, depth, job::unix_now());
+    if status.state.is_terminal() {
+        summary.manifest = manifest_digest(fleet, &record).await;
+    }
+    Ok(Some(summary))
+}
+
+/// The digest of an ended job's manifest, `None` when it has none (or it cannot be read).
+async fn manifest_digest(fleet: &Fleet, record: &JobRecord) -> Option<String> {
+    let output = job::open_storage(&record.spec.output, &fleet.s3)
+        .await
+        .ok()?;
+    let read = job::manifest::Manifest::read(&*output).await;
+    read.ok().map(|(_, digest)| digest)
 }
 
 /// A job of this fleet's pool as the registry and the ledger know it.

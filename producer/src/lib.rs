@@ -12,6 +12,7 @@
 //! - [`serve`]: `fleetrun serve`, the fleet's HTTP API.
 //! - [`summary`]: a job's state as `status`, `jobs` and `wait` show it, as text or JSON.
 //! - [`tabular`]: cuts a tabular input (CSV, JSON Lines, Parquet) into byte-range chunks.
+//! - [`verify`]: `fleetrun verify`, an output checked against its job's manifest.
 //! - [`work_left`]: a job's expected seconds of work left, the autoscaling signal.
 //! - [`exit`]: the exit codes of `fleetrun`, in one table.
 
@@ -27,4 +28,5 @@ pub mod resume;
 pub mod serve;
 pub mod summary;
 pub mod tabular;
+pub mod verify;
 pub mod work_left;

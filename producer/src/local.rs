@@ -228,7 +228,14 @@ pub async fn run_local(
         Publication::Input,
     )
     .await?;
-    // What the last run recorded is done: its mini-batches are not published again.
+    // What the last run recorded is done, as far as its rows are still as they were
+    // written: its mini-batches are not published again.
+    let entries = {
+        let output: Arc<dyn Storage> = Arc::new(LocalStorage::new(&output_dir));
+        let writer = fleetrun_worker::parts::writer_name("resume");
+        let parts = fleetrun_worker::parts::for_job(output, ledger.clone(), &job_id, &writer);
+        crate::resume::kept_intact(&*parts, &job_id, entries).await
+    };
     let done: std::collections::HashSet<u64> = entries
         .iter()
         .filter(|e| !e.batch_failed && e.failed == 0)

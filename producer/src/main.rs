@@ -9,7 +9,7 @@ use fleetrun_common::ledger::{JobState, LedgerError};
 use fleetrun_common::report::one_line;
 use fleetrun_producer::fleet::{self as fleet_cmd, EmptyInput, FleetError};
 use fleetrun_producer::local::{Interrupt, JobReport, RunError, RunOptions, run_local};
-use fleetrun_producer::{dlq, exit};
+use fleetrun_producer::{dlq, exit, verify};
 use fleetrun_worker::job::{Fleet, FleetArgs, NewPool, SettingsError};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -109,6 +109,21 @@ enum Command {
         create_pool: bool,
         #[command(flatten)]
         fleet: FleetArgs,
+    },
+    /// Check a completed job's output against its manifest (logs/manifest.json): every
+    /// item once in the output or in failed_items.csv, no foreign line, every part as the
+    /// job wrote it, the signature. Exit 0 with one line of counts, or 1 naming each problem.
+    Verify {
+        /// The job's output folder, or its s3://bucket/prefix.
+        output: String,
+        /// List this input again (a folder or s3:// prefix) instead of trusting the
+        /// manifest's listing.
+        #[arg(long, value_name = "INPUT")]
+        input: Option<String>,
+        /// The key the manifest is signed with (default: $FLEETRUN_MANIFEST_KEY, else
+        /// $FLEETRUN_WEBHOOK_SECRET); without one the signature is not checked.
+        #[arg(long, value_name = "KEY")]
+        key: Option<String>,
     },
     /// Print an Azure ML v2 YAML's parallel job as a fleetrun job file (TOML), each line
     /// with a comment naming its YAML key.
@@ -277,6 +292,7 @@ fn main() -> ExitCode {
                 },
             )
         }
+        Command::Verify { output, input, key } => verify(&output, input.as_deref(), key),
         Command::Convert {
             yaml,
             aml_job,
@@ -669,6 +685,36 @@ fn print_report(r: &JobReport) {
             r.log_dir.join("job_result.txt").display(),
             r.log_dir.join("user/error.txt").display()
         );
+    }
+}
+
+/// `fleetrun verify`: 0 when the output holds, 1 naming each problem (or why it could not
+/// be checked).
+fn verify(output: &str, input: Option<&str>, key: Option<String>) -> ExitCode {
+    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    let key = key.or_else(fleetrun_worker::job::manifest::signing_key);
+    let result = runtime.block_on(async {
+        let output = fleetrun_config::Location::parse(output)?;
+        let input = input.map(fleetrun_config::Location::parse).transpose()?;
+        let key = key.as_deref().map(str::as_bytes);
+        anyhow::Ok(verify::verify_at(&output, input.as_ref(), key).await?)
+    });
+    match result {
+        Ok(verified) if verified.problems.is_empty() => {
+            say!("{}", verified.summary());
+            ExitCode::from(exit::COMPLETED)
+        }
+        Ok(verified) => {
+            for problem in &verified.problems {
+                say!("problem: {problem}");
+            }
+            say!("{} problem(s) found", verified.problems.len());
+            ExitCode::from(exit::ERROR)
+        }
+        Err(e) => {
+            eprintln!("error: {}", one_line(e.as_ref()));
+            ExitCode::from(exit::ERROR)
+        }
     }
 }
 

@@ -5,21 +5,18 @@
 use std::collections::{BTreeMap, HashSet};
 
 use async_trait::async_trait;
-use fleetrun_common::ledger::journal::Cut;
+use fleetrun_common::ledger::journal::{Cut, Entry};
 use fleetrun_common::queue::{Consumer, DeadLetterHold, Depth, Queue, QueueError};
 use fleetrun_common::storage::s3::S3Settings;
 use fleetrun_common::wire::MiniBatch;
 use fleetrun_config::JobSpec;
 use fleetrun_worker::job;
+use fleetrun_worker::parts::{self, Parts};
 use tokio_util::sync::CancellationToken;
 
 use crate::partition::Produced;
-use sha2::{Digest, Sha256};
 
-/// The parts of a fingerprint, as a refusal names them.
-pub const JOB_FILE: &str = "the job's settings";
-pub const CODE: &str = "the script's code";
-pub const INPUT: &str = "the input listing";
+pub use fleetrun_worker::job::manifest::{CODE, INPUT, JOB_FILE};
 
 /// Why a fingerprint was not taken, or the input not cut again.
 #[derive(Debug, thiserror::Error)]
@@ -32,15 +29,10 @@ pub enum FingerprintError {
     Cut(#[from] crate::partition::PartitionError),
 }
 
-/// What a job run is made of: its settings and its script's code, each a SHA-256. Its input
-/// is told by how the run cut it ([`same_cut`]), from the run's own listing.
+/// What a job run is made of ([`job::manifest::fingerprint`]). Its input is told by how the
+/// run cut it ([`same_cut`]), from the run's own listing.
 pub fn fingerprint(spec: &JobSpec) -> Result<BTreeMap<String, String>, FingerprintError> {
-    let settings = serde_json::to_vec(spec).expect("a job always encodes");
-    let mut parts = BTreeMap::from([(JOB_FILE.to_owned(), hex(Sha256::digest(&settings)))]);
-    if let Some(code) = job::code_digest(spec)? {
-        parts.insert(CODE.to_owned(), code);
-    }
-    Ok(parts)
+    Ok(job::manifest::fingerprint(spec)?)
 }
 
 /// How the input is cut now against the last run's `cuts`.
@@ -108,8 +100,30 @@ pub fn changed(before: &BTreeMap<String, String>, now: &BTreeMap<String, String>
         .collect()
 }
 
-fn hex(digest: impl AsRef<[u8]>) -> String {
-    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+/// The recordings of a job's last run that a resumed run keeps: those whose stored parts
+/// still read as they were written ([`parts::check_kept`]). A mini-batch whose rows were
+/// edited, cut short or removed since is left out, so it runs again, and is named.
+pub async fn kept_intact(parts: &dyn Parts, job: &str, entries: Vec<Entry>) -> Vec<Entry> {
+    let mut kept = Vec::with_capacity(entries.len());
+    let mut again = Vec::new();
+    for entry in entries {
+        let checked = match &entry.part {
+            Some(reference) => parts::check_kept(parts, reference).await,
+            None => Ok(()),
+        };
+        match checked {
+            Ok(()) => kept.push(entry),
+            Err(e) => {
+                tracing::debug!(job = %job, mini_batch = entry.index, error = %e, "A kept part does not read as written.");
+                again.push(entry.index.to_string());
+            }
+        }
+    }
+    if !again.is_empty() {
+        let list = again.join(", ");
+        tracing::warn!(job = %job, mini_batches = %list, "Resuming: these mini-batches' kept rows changed or went missing since they were recorded; they run again.");
+    }
+    kept
 }
 
 /// A queue that publishes only the mini-batches not already `done`: those a resumed job kept

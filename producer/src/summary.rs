@@ -55,6 +55,10 @@ pub struct JobSummary {
     pub failed_items: Option<String>,
     /// Its pool's queue, when it was asked.
     pub queue: Option<QueueSummary>,
+    /// The digest (`sha256:<hex>`) of its `logs/manifest.json`, once it ended with one;
+    /// `fleetrun verify` checks the output against that manifest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<String>,
 }
 
 /// A pool's queue as `status` shows it.
@@ -133,6 +137,7 @@ impl JobSummary {
             output: output_location(spec),
             failed_items,
             queue: depth.map(|d| QueueSummary::of(&record.pool, d)),
+            manifest: None,
         }
     }
 
@@ -186,6 +191,9 @@ impl JobSummary {
         out.push_str(&format!("output:        {}\n", self.output));
         if let Some(failed) = &self.failed_items {
             out.push_str(&format!("failed items:  {failed}\n"));
+        }
+        if let Some(manifest) = &self.manifest {
+            out.push_str(&format!("manifest:      {manifest}\n"));
         }
         out
     }

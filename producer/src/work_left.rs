@@ -110,6 +110,7 @@ mod tests {
             output: "out".into(),
             failed_items: None,
             queue: None,
+            manifest: None,
         }
     }
 

@@ -38,6 +38,8 @@ mod named_outputs;
 mod observability;
 #[path = "fleet/page.rs"]
 mod page;
+#[path = "fleet/proof.rs"]
+mod proof;
 #[path = "fleet/resume.rs"]
 mod resume;
 #[path = "fleet/s3_faults.rs"]
@@ -2589,6 +2591,13 @@ fn a_listener_bound_to_the_events_exchange_hears_each_change_once() {
     assert_eq!(keys(&fails), ["job.running", "job.failed"]);
     let (_, completed) = &heard[&name(&completes)][2];
     assert_eq!(completed["state"], "Completed");
+    // The end that wrote a manifest names its digest.
+    let manifest = fleet.output("out/logs/manifest.json");
+    assert_eq!(
+        completed["manifest"],
+        proof::digest(&manifest),
+        "{completed}"
+    );
     assert_eq!(completed["counts"]["total_mini_batches"], 4);
     // f0003 failed alone: its mini-batch's four other files were isolated from it.
     assert_eq!(completed["counts"]["failed_items"], 1);

@@ -783,6 +783,71 @@ fn a_run_killed_at_40_percent_resumes_where_it_stood() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("1000 items succeeded"));
 }
 
+/// The mini-batches a killed run's journal recorded, with their parts' references.
+fn journaled_parts(job: &JobDir) -> std::collections::BTreeMap<u64, String> {
+    let journal = std::fs::read_to_string(job.path("out/.fleetrun/journal")).unwrap();
+    journal
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter_map(|entry| Some((entry["i"].as_u64()?, entry["p"].as_str()?.to_owned())))
+        .collect()
+}
+
+/// A killed run whose kept rows were edited since: `--resume` checks each kept mini-batch's
+/// part against the digest recorded with it, runs again exactly the one whose rows changed,
+/// says which, and the output holds what the script returns.
+#[test]
+fn a_resume_runs_again_exactly_the_kept_mini_batch_whose_rows_changed() {
+    let calls = tempfile::NamedTempFile::new().unwrap();
+    let job = resumable_job(calls.path());
+    let mut first = KillOnDrop(job.command(&[]).env("RUN_TAG", "first").spawn().unwrap());
+    wait_for(
+        "30% of the mini-batches to run",
+        Duration::from_secs(120),
+        || calls_of(calls.path(), "first") >= 30,
+    );
+    first.0.kill().unwrap(); // SIGKILL
+    first.0.wait().unwrap();
+    let kept = journaled_parts(&job);
+    assert!(kept.len() >= 10, "{kept:?}");
+    // Edit one kept mini-batch's rows in its segment, in place: same length, one byte.
+    let (&edited, reference) = kept.iter().nth(5).unwrap();
+    let (segment, span) = reference.split_once('@').unwrap();
+    let offset: u64 = span.split('+').next().unwrap().parse().unwrap();
+    let segments = std::fs::read_dir(job.path("out/_parts"))
+        .unwrap()
+        .map(|e| e.unwrap().path().join(segment))
+        .find(|p| p.exists())
+        .expect("the segment of the edited part");
+    let mut bytes = std::fs::read(&segments).unwrap();
+    bytes[offset as usize] = b'X';
+    std::fs::write(&segments, bytes).unwrap();
+
+    let out = output_within(
+        job.command(&["--resume"]).env("RUN_TAG", "second"),
+        RUN_LIMIT,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 0, "{stderr}");
+    assert_eq!(job.output_lines(), expected_lines(1000, |_| false));
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("kept rows changed or went missing")
+                && l.ends_with(&format!(" mini_batches={edited}"))),
+        "{stderr}"
+    );
+    // Of the mini-batches the first run kept, the second ran the edited one alone.
+    let calls = std::fs::read_to_string(calls.path()).unwrap();
+    let again: Vec<u64> = calls
+        .lines()
+        .filter_map(|l| l.strip_prefix("second f"))
+        .map(|file| file.trim_end_matches(".txt").parse::<u64>().unwrap() / 10)
+        .filter(|index| kept.contains_key(index))
+        .collect();
+    assert_eq!(again, [edited], "{calls}");
+}
+
 /// A run interrupted by SIGINT resumes too; a resume is refused, naming what changed, when
 /// the input changed since, and goes ahead with `--force`; a run without `--resume` starts
 /// from the start.

@@ -79,6 +79,52 @@ pub trait Parts: Send + Sync {
 /// isolated). The failed items' part follows this mark, after the rows' part if any.
 const FAILED_ITEMS_MARK: char = '!';
 
+/// The mark before the digest a stored part's reference ends with: the first 16 hex digits
+/// of the part's SHA-256, checked as it is read back, so a part edited or cut short since
+/// it was written is never taken for the mini-batch's rows (a resume runs that mini-batch
+/// again, a finalizer refuses it). A reference without one (written by an older fleetrun,
+/// or a part kept in the ledger, which no user edits) is read unchecked.
+const DIGEST_MARK: char = '#';
+
+/// `reference` with `body`'s digest.
+fn sealed(reference: String, body: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let digest: String = Sha256::digest(body)[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{reference}{DIGEST_MARK}{digest}")
+}
+
+/// A stored part's reference, and the digest it carries.
+fn unseal(sealed: &str) -> (&str, Option<&str>) {
+    match sealed.rsplit_once(DIGEST_MARK) {
+        Some((part, digest)) => (part, Some(digest)),
+        None => (sealed, None),
+    }
+}
+
+/// `body`, read back for `part`, if it is what was stored (`digest`).
+fn check(part: &str, digest: Option<&str>, body: Bytes) -> Result<Bytes, String> {
+    match digest {
+        Some(digest) if sealed(String::new(), &body)[1..] != *digest => Err(format!(
+            "part {part} changed since it was written (its digest does not match)"
+        )),
+        _ => Ok(body),
+    }
+}
+
+/// Reads every stored part a ledger reference names (a mini-batch's rows, its failed items'
+/// lines), checking each against its digest: `Err` says which changed or is gone.
+pub async fn check_kept(parts: &dyn Parts, reference: &str) -> Result<(), String> {
+    for kind in [PartKind::Rows, PartKind::FailedItems] {
+        if let Some(part) = kind.take(reference.to_owned()) {
+            parts.get(&part).await?;
+        }
+    }
+    Ok(())
+}
+
 /// Which of the counted parts a join takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PartKind {
@@ -115,33 +161,51 @@ impl PartKind {
     }
 }
 
-/// The bodies of the parts of `kind` the ledger counted for mini-batches `0..total`, in
-/// mini-batch order, read a few ahead. The ledger is asked for its references a thousand
-/// at a time, so memory does not grow with the job.
+/// The bodies of the parts of `kind` the ledger counted for mini-batches `0..total`, with
+/// their mini-batch's index, in mini-batch order, read a few ahead. The ledger is asked for
+/// its references a thousand at a time, so memory does not grow with the job.
 fn counted<'a>(
     parts: &'a dyn Parts,
     ledger: &'a dyn Ledger,
     job: &'a str,
     total: u64,
     kind: PartKind,
-) -> impl futures::Stream<Item = Result<Bytes, String>> + 'a {
+) -> impl futures::Stream<Item = Result<(u64, Bytes), String>> + 'a {
     let ranges = (0..total)
         .step_by(REFS_PER_CALL as usize)
         .map(move |start| start..total.min(start + REFS_PER_CALL));
     futures::stream::iter(ranges)
-        .then(move |range| async move { ledger.parts(job, range).await.map_err(|e| e.to_string()) })
-        .map_ok(move |refs| {
-            let wanted = refs.into_iter().flatten().filter_map(move |r| kind.take(r));
+        .then(move |range| async move {
+            let start = range.start;
+            let refs = ledger.parts(job, range).await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((start, refs))
+        })
+        .map_ok(move |(start, refs)| {
+            let wanted = (start..).zip(refs).filter_map(move |(index, r)| {
+                r.and_then(|r| kind.take(r)).map(|part| (index, part))
+            });
             futures::stream::iter(wanted.map(Ok::<_, String>))
         })
         .try_flatten()
-        .map_ok(move |part| async move { parts.get(&part).await })
+        .map_ok(move |(index, part)| async move { Ok((index, parts.get(&part).await?)) })
         .try_buffered(READ_AHEAD)
 }
 
+/// What a join writes into the output file, piece by piece, as its watcher (the job's
+/// manifest) is told.
+#[derive(Debug, Clone, Copy)]
+pub enum Joined<'a> {
+    /// The header line, newline included, written once at the top.
+    Header(&'a [u8]),
+    /// Mini-batch `index`'s rows.
+    Part { index: u64, rows: &'a [u8] },
+}
+
 /// Writes the parts the ledger recorded for mini-batches `0..total`, in order, into
-/// `file_name` of `output`. Returns the output's size. The parts stay until the caller
-/// clears them, once the job is Completed: another finalizer may still be reading them.
+/// `file_name` of `output`, telling `watch` each piece. Returns the output's size. The parts
+/// stay until the caller clears them, once the job is Completed: another finalizer may
+/// still be reading them.
+#[allow(clippy::too_many_arguments)]
 pub async fn join_parts(
     parts: &dyn Parts,
     ledger: &dyn Ledger,
@@ -150,24 +214,27 @@ pub async fn join_parts(
     output: &dyn Storage,
     file_name: &str,
     framed: bool,
+    watch: &mut (dyn FnMut(Joined<'_>) + Send),
 ) -> Result<u64, String> {
     let mut header_written = false;
     let mut writer = output.writer(file_name).await.map_err(|e| e.to_string())?;
     let bodies = counted(parts, ledger, job, total, PartKind::Rows);
     futures::pin_mut!(bodies);
-    while let Some(body) = bodies.try_next().await? {
+    while let Some((index, body)) = bodies.try_next().await? {
         let body = if framed {
             let (header, rows) = split_header(body)?;
             if !header_written && !header.is_empty() {
                 header_written = true;
                 let mut line = header.to_vec();
                 line.push(b'\n');
+                watch(Joined::Header(&line));
                 writer.write(line.into()).await.map_err(|e| e.to_string())?;
             }
             rows
         } else {
             body
         };
+        watch(Joined::Part { index, rows: &body });
         writer.write(body).await.map_err(|e| e.to_string())?;
     }
     writer.finish().await.map_err(|e| e.to_string())
@@ -187,7 +254,7 @@ pub async fn join_failed_items(
 ) -> Result<bool, String> {
     let bodies = counted(parts, ledger, job, total, PartKind::FailedItems);
     futures::pin_mut!(bodies);
-    let Some(first) = bodies.try_next().await? else {
+    let Some((_, first)) = bodies.try_next().await? else {
         return Ok(false);
     };
     let mut writer = output.writer(key).await.map_err(|e| e.to_string())?;
@@ -195,7 +262,7 @@ pub async fn join_failed_items(
     for body in [top, first] {
         writer.write(body).await.map_err(|e| e.to_string())?;
     }
-    while let Some(body) = bodies.try_next().await? {
+    while let Some((_, body)) = bodies.try_next().await? {
         writer.write(body).await.map_err(|e| e.to_string())?;
     }
     writer.finish().await.map_err(|e| e.to_string())?;
@@ -373,10 +440,12 @@ impl Parts for SegmentParts {
             return Err(write_error(e));
         }
         *len += body.len() as u64;
-        Ok(format!("{}@{offset}+{}", self.segment, body.len()))
+        let reference = format!("{}@{offset}+{}", self.segment, body.len());
+        Ok(sealed(reference, &body))
     }
 
-    async fn get(&self, part: &str) -> Result<Bytes, String> {
+    async fn get(&self, sealed: &str) -> Result<Bytes, String> {
+        let (part, digest) = unseal(sealed);
         let bad = || format!("not a segment part reference: {part:?}");
         let (segment, span) = part.rsplit_once('@').ok_or_else(bad)?;
         let (offset, len) = span.split_once('+').ok_or_else(bad)?;
@@ -389,7 +458,7 @@ impl Parts for SegmentParts {
         let mut body = vec![0u8; len];
         file.read_exact_at(&mut body, offset)
             .map_err(|e| format!("{segment} at {offset}+{len}: {e}"))?;
-        Ok(body.into())
+        check(part, digest, body.into())
     }
 
     async fn clear(&self) -> Result<(), String> {
@@ -433,20 +502,25 @@ impl Parts for ObjectParts {
     async fn put(&self, index: u64, body: Bytes) -> Result<String, PartError> {
         let n = self.puts.fetch_add(1, Ordering::Relaxed);
         let name = format!("{index:010}.{}.{n}", self.writer);
+        let reference = sealed(name, &body);
+        let name = unseal(&reference).0;
         self.storage
             .put(&format!("{}{name}", self.prefix), body)
             .await?;
-        Ok(name)
+        Ok(reference)
     }
 
-    async fn get(&self, part: &str) -> Result<Bytes, String> {
+    async fn get(&self, sealed: &str) -> Result<Bytes, String> {
+        let (part, digest) = unseal(sealed);
         if part.is_empty() || part.contains('/') || part.starts_with('.') {
             return Err(format!("not an object part reference: {part:?}"));
         }
-        self.storage
+        let body = self
+            .storage
             .get(&format!("{}{part}", self.prefix))
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        check(part, digest, body)
     }
 
     async fn clear(&self) -> Result<(), String> {
@@ -586,7 +660,7 @@ mod tests {
 
         let out_dir = tempfile::tempdir().unwrap();
         let out = LocalStorage::new(out_dir.path());
-        let size = join_parts(a, &ledger, "j", 4, &out, "out.txt", false)
+        let size = join_parts(a, &ledger, "j", 4, &out, "out.txt", false, &mut |_| {})
             .await
             .unwrap();
         a.clear().await.unwrap();
@@ -662,18 +736,36 @@ mod tests {
         }
         let out_dir = tempfile::tempdir().unwrap();
         let out = LocalStorage::new(out_dir.path());
-        join_parts(&parts, &*ledger, "j", 3, &out, "out.txt", false)
-            .await
-            .unwrap();
+        join_parts(
+            &parts,
+            &*ledger,
+            "j",
+            3,
+            &out,
+            "out.txt",
+            false,
+            &mut |_| {},
+        )
+        .await
+        .unwrap();
         let joined = std::fs::read(out_dir.path().join("out.txt")).unwrap();
         assert_eq!(joined, [&small[..], &large[..], &small[..]].concat());
 
         parts.clear().await.unwrap();
         assert!(!dir.path().join("_parts/j").exists());
         assert!(
-            join_parts(&parts, &*ledger, "j", 3, &out, "again.txt", false)
-                .await
-                .is_err()
+            join_parts(
+                &parts,
+                &*ledger,
+                "j",
+                3,
+                &out,
+                "again.txt",
+                false,
+                &mut |_| {}
+            )
+            .await
+            .is_err()
         );
         assert!(!out_dir.path().join("again.txt").exists());
     }
@@ -699,7 +791,7 @@ mod tests {
                 .unwrap();
         }
         let out = LocalStorage::new(dir.path());
-        join_parts(&parts, &ledger, "j", 3, &out, "out.txt", true)
+        join_parts(&parts, &ledger, "j", 3, &out, "out.txt", true, &mut |_| {})
             .await
             .unwrap();
         let joined = std::fs::read_to_string(dir.path().join("out.txt")).unwrap();
@@ -730,7 +822,7 @@ mod tests {
         let r2 = parts.put(2, Bytes::from("c\n")).await.unwrap();
         ledger.record("j", 2, OK, Some(&r2)).await.unwrap();
         let out = LocalStorage::new(dir.path());
-        join_parts(&parts, &ledger, "j", 3, &out, "out.txt", false)
+        join_parts(&parts, &ledger, "j", 3, &out, "out.txt", false, &mut |_| {})
             .await
             .unwrap();
         join_failed_items(&parts, &ledger, "j", 3, &out, "failed.csv", "h")
@@ -773,16 +865,47 @@ mod tests {
         let storage: Arc<dyn Storage> = Arc::new(LocalStorage::new(dir.path()));
         let parts = for_job(storage, Arc::new(MemoryLedger::new()), "j", "n1-0");
         let name = parts.put(0, Bytes::from("x\n")).await.unwrap();
-        assert_eq!(name, "n1-0.seg@0+2");
+        // The reference ends with the part's digest (SHA-256 of "x\n", its first 8 bytes).
+        assert_eq!(name, "n1-0.seg@0+2#73cb3858a687a849");
         assert!(dir.path().join("_parts/j/n1-0.seg").is_file());
         assert_eq!(parts.get(&name).await.unwrap(), Bytes::from("x\n"));
+        // An older reference, with no digest, reads unchecked.
+        assert_eq!(parts.get("n1-0.seg@0+2").await.unwrap(), Bytes::from("x\n"));
+        // A part edited in place is refused, and so is one cut short.
+        std::fs::write(dir.path().join("_parts/j/n1-0.seg"), "y\n").unwrap();
+        let fresh = for_job(
+            Arc::new(LocalStorage::new(dir.path())),
+            Arc::new(MemoryLedger::new()),
+            "j",
+            "n2-0",
+        );
+        let changed = fresh.get(&name).await.unwrap_err();
+        assert!(
+            changed.contains("changed since it was written"),
+            "{changed}"
+        );
+        assert!(check_kept(&*fresh, &name).await.is_err());
+        std::fs::write(dir.path().join("_parts/j/n1-0.seg"), "x\n").unwrap();
+        assert!(check_kept(&*fresh, &name).await.is_ok());
+        std::fs::write(dir.path().join("_parts/j/n1-0.seg"), "").unwrap();
+        assert!(check_kept(&*fresh, &name).await.is_err());
+        std::fs::write(dir.path().join("_parts/j/n1-0.seg"), "x\n").unwrap();
 
         let ledger = MemoryLedger::new();
         ledger.create("j", Limits::NONE).await.unwrap();
         let out = LocalStorage::new(dir.path());
-        join_parts(&*parts, &ledger, "j", 0, &out, "out.txt", false)
-            .await
-            .unwrap();
+        join_parts(
+            &*parts,
+            &ledger,
+            "j",
+            0,
+            &out,
+            "out.txt",
+            false,
+            &mut |_| {},
+        )
+        .await
+        .unwrap();
         assert_eq!(
             std::fs::read_to_string(dir.path().join("out.txt")).unwrap(),
             ""

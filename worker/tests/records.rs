@@ -97,7 +97,10 @@ async fn failed_items_are_one_file_that_never_lists_a_mini_batch_that_succeeded(
 
     let sealed = n1.job.seal(3).await.unwrap();
     assert_eq!(sealed.status.state, JobState::Finalizing);
-    assert_eq!(n2.job.finish(|| async { true }).await, JobState::Completed);
+    assert_eq!(
+        n2.job.finish(&*n2.input, || async { true }).await,
+        JobState::Completed
+    );
     let out = dir.path().join("out");
     assert_eq!(
         std::fs::read_to_string(out.join("parallel_run_step.txt")).unwrap(),

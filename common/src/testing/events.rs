@@ -51,6 +51,7 @@ pub fn event(job: &str, state: JobState) -> JobEvent {
         cause: None,
         output: "out".to_owned(),
         time: 0.0,
+        manifest: None,
     }
 }
 

@@ -71,7 +71,7 @@ async fn finalize_job(ledger: &dyn Ledger, ctx: &JobContext) -> JobState {
             .await
             .unwrap_or(false)
     };
-    ctx.job.finish(still_held).await
+    ctx.job.finish(&*ctx.input, still_held).await
 }
 
 /// Fails the job if its init failures over all nodes break CONTRACT §5 rule 2; `detail`

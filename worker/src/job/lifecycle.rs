@@ -21,6 +21,7 @@ use fleetrun_config::{JobSpec, Location, OutputAction};
 use tracing::{info, warn};
 
 use super::error::JobError;
+use super::manifest::{self, Manifest, OutputDigests};
 use super::record::{JobRecord, unix_now};
 use super::results;
 use super::settings::{Fleet, open_storage};
@@ -262,40 +263,45 @@ impl Job {
     }
 
     /// Ends a Finalizing job: joins its counted parts into the output file (`append_row`)
-    /// and its failed items into `failed_items.csv`, moves it to Completed and removes the
-    /// parts. If those cannot be written, the job fails, provided `may_fail` still agrees
+    /// and its failed items into `failed_items.csv`, moves it to Completed, removes the
+    /// parts and writes its manifest (over `input`'s listing) last. If those cannot be
+    /// written, the job fails, provided `may_fail` still agrees
     /// (on a fleet: this node still holds the finalization claim); else it is left
     /// Finalizing for whoever holds it. Returns the job's state after. The result files are
     /// the caller's to write, once it knows the state holds.
-    pub async fn finish<F, Fut>(&self, may_fail: F) -> JobState
+    pub async fn finish<F, Fut>(&self, input: &dyn Storage, may_fail: F) -> JobState
     where
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = bool>,
     {
         let total = self.status().await.ok().flatten().and_then(|s| s.total);
-        if let Err(e) = self.join(total.unwrap_or(0)).await {
-            if !may_fail().await {
-                return JobState::Finalizing;
-            }
-            let failed = self
-                .ledger
-                .transition(
-                    &self.id,
-                    &[JobState::Finalizing],
-                    JobState::Failed,
-                    Some(&e),
-                )
-                .await;
-            return match failed {
-                Ok((moved, status)) => {
-                    if moved {
-                        self.announce(&status).await;
-                    }
-                    status.state
+        let joined = self.join(total.unwrap_or(0)).await;
+        let digests = match joined {
+            Ok(digests) => digests,
+            Err(e) => {
+                if !may_fail().await {
+                    return JobState::Finalizing;
                 }
-                Err(_) => JobState::Failed,
-            };
-        }
+                let failed = self
+                    .ledger
+                    .transition(
+                        &self.id,
+                        &[JobState::Finalizing],
+                        JobState::Failed,
+                        Some(&e),
+                    )
+                    .await;
+                return match failed {
+                    Ok((moved, status)) => {
+                        if moved {
+                            self.announce(&status).await;
+                        }
+                        status.state
+                    }
+                    Err(_) => JobState::Failed,
+                };
+            }
+        };
         let completed = self
             .ledger
             .transition(&self.id, &[JobState::Finalizing], JobState::Completed, None)
@@ -306,7 +312,8 @@ impl Job {
                     if let Err(e) = self.parts.clear().await {
                         warn!(job = %self.id, error = %e, "Cannot remove the job's parts.");
                     }
-                    self.announce(&status).await;
+                    let manifest = self.write_manifest(input, &status, &digests).await;
+                    self.tell(&status, manifest).await;
                 }
                 status.state
             }
@@ -318,6 +325,11 @@ impl Job {
     /// when it ended: called once per change, by the call that made it. An event that cannot be published is lost, and
     /// the job goes on: the ledger, not the events, is the job's truth.
     pub async fn announce(&self, status: &Status) {
+        self.tell(status, None).await;
+    }
+
+    /// [`Job::announce`], with the digest of the job's manifest when it wrote one.
+    async fn tell(&self, status: &Status, manifest: Option<String>) {
         let event = JobEvent {
             job_id: self.id.clone(),
             name: self.spec.name.clone(),
@@ -327,6 +339,7 @@ impl Job {
             cause: status.reason.clone(),
             output: output_location(&self.spec),
             time: unix_now(),
+            manifest,
         };
         if let Err(e) = self.events.publish(&event).await {
             warn!(job = %self.id, state = %status.state, error = %e, "Cannot publish the job's event.");
@@ -337,9 +350,11 @@ impl Job {
     }
 
     /// Writes the output file and `failed_items.csv` of a job whose `total` mini-batches
-    /// are all recorded; the error says which could not be written.
-    async fn join(&self, total: u64) -> Result<(), String> {
+    /// are all recorded, and returns the output's digests; the error says which could not
+    /// be written.
+    async fn join(&self, total: u64) -> Result<OutputDigests, String> {
         let spec = &self.spec;
+        let mut digests = OutputDigests::default();
         if spec.output_action == OutputAction::AppendRow {
             parts::join_parts(
                 &*self.parts,
@@ -349,6 +364,7 @@ impl Job {
                 &*self.output,
                 &spec.append_row_file_name,
                 spec.append_row_dataframe_header,
+                &mut |joined| digests.note(joined),
             )
             .await
             .map_err(|e| format!("writing the output file failed: {e}"))?;
@@ -358,7 +374,71 @@ impl Job {
             .map_err(|e| format!("writing logs/{} failed: {e}", logs::FAILED_ITEMS_CSV))?;
         self.write_report()
             .await
-            .map_err(|e| format!("writing logs/{} failed: {e}", logs::REPORT_CSV))
+            .map_err(|e| format!("writing logs/{} failed: {e}", logs::REPORT_CSV))?;
+        Ok(digests)
+    }
+
+    /// Writes the manifest of a job that ended in `status` (see [`super::manifest`]):
+    /// what ran, over `input`'s listing, and what its output holds (`digests`). Returns its
+    /// digest, `None` (and a warning) when it could not be written.
+    async fn write_manifest(
+        &self,
+        input: &dyn Storage,
+        status: &Status,
+        digests: &OutputDigests,
+    ) -> Option<String> {
+        let fingerprint = manifest::fingerprint(&self.spec).unwrap_or_else(|e| {
+            warn!(job = %self.id, error = %e, "Cannot take the job's fingerprint for its manifest.");
+            Default::default()
+        });
+        let listing = manifest::listing(input).await.inspect_err(|e| {
+            warn!(job = %self.id, error = %e, "Cannot list the input for the job's manifest.");
+        });
+        let report = self.report_rows().await.unwrap_or_else(|e| {
+            warn!(job = %self.id, error = %e, "Cannot read the job's report for its manifest.");
+            Vec::new()
+        });
+        let total = status.total.unwrap_or(status.done);
+        let output = (self.spec.output_action == OutputAction::AppendRow)
+            .then(|| digests.file(&self.spec.append_row_file_name));
+        let failed_key = format!("logs/{}", logs::FAILED_ITEMS_CSV);
+        let failed_items = manifest::file_digest(&*self.output, &failed_key).await;
+        let written = Manifest {
+            version: manifest::MANIFEST_VERSION,
+            job_id: self.id.clone(),
+            state: status.state,
+            fingerprint,
+            python: manifest::python_info(&self.spec).await,
+            input: listing.ok(),
+            output,
+            failed_items: failed_items.ok().flatten(),
+            counts: Counts::of(status),
+            mini_batches: manifest::entries(total, &manifest::report_items(&report), digests),
+            signature: None,
+        };
+        match manifest::write(&*self.output, written).await {
+            Ok(digest) => Some(digest),
+            Err(e) => {
+                warn!(job = %self.id, error = %e, "Cannot write the job's manifest.");
+                None
+            }
+        }
+    }
+
+    /// Every row of the job's report the ledger kept, in the order they came.
+    async fn report_rows(&self) -> Result<Vec<String>, LedgerError> {
+        const ROWS_PER_CALL: u64 = 1000;
+        let mut rows = Vec::new();
+        loop {
+            let batch = self
+                .ledger
+                .report_rows(&self.id, rows.len() as u64, ROWS_PER_CALL)
+                .await?;
+            if batch.is_empty() {
+                return Ok(rows);
+            }
+            rows.extend(batch);
+        }
     }
 
     /// Writes `logs/sys/job_report/processed_mini-batches.csv` from the rows the ledger kept,

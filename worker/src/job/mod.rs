@@ -23,6 +23,8 @@
 //! - `notify`: a job's webhook (`notify_url`), signed, retried, in the background.
 //! - `results`: what a job tells its user: its overview while it runs, its result when it
 //!   ends.
+//! - `manifest`: a job's manifest, `logs/manifest.json`: what ran, over what, what it
+//!   produced, signed.
 //! - `finalize`: concluding a job: its finalization, its result, failing it.
 //! - `dead_letters`: dead-lettered mini-batches, recorded against their job.
 
@@ -34,6 +36,7 @@ mod error;
 mod finalize;
 mod lifecycle;
 mod load;
+pub mod manifest;
 pub mod notify;
 mod record;
 mod results;
