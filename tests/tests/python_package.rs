@@ -43,6 +43,19 @@ fn succeeds(what: &str, cmd: &mut std::process::Command) -> String {
     stdout
 }
 
+/// Runs `python/tests/<script> <work>` with the venv's Python: it must print `ok` last. Its
+/// stdout.
+fn python_test(venv: &Venv, script: &str, work: &Path) -> String {
+    let stdout = succeeds(
+        script,
+        venv.command("python")
+            .arg(repo("python/tests").join(script))
+            .arg(work),
+    );
+    assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
+    stdout
+}
+
 /// The digits example (its script, model helper and job file, as shipped) in a project folder
 /// whose `.venv` (the job's `environment`) has the wheel and the example's requirements: its
 /// data made by its own `make_data.py`, then cut to two folders of images (100 good ones and
@@ -121,15 +134,22 @@ fn fleetrun_run_from_python_returns_counts_and_the_output_path() {
         "def run(mini_batch):\n    return [open(p).read() for p in mini_batch if not p.endswith('f03.txt')]\n",
     )
     .unwrap();
-    let stdout = succeeds(
-        "run_job.py",
-        venv.command("python")
-            .arg(repo("python/tests/run_job.py"))
-            .arg(work.path()),
-    );
-    assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
+    let stdout = python_test(&venv, "run_job.py", work.path());
     // The progress line a notebook shows.
     assert!(stdout.contains("5 of 5"), "{stdout}");
+}
+
+/// `fleetrun.Client` tries a request again after a dropped connection only where repeating
+/// it changes nothing (reads, a submission under its own id), and reads a TOML job file with
+/// its relative paths made absolute from its folder (`python/tests/retries.py`), on 3.12;
+/// on 3.10, without `tomllib`, it says to install `tomli`.
+#[test]
+fn the_client_retries_only_what_is_idempotent() {
+    for minor in ["3.10", "3.12"] {
+        let venv = Venv::with_wheel(minor);
+        let work = tempfile::tempdir().unwrap();
+        python_test(&venv, "retries.py", work.path());
+    }
 }
 
 #[cfg(feature = "services")]
