@@ -14,8 +14,9 @@
 # maturin builds `fleetrun` (the producer crate's binary, bindings = "bin"); the worker and
 # the runner are built here by cargo and staged in target/wheel-data/scripts, which maturin
 # packs as the wheel's `scripts` data (installed beside `fleetrun`). The platform tag is
-# the manylinux one maturin's check finds the binaries need (their highest glibc symbol
-# version, printed at the end): built on Debian 12, glibc 2.34 or newer.
+# the manylinux one maturin's check finds `fleetrun` needs; the newest glibc symbol version
+# any of the four files needs is printed at the end (built on Debian 12: glibc 2.34). They
+# link nothing beyond libc, libm, libgcc_s and the loader.
 #
 # Needs maturin (scripts/install-deps.sh installs it) and the Rust toolchain; the wheel's
 # user needs neither.
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
     --debug | --profile=dev) profile=dev ;;
     --out) out=$2; shift ;;
     --out=*) out=${1#--out=} ;;
-    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "build-wheel: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -41,14 +42,14 @@ if ! command -v maturin >/dev/null; then
 fi
 
 # The debug build is the one `cargo build --workspace` makes (scripts/test.sh): built the
-# same way here, it is already fresh and nothing is rebuilt. A release build of the two
-# crates only builds what they need.
+# same way here, it is already fresh and nothing is rebuilt. A release build builds the three
+# binaries' crates only (maturin then relinks `fleetrun` stripped).
 if [ "$profile" = dev ]; then
   cargo build --workspace
   built=target/debug
   maturin_profile=(--profile dev)
 else
-  cargo build --release -p fleetrun-worker -p fleetrun-runner
+  cargo build --release -p fleetrun-producer -p fleetrun-worker -p fleetrun-runner
   built=target/release
   maturin_profile=(--release --strip)
 fi
