@@ -2,8 +2,9 @@
 //! gets it: installed with `pip install --no-index` into fresh virtualenvs of CPython 3.10
 //! and 3.12, run with a `PATH` that holds no Rust toolchain and no build folder. Its
 //! `fleetrun run` runs the digits example; its Python package drives `fleetrun serve`
-//! (`fleetrun.Client`, `fleetrun.verify_webhook`) and runs a job from Python
-//! (`fleetrun.run`). The Python side of each test is a script under `python/tests/`.
+//! (`fleetrun.Client`, `fleetrun.verify_webhook`), runs a job from Python (`fleetrun.run`),
+//! and repeats only idempotent requests. The Python side of each test is a script under
+//! `python/tests/`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
