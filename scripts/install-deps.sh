@@ -4,8 +4,11 @@
 # chromedriver (the operator page's test drives a headless browser), and Debian's prometheus
 # with promtool (the dashboard's test and check-deploy.sh) (one `apt-get update`, then
 # one `apt-get install`), moto's S3 server (>= 5.2.5), PyYAML, pandas and pyarrow (pip; the
-# tabular tests read DataFrames in the runner's Python), and cargo-nextest (the
-# test runner scripts/test.sh uses; built from crates.io, a few minutes).
+# tabular tests read DataFrames in the runner's Python), maturin (pip; scripts/build-wheel.sh),
+# the digits example's requirements as wheels for CPython 3.10 and 3.12 (pip download, once;
+# the wheel's tests install them offline), and cargo-nextest (the test runner scripts/test.sh
+# uses; built from crates.io, a few minutes). Each step is skipped when what it installs is
+# there, so a machine that has it all needs no network.
 set -euo pipefail
 
 # The Python the project uses (pyenv's on the dev and CI machines); PYTHON overrides it.
@@ -50,6 +53,26 @@ if ! "$PYTHON" -c 'import moto, sys; sys.exit(tuple(map(int, moto.__version__.sp
     echo "[install-deps] pip failed for $("$PYTHON" -c 'import sys; print(sys.executable)'); set PYTHON to a Python that pip may install into (the python3 the tests' jobs run by default)" >&2
     exit 1
   fi
+fi
+
+# scripts/build-wheel.sh builds the `fleetrun` wheel with maturin.
+if ! command -v maturin >/dev/null; then
+  echo "[install-deps] pip install maturin>=1.9,<2" >&2
+  "$PYTHON" -m pip install -q 'maturin>=1.9,<2'
+fi
+
+# The wheel's tests (tests/tests/python_package.rs) run the digits example in fresh
+# virtualenvs of CPython 3.10 and 3.12 and install its requirements there offline, from these
+# wheels (downloaded once; `.complete` says they all came).
+wheels="${XDG_CACHE_HOME:-$HOME/.cache}/fleetrun-tests/wheels"
+if [ ! -f "$wheels/.complete" ]; then
+  echo "[install-deps] pip download scikit-learn pillow into $wheels (CPython 3.10, 3.12)" >&2
+  mkdir -p "$wheels"
+  for minor in 3.10 3.12; do
+    python=$(compgen -G "${PYENV_ROOT:-$HOME/.pyenv}/versions/$minor.*/bin/python$minor" | sort -V | tail -n 1)
+    "$python" -m pip download -q --only-binary=:all: -d "$wheels" -r "$(dirname "${BASH_SOURCE[0]}")/../examples/digits/requirements.txt"
+  done
+  touch "$wheels/.complete"
 fi
 
 # nextest runs each test in a process of its own and kills one that outlives its limit

@@ -41,6 +41,11 @@ cargo clippy --workspace --all-targets --features fleetrun-tests/services -- -D 
 say "cargo build"
 cargo build --workspace
 
+# The `fleetrun` wheel of that build, which tests/tests/python_package.rs installs into fresh
+# virtualenvs (the tests do not build it: maturin runs cargo).
+say "the Python wheel"
+scripts/build-wheel.sh --debug --out target/debug/python-wheel >/dev/null
+
 # A broker under a resource alarm (its disk nearly full, say: the build takes gigabytes)
 # blocks every publish, and each test would wait it out to its time limit: say so and stop.
 say "RabbitMQ's alarms"

@@ -1060,6 +1060,148 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     found
 }
 
+/// The folder `scripts/build-wheel.sh --debug --out` writes the test suite's wheel to
+/// (`scripts/test.sh` does, after `cargo build --workspace`), under the build folder.
+pub const WHEEL_DIR: &str = "target/debug/python-wheel";
+
+/// The `fleetrun` wheel of this checkout's debug build, in [`WHEEL_DIR`], checked to be
+/// newer than every binary it packs (themselves checked fresh by [`bin`]) and every file of
+/// the Python package: a wheel missing or older fails the test, saying what to run. Tests
+/// never build it themselves: maturin runs cargo, which must not relink binaries that other
+/// tests are running.
+pub fn python_wheel() -> PathBuf {
+    let target = bin("fleetrun").parent().expect("target/debug").to_owned();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace folder");
+    let build =
+        format!("run `scripts/build-wheel.sh --debug --out {WHEEL_DIR}` (scripts/test.sh does)");
+    let wheel = wheel_in(&target.join("python-wheel"))
+        .unwrap_or_else(|| panic!("no wheel in {WHEEL_DIR}: {build}"));
+    let mut sources = vec![
+        target.join("fleetrun"),
+        target.join("fleetrun-worker"),
+        target.join("fleetrun-runner"),
+        target.join("libfleetrun_runner.so"),
+        repo.join("pyproject.toml"),
+    ];
+    let package = repo.join("python/fleetrun");
+    sources.extend(
+        files_under(&package)
+            .into_iter()
+            .filter(|p| !p.components().any(|c| c.as_os_str() == "__pycache__"))
+            .map(|p| package.join(p)),
+    );
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).unwrap();
+    let made = modified(&wheel);
+    if let Some(newer) = sources.iter().find(|source| modified(source) > made) {
+        panic!(
+            "{} is older than {}: {build}",
+            wheel.display(),
+            newer.display()
+        );
+    }
+    wheel
+}
+
+/// The one `fleetrun-*.whl` in `dir`, if any.
+fn wheel_in(dir: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|entry| entry.path())
+        .find(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            name.starts_with("fleetrun-") && name.ends_with(".whl")
+        })
+}
+
+/// A fresh virtualenv of pyenv's CPython `minor` ([`pyenv_python`]) with the `fleetrun`
+/// wheel ([`python_wheel`]) installed from the file alone (`pip install --no-index`), in a
+/// temporary folder of its own or at `at`. Commands made by [`Venv::command`] run with
+/// nothing of the test's environment but a `PATH` of the venv's `bin/`, `/usr/bin` and
+/// `/bin`: no Rust toolchain and no build folder, as on a user's machine.
+pub struct Venv {
+    pub dir: PathBuf,
+    _temp: Option<tempfile::TempDir>,
+}
+
+impl Venv {
+    pub fn with_wheel(minor: &str) -> Venv {
+        let temp = tempfile::tempdir().unwrap();
+        let mut venv = Venv::with_wheel_at(minor, &temp.path().join("venv"));
+        venv._temp = Some(temp);
+        venv
+    }
+
+    pub fn with_wheel_at(minor: &str, dir: &Path) -> Venv {
+        let wheel = python_wheel();
+        let venv = Venv {
+            dir: dir.to_owned(),
+            _temp: None,
+        };
+        let made = output_within(
+            Command::new(pyenv_python(minor))
+                .arg("-m")
+                .arg("venv")
+                .arg(dir),
+            Duration::from_secs(120),
+        );
+        assert!(made.status.success(), "python{minor} -m venv: {made:?}");
+        venv.pip(&["install".as_ref(), "--no-index".as_ref(), wheel.as_os_str()]);
+        venv
+    }
+
+    /// `python -m pip ARGS` in the venv, bounded; a failure fails the test.
+    pub fn pip(&self, args: &[&std::ffi::OsStr]) {
+        let mut cmd = self.command("python");
+        cmd.args(["-m", "pip", "--disable-pip-version-check", "-q"])
+            .args(args);
+        let done = output_within(&mut cmd, Duration::from_secs(240));
+        assert!(
+            done.status.success(),
+            "pip {args:?}: {}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+    }
+
+    pub fn bin(&self, name: &str) -> PathBuf {
+        self.dir.join("bin").join(name)
+    }
+
+    /// The `PATH` of the venv's commands: its `bin/`, then the system's, none of which holds
+    /// `cargo`, `rustc` or this checkout's build folder (asserted).
+    pub fn path(&self) -> String {
+        let path = format!("{}:/usr/bin:/bin", self.dir.join("bin").display());
+        for tool in ["cargo", "rustc"] {
+            for entry in path.split(':') {
+                assert!(
+                    !Path::new(entry).join(tool).exists(),
+                    "{tool} is in {entry}, on the venv's PATH"
+                );
+            }
+        }
+        path
+    }
+
+    /// `name`, found on [`Venv::path`], run in an environment of that `PATH`, `HOME` and
+    /// `LANG` alone.
+    pub fn command(&self, name: &str) -> Command {
+        let path = self.path();
+        let found = path
+            .split(':')
+            .map(|dir| Path::new(dir).join(name))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| panic!("{name} is not on {path}"));
+        let mut cmd = Command::new(found);
+        cmd.env_clear().env("PATH", &path).env("LANG", "C.UTF-8");
+        if let Some(home) = std::env::var_os("HOME") {
+            cmd.env("HOME", home);
+        }
+        cmd
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
