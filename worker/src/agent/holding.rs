@@ -205,7 +205,7 @@ async fn report_lost(
         "lost with node {}: the attempt ended with no word from it (the worker was killed or lost the broker); noted by node {by}",
         lost.node
     );
-    let row = super::attempt::report_row(batch, &lost, "lost", Default::default(), None, &cause);
+    let row = super::report::report_row(batch, &lost, "lost", Default::default(), None, &cause);
     if let Err(e) = ctx.job.report(&row).await {
         warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Cannot keep a lost attempt's report row.");
     }

@@ -10,14 +10,18 @@
 //! # Layout
 //!
 //! - `slot`: a slot's loop and its verdict on each delivery, settled in one place.
-//! - `attempt`: one `run()` attempt and its settlement (part, ledger record, report).
+//! - `attempt`: one `run()` attempt on a slot's bench (runner, staging, look-ahead), begun
+//!   and ended, and the verdict it gives.
+//! - `settle`: what an attempt's outcome makes of its mini-batch (pure rules).
+//! - `finish`: a returned mini-batch finished: part, ledger record, acknowledgement.
+//! - `report`: an attempt's report row and its lines of `failed_items.csv`.
 //! - `isolate`: a mini-batch that failed its attempts, split down to the items that fail
 //!   alone.
 //! - `holding`: who runs each attempt, kept in the ledger, so an attempt lost with its
 //!   worker still gets its report row.
 //! - `share`: which job each slot consumes for: the node's slots shared among its pool's
 //!   jobs, by priority, evenly, within each job's seats.
-//! - `runner`: starting, warming and killing a slot's runner.
+//! - `runner`: a slot's runner over its life: started (or why not), stopped, killed.
 //! - `environment`: a runner's environment, which holds none of fleetrun's credentials.
 //! - `ahead`: the delivery taken ahead while the runner works.
 //! - `stage`: staging a mini-batch's inputs into the node's cache.
@@ -49,13 +53,16 @@ use crate::process::Launcher;
 mod ahead;
 mod attempt;
 pub mod environment;
+mod finish;
 pub(crate) mod holding;
 mod isolate;
 pub mod named;
 pub mod outdir;
+mod report;
 mod returns;
 mod runner;
 pub mod seats;
+mod settle;
 pub mod share;
 mod slot;
 mod stage;
@@ -63,7 +70,8 @@ mod tabular;
 mod unavailable;
 pub mod workdir;
 
-pub use attempt::{join_rows, record_failed_batch};
+pub use crate::parts::join_rows;
+pub use attempt::{RecordError, record_failed_batch};
 pub use holding::{HeldAttempt, held_attempts};
 use slot::Slot;
 
@@ -95,6 +103,13 @@ pub struct AgentConfig {
     pub gpus: usize,
     /// What the node counts, for `/metrics`.
     pub metrics: Arc<crate::metrics::Metrics>,
+}
+
+impl AgentConfig {
+    /// The node's cache folder: it holds the staging folder and the working folders.
+    pub(crate) fn cache(&self) -> &std::path::Path {
+        self.staging_dir.parent().unwrap_or(&self.staging_dir)
+    }
 }
 
 /// A job as a node sees it: the job (its spec as staged here, its output and parts, the
@@ -322,13 +337,16 @@ pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToke
     };
     let mut slots = tokio::task::JoinSet::new();
     for index in 0..agent_slots {
+        let staging = shared.agent.config.staging_dir.clone();
         let slot = Slot {
             shared: shared.clone(),
             index,
-            runner: None,
-            ahead: Default::default(),
-            stagings: 0,
-            seatless: false,
+            bench: attempt::Bench {
+                shared: shared.clone(),
+                seat: Default::default(),
+                stager: stage::Stager::new(staging, index),
+                ahead: Default::default(),
+            },
             drain: drain.clone(),
             finishing: tokio::task::JoinSet::new(),
             isolations: Default::default(),

@@ -8,7 +8,6 @@ use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_common::wire::MiniBatch;
 
 use super::JobContext;
-use super::slot::Slot;
 use crate::process::Batch;
 use crate::scratch::FolderError;
 
@@ -75,7 +74,24 @@ impl From<StorageError> for StageError {
     }
 }
 
-impl Slot {
+/// A slot's staging: each mini-batch's inputs get a folder of their own in the node's
+/// staging folder, named after the job, the slot and a count.
+pub(super) struct Stager {
+    staging: PathBuf,
+    slot: usize,
+    /// Stagings so far.
+    stagings: u64,
+}
+
+impl Stager {
+    pub(super) fn new(staging: PathBuf, slot: usize) -> Stager {
+        Stager {
+            staging,
+            slot,
+            stagings: 0,
+        }
+    }
+
     /// Local paths for the mini-batch's items: the files themselves when the input is a local
     /// folder, else copies in a staging folder of their own.
     /// Staging that takes longer than the job's `task_overhead_timeout` is given up, its
@@ -86,8 +102,8 @@ impl Slot {
         batch: &MiniBatch,
     ) -> Result<Staged, StageError> {
         let limit = ctx.job.spec().task_overhead_timeout;
-        let staging = self.shared.agent.config.staging_dir.clone();
-        let name = format!("{}-slot{}-{}", ctx.job.id(), self.index, self.stagings + 1);
+        let staging = self.staging.clone();
+        let name = format!("{}-slot{}-{}", ctx.job.id(), self.slot, self.stagings + 1);
         let within = std::time::Duration::from_secs(limit);
         match tokio::time::timeout(within, self.stage_now(ctx, batch, &name)).await {
             Ok(staged) => staged,
@@ -106,7 +122,7 @@ impl Slot {
         batch: &MiniBatch,
         name: &str,
     ) -> Result<Staged, StageError> {
-        let staging = &self.shared.agent.config.staging_dir;
+        let staging = &self.staging;
         if !batch.chunks.is_empty() {
             let folder = super::tabular::folder(staging, name);
             self.stagings += 1;
