@@ -142,7 +142,7 @@ async fn send(
         Err(e) => return Taken::Waiting(Err(e)),
     };
     let runs = batch.job == ctx.job.id()
-        && !super::lost_too_often(delivery.attempt, ctx.job.spec())
+        && !super::settle::lost_too_often(delivery.attempt, ctx.job.spec())
         && !ctx.stop.is_cancelled()
         && !ctx.gave_up.load(Ordering::Relaxed);
     if !runs {

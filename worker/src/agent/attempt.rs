@@ -18,12 +18,13 @@ use tracing::{info, warn};
 use super::ahead::LookAhead;
 use super::finish::{Finish, fail_job, report_recorded};
 use super::holding::{self, Holding};
-use super::isolate::Isolation;
 use super::report::{failed_item_lines, report_row};
 use super::runner::RunnerSeat;
 use super::settle::{self, AfterFailure, Limits};
-use super::stage::{StageError, Staged, Stager};
+use super::stage::{Staged, Stager};
+use super::stage_error::StageError;
 use super::unavailable::staging_unavailable;
+use super::verdict::{Isolation, Verdict, isolates};
 use super::{AgentConfig, JobContext, Shared};
 use crate::logs;
 use crate::metrics::InFlight;
@@ -33,27 +34,6 @@ use crate::process::{RunOutcome, returncode};
 /// How long a slot pauses when the ledger does not answer before it hands the mini-batch in
 /// hand back and takes the next.
 const LEDGER_PAUSE: Duration = Duration::from_secs(2);
-
-/// What to do with a delivery, decided once.
-pub(super) enum Verdict {
-    Settle(Disposition),
-    /// The job no longer runs: drop the message.
-    Drop,
-    /// `run()` succeeded: store the part and record the outcome, then settle with what that
-    /// gives ([`Finish::settle`]). Done in the background, so the runner gets its next
-    /// mini-batch at once.
-    Finish(Box<Finish>),
-    /// The mini-batch failed its attempts: isolate its failed items once the runner has
-    /// nothing else queued.
-    Isolate(Box<Isolation>),
-    /// The mini-batch ran, but its reply was lost with its runner, which died in `culprit`,
-    /// sent after it (settled first, as its verdict says): it runs again first, on the
-    /// slot's next runner, its attempt not spent.
-    Again {
-        batch: Box<MiniBatch>,
-        culprit: Box<(Delivery, Verdict)>,
-    },
-}
 
 /// What a slot runs attempts with: its runner, its staging, and what it took ahead.
 pub(super) struct Bench {
@@ -522,7 +502,7 @@ impl Bench {
         let attempt = holding.attempt;
         let limits = Limits {
             run_max_try: ctx.job.spec().run_max_try,
-            isolates: super::isolate::isolates(ctx, batch),
+            isolates: isolates(ctx, batch),
             stopped: ctx.stop.is_cancelled(),
         };
         match settle::after_failure(attempt, limits) {

@@ -20,33 +20,17 @@ use fleetrun_config::OutputAction;
 use tracing::info;
 
 use super::JobContext;
-use super::attempt::{Bench, Verdict, Waited, lost_logged, script_error};
+use super::attempt::{Bench, Waited, lost_logged, script_error};
 use super::finish::{fail_job, record_outcome};
 use super::holding::{self, Holding};
 use super::report::{failed_item_line, report_row};
-use super::stage::StageError;
+use super::stage::Staged;
+use super::stage_error::StageError;
 use super::unavailable::staging_unavailable;
+use super::verdict::{Isolation, Verdict};
 use crate::logs;
 use crate::parts::{PartError, join_rows};
 use crate::process::RunOutcome;
-
-/// A mini-batch to isolate, once its slot's runner has nothing else queued.
-pub(super) struct Isolation {
-    pub(super) ctx: Arc<JobContext>,
-    pub(super) batch: MiniBatch,
-    /// The attempts it spent whole.
-    pub(super) attempts: u32,
-}
-
-/// Whether a mini-batch that failed its attempts is isolated rather than failed whole: the
-/// job isolates, and it holds several files. A tabular mini-batch (its rows are not the
-/// script's items one by one) and a partition (`run()` is meant to see it whole) fail whole.
-pub(super) fn isolates(ctx: &JobContext, batch: &MiniBatch) -> bool {
-    ctx.job.spec().isolate_failures
-        && batch.items.len() > 1
-        && batch.chunks.is_empty()
-        && batch.partition.is_none()
-}
 
 /// What one run of a piece of the mini-batch gave.
 enum Piece {
@@ -138,9 +122,8 @@ async fn run_piece(
     holding: &Holding,
 ) -> Result<Piece, Verdict> {
     let node = bench.config().node_id.clone();
-    let metrics = bench.config().metrics.clone();
     let of = batch.items.len();
-    let note = format!("isolating items {}-{} of {of}", piece.start + 1, piece.end);
+    let mut note = format!("isolating items {}-{} of {of}", piece.start + 1, piece.end);
     let part = MiniBatch {
         items: batch.items[piece].to_vec(),
         ..batch.clone()
@@ -150,31 +133,9 @@ async fn run_piece(
         return Err(Verdict::Settle(Disposition::Return));
     };
     let process = active.name.clone();
-    let mut staged = match bench.stager.stage(ctx, &part).await {
+    let mut staged = match stage_piece(bench, ctx, &part, &note, holding).await? {
         Ok(staged) => staged,
-        Err(StageError::Scratch(e)) => {
-            return Err(Verdict::Settle(fail_job(&bench.shared, ctx, &e).await));
-        }
-        Err(StageError::Unavailable(e)) => {
-            let note = format!("{note}: ");
-            let staged = (&part, note.as_str());
-            let disposition = staging_unavailable(&bench.shared, ctx, staged, holding, &e);
-            return Err(Verdict::Settle(disposition.await));
-        }
-        Err(e @ (StageError::Input(_) | StageError::Overran(_))) => {
-            let cause = format!("staging inputs failed: {e}");
-            metrics.mini_batch("staging_failed");
-            let row = report_row(
-                &part,
-                holding,
-                "staging_failed",
-                Outcome::default(),
-                None,
-                &format!("{note}: {cause}"),
-            );
-            keep_row(ctx, &row).await;
-            return Ok(Piece::Failed(cause));
-        }
+        Err(failed) => return Ok(failed),
     };
     let timeout = Duration::from_secs(ctx.job.spec().run_invocation_timeout);
     let started = Instant::now();
@@ -187,7 +148,6 @@ async fn run_piece(
         Waited::Stopped => return Err(Verdict::Drop),
         Waited::NoRunner => return Err(Verdict::Settle(Disposition::Return)),
     };
-    let items = part.items.len() as u64;
     let (result, ran, outcome, run_seconds, cause) = match outcome {
         RunOutcome::Done {
             rows,
@@ -196,6 +156,7 @@ async fn run_piece(
             ..
         } => {
             // Returns are judged as a whole mini-batch's are (`settle`).
+            let items = part.items.len() as u64;
             let settled =
                 super::settle::returned(rows.len() as u64, items, ctx.job.spec().error_threshold);
             let outcome = settled.judged.outcome;
@@ -237,12 +198,10 @@ async fn run_piece(
             )
         }
     };
-    metrics.mini_batch(result);
-    let note = if cause.is_empty() {
-        note
-    } else {
-        format!("{note}: {cause}")
-    };
+    bench.config().metrics.mini_batch(result);
+    if !cause.is_empty() {
+        note = format!("{note}: {cause}");
+    }
     let row = report_row(
         &part,
         holding,
@@ -253,6 +212,42 @@ async fn run_piece(
     );
     keep_row(ctx, &row).await;
     Ok(ran)
+}
+
+/// Stages the inputs of `part`, a piece being isolated (its report rows start with `note`):
+/// `Ok(Err(piece))` when they could not be, as the piece's failure; `Err` when the
+/// isolation cannot go on (the storage or a folder of the node's failed).
+async fn stage_piece(
+    bench: &mut Bench,
+    ctx: &Arc<JobContext>,
+    part: &MiniBatch,
+    note: &str,
+    holding: &Holding,
+) -> Result<Result<Staged, Piece>, Verdict> {
+    match bench.stager.stage(ctx, part).await {
+        Ok(staged) => Ok(Ok(staged)),
+        Err(StageError::Scratch(e)) => Err(Verdict::Settle(fail_job(&bench.shared, ctx, &e).await)),
+        Err(StageError::Unavailable(e)) => {
+            let note = format!("{note}: ");
+            let staged = (part, note.as_str());
+            let disposition = staging_unavailable(&bench.shared, ctx, staged, holding, &e);
+            Err(Verdict::Settle(disposition.await))
+        }
+        Err(e @ (StageError::Input(_) | StageError::Overran(_))) => {
+            let cause = format!("staging inputs failed: {e}");
+            bench.config().metrics.mini_batch("staging_failed");
+            let row = report_row(
+                part,
+                holding,
+                "staging_failed",
+                Outcome::default(),
+                None,
+                &format!("{note}: {cause}"),
+            );
+            keep_row(ctx, &row).await;
+            Ok(Err(Piece::Failed(cause)))
+        }
+    }
 }
 
 /// Records an isolated mini-batch: the rows its pieces returned as its part, and the

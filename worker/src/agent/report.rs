@@ -4,7 +4,7 @@
 use fleetrun_common::ledger::Outcome;
 use fleetrun_common::wire::MiniBatch;
 
-use super::holding::Holding;
+use super::holder::Holding;
 use crate::logs::csv_field;
 
 /// An attempt's row of the job's report (`processed_mini-batches.csv`): its mini-batch,

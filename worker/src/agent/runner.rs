@@ -15,7 +15,7 @@ use super::{AgentConfig, AgentEvent, JobContext, Shared};
 use crate::gpu::{AZ_GPU_COUNT_VAR, GPU_COUNT_VAR, GpuLease};
 use crate::logs;
 use crate::monitor::MonitorSettings;
-use crate::process::{InitOutcome, Launch, Runner, returncode};
+use crate::process::{InitOutcome, Launch, ProcessError, Runner, returncode};
 
 pub(super) struct Active {
     pub(super) job: String,
@@ -151,8 +151,6 @@ async fn launch(
     ctx.monitor
         .start_once(|| monitor_settings(ctx, config), ctx.stop.clone());
     let started = config.launcher.start(&launch, params, init_timeout);
-    // A package the input needs is missing: every start would fail the same way.
-    let mut hopeless = false;
     let failure = match started.await {
         Ok((Some(process), InitOutcome::Ready(info))) => {
             ctx.logs.log(
@@ -196,19 +194,15 @@ async fn launch(
         Ok((_, InitOutcome::Failed(error))) => {
             script_error_at_init(&node, ctx, &name, &error);
             match error.message.strip_prefix(MISSING_PACKAGE) {
-                Some(why) => {
-                    hopeless = true;
-                    format!("the job's environment cannot read its input{why}")
-                }
-                None => format!("init() failed: {}", error.message),
+                Some(why) => InitFailure::MissingPackage(why.to_owned()),
+                None => InitFailure::Raised(error.message),
             }
         }
         Ok((_, InitOutcome::TimedOut)) => {
-            let failure = format!(
-                "init() did not finish within {}s (3 × run_invocation_timeout {} + 30)",
-                init_timeout.as_secs(),
-                spec.run_invocation_timeout
-            );
+            let failure = InitFailure::TimedOut {
+                limit: init_timeout.as_secs(),
+                run_invocation_timeout: spec.run_invocation_timeout,
+            };
             if ctx.ready_runners.load(Ordering::Relaxed) == 0 {
                 let reason = format!(
                     "no progress: every runner process on node {node} was stuck in init() (the last, {name}: {failure}) and no mini-batch has started"
@@ -220,32 +214,68 @@ async fn launch(
             }
             failure
         }
-        Ok((_, InitOutcome::Died(status))) => match crate::oom::killed_for_memory(&status) {
-            Some(oom) => format!(
-                "the process was {oom} (returncode {}) during init",
-                returncode(&status)
-            ),
-            None => format!(
-                "the process exited with returncode {} during init",
-                returncode(&status)
-            ),
-        },
+        Ok((_, InitOutcome::Died(status))) => {
+            let code = returncode(&status);
+            match crate::oom::killed_for_memory(&status) {
+                Some(oom) => InitFailure::KilledForMemory { oom, code },
+                None => InitFailure::Exited(code),
+            }
+        }
         Ok((None, InitOutcome::Ready(_))) => unreachable!("a ready runner is returned"),
-        Err(e) => e.to_string(),
+        Err(e) => InitFailure::Launch(e),
     };
-    start_failed(shared, ctx, &name, &failure, hopeless);
+    start_failed(shared, ctx, &name, &failure);
     Err(StartFailure::Failed)
 }
 
+/// Why a runner did not start. Its text is what the job's logs and events say.
+#[derive(Debug, thiserror::Error)]
+enum InitFailure {
+    /// The script's `init()` (or loading the entry script) raised.
+    #[error("init() failed: {0}")]
+    Raised(String),
+    /// The job's environment lacks a package its input needs (pandas, pyarrow): every start
+    /// would fail the same way.
+    #[error("the job's environment cannot read its input{0}")]
+    MissingPackage(String),
+    #[error(
+        "init() did not finish within {limit}s (3 × run_invocation_timeout {run_invocation_timeout} + 30)"
+    )]
+    TimedOut {
+        limit: u64,
+        run_invocation_timeout: u64,
+    },
+    #[error("the process was {oom} (returncode {code}) during init")]
+    KilledForMemory { oom: String, code: i32 },
+    #[error("the process exited with returncode {0} during init")]
+    Exited(i32),
+    /// The process could not be started, or its channel failed.
+    #[error(transparent)]
+    Launch(#[from] ProcessError),
+}
+
+impl InitFailure {
+    /// The script's own error (in `user/error/`), not the process's or the node's.
+    fn is_scripts(&self) -> bool {
+        matches!(self, InitFailure::Raised(_))
+    }
+
+    /// Every further start would fail the same way.
+    fn is_hopeless(&self) -> bool {
+        matches!(self, InitFailure::MissingPackage(_))
+    }
+}
+
 /// Logs, counts and reports a runner `name` that failed to start, and gives up on the job on
-/// this node when every start would fail the same way (`hopeless`) or too many have.
-fn start_failed(shared: &Shared, ctx: &JobContext, name: &str, failure: &str, hopeless: bool) {
+/// this node when every start would fail the same way or too many have.
+fn start_failed(shared: &Shared, ctx: &JobContext, name: &str, failure: &InitFailure) {
     let config = &shared.agent.config;
     let node = &config.node_id;
     let main_log = logs::JobLogs::node_main(node);
+    let hopeless = failure.is_hopeless();
     ctx.logs
         .log(&main_log, &format!("{name} failed to start: {failure}"));
-    if !failure.starts_with("init() failed: ") {
+    if !failure.is_scripts() {
         // Not the script's error (that is in user/error/): the process or the node's.
         ctx.logs.log(
             logs::JobLogs::sys_error(node, name),
@@ -259,11 +289,11 @@ fn start_failed(shared: &Shared, ctx: &JobContext, name: &str, failure: &str, ho
     let _ = shared.agent.events.send(AgentEvent::InitFailed {
         job: ctx.job.id().to_owned(),
         processes,
-        failure: failure.to_owned(),
+        failure: failure.to_string(),
     });
     if (hopeless || failures >= 3 * processes) && !ctx.gave_up.swap(true, Ordering::Relaxed) {
         let reason = if hopeless {
-            failure.to_owned()
+            failure.to_string()
         } else {
             format!(
                 "{failures} runner processes failed to start on node {node}; the last: {failure}"
@@ -386,12 +416,12 @@ async fn python_served(shared: &Shared, ctx: &JobContext) -> Result<Python, Star
                 Err(e) => format!("The job's Python cannot run here: {e}."),
             };
             ctx.logs.log(&main_log, &line);
-            checked.map_err(|e| e.to_string())
+            checked
         })
         .await;
     let why = match checked {
         Ok(python) => return Ok(python.clone()),
-        Err(why) => why,
+        Err(e) => e.to_string(),
     };
     if !ctx.gave_up.swap(true, Ordering::Relaxed) {
         warn!(job = %ctx.job.id(), error = %why, "The job's Python cannot run here.");

@@ -5,6 +5,18 @@
 
 use super::returns::{self, Judged};
 
+/// Deliveries of a mini-batch lost with a worker or its broker connection (beyond the
+/// attempts its script may spend) before it is failed: infrastructure faults spend none of
+/// the script's `run_max_try` attempts, and have this bound of their own. The broker's own
+/// limit ([`crate::job::POOL_DELIVERY_LIMIT`]) stands above both for `run_max_try` up to 80.
+pub const LOST_LIMIT: u32 = 20;
+
+/// Whether a delivery numbered `attempt` has come back more often than the script's attempts
+/// and [`LOST_LIMIT`] allow: it is failed untried.
+pub(super) fn lost_too_often(attempt: u32, spec: &fleetrun_config::JobSpec) -> bool {
+    attempt > spec.run_max_try + LOST_LIMIT
+}
+
 /// The job's rules a failed attempt is settled by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Limits {

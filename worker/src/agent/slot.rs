@@ -6,15 +6,27 @@ use std::time::Duration;
 
 use fleetrun_common::queue::{Consumer, Delivery, Disposition};
 use fleetrun_common::wire::{MiniBatch, WireError};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, warn};
 
 use super::ahead::{Ahead, Sent, Taken};
-use super::attempt::{Bench, Verdict, record_failure};
+use super::attempt::{Bench, record_failure};
 use super::finish::settle;
-use super::isolate::{Isolation, isolate};
+use super::isolate::isolate;
 use super::runner::StartFailure;
+use super::share::Assignment;
+use super::verdict::{Isolation, Verdict};
 use super::{AgentConfig, JobContext, Shared};
+
+/// The job a slot consumes for, and its consumer.
+type Lane = (Arc<str>, Box<dyn Consumer>);
+
+/// Whether a slot's loop goes on.
+enum Flow {
+    Go,
+    Stop,
+}
 
 /// How long a node that gave up on a job holds one of its mini-batches before handing it back.
 const GAVE_UP_BACKOFF: Duration = Duration::from_secs(1);
@@ -48,7 +60,7 @@ impl Slot {
         }
         let mut share = self.shared.share.watch();
         // The lane this slot consumes from, and its consumer.
-        let mut lane: Option<(Arc<str>, Box<dyn Consumer>)> = None;
+        let mut lane: Option<Lane> = None;
         loop {
             if let Some(ahead) = self.bench.ahead.next() {
                 let Some((_, consumer)) = lane.as_mut() else {
@@ -77,81 +89,17 @@ impl Slot {
                 continue;
             }
             let job = share.borrow_and_update().get(self.index).cloned().flatten();
-            if lane.is_none() || lane.as_ref().map(|(l, _)| l) != job.as_ref() {
-                self.leave_lane(lane.take(), job.as_deref()).await;
-                let Some(job) = job else {
-                    // No job is owed this slot: it takes no work, and holds none either.
-                    tokio::select! {
-                        biased;
-                        _ = drain.cancelled() => break,
-                        _ = abort.cancelled() => break,
-                        _ = share.changed() => {}
-                    }
-                    continue;
-                };
-                match self
-                    .shared
-                    .agent
-                    .queue
-                    .consume(&job, self.config().prefetch)
-                    .await
-                {
-                    Ok(consumer) => lane = Some((job, consumer)),
-                    Err(e) => {
-                        self.config().metrics.broker_error();
-                        warn!(slot = self.index, job = %job, error = %e, "Cannot consume the job's mini-batches; retrying.");
-                        tokio::select! {
-                            _ = drain.cancelled() => break,
-                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        }
-                    }
+            let flow = match lane.as_mut() {
+                Some((current, consumer)) if job.as_ref() == Some(current) => {
+                    self.take(consumer, &mut share, &drain, &abort).await
                 }
-                continue;
-            }
-            let Some((_, consumer)) = lane.as_mut() else {
-                continue;
-            };
-            let job_stop = self.bench.seat.active().map(|a| a.job_stop.clone());
-            let job_stopped = async {
-                match &job_stop {
-                    Some(stop) => stop.cancelled().await,
-                    None => std::future::pending().await,
+                _ => {
+                    self.switch_lane(&mut lane, job, &mut share, &drain, &abort)
+                        .await
                 }
             };
-            let delivery = tokio::select! {
-                biased;
-                _ = drain.cancelled() => break,
-                _ = abort.cancelled() => break,
-                _ = job_stopped => {
-                    self.bench.seat.stop("Runner of an ended job stopped.").await;
-                    self.shared.share.wake();
-                    continue;
-                }
-                _ = share.changed() => continue,
-                d = consumer.next() => d,
-            };
-            match delivery {
-                Ok(d) => {
-                    // Settling is often immediate on the embedded queue: let other tasks in.
-                    tokio::task::yield_now().await;
-                    tokio::select! {
-                        biased;
-                        _ = abort.cancelled() => {
-                            // Dropping the delivery hands it back to the queue.
-                            self.bench.seat.kill().await;
-                            break;
-                        }
-                        _ = self.handle(d, None, consumer) => {}
-                    }
-                }
-                Err(e) => {
-                    self.config().metrics.broker_error();
-                    warn!(slot = self.index, error = %e, "Consuming failed; retrying.");
-                    tokio::select! {
-                        _ = drain.cancelled() => break,
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    }
-                }
+            if let Flow::Stop = flow {
+                break;
             }
         }
         let consumer = lane.as_mut().map(|(_, c)| c);
@@ -168,6 +116,96 @@ impl Slot {
         } else {
             self.bench.seat.stop("Runner stopped.").await;
         }
+    }
+
+    /// Leaves the slot's lane for `job`'s (or for none, waiting for the share to change):
+    /// consumes `job`'s mini-batches, retrying a broker that refuses.
+    async fn switch_lane(
+        &mut self,
+        lane: &mut Option<Lane>,
+        job: Option<Arc<str>>,
+        share: &mut watch::Receiver<Assignment>,
+        drain: &CancellationToken,
+        abort: &CancellationToken,
+    ) -> Flow {
+        self.leave_lane(lane.take(), job.as_deref()).await;
+        let Some(job) = job else {
+            // No job is owed this slot: it takes no work, and holds none either.
+            tokio::select! {
+                biased;
+                _ = drain.cancelled() => return Flow::Stop,
+                _ = abort.cancelled() => return Flow::Stop,
+                _ = share.changed() => {}
+            }
+            return Flow::Go;
+        };
+        let prefetch = self.config().prefetch;
+        match self.shared.agent.queue.consume(&job, prefetch).await {
+            Ok(consumer) => *lane = Some((job, consumer)),
+            Err(e) => {
+                self.config().metrics.broker_error();
+                warn!(slot = self.index, job = %job, error = %e, "Cannot consume the job's mini-batches; retrying.");
+                tokio::select! {
+                    _ = drain.cancelled() => return Flow::Stop,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        }
+        Flow::Go
+    }
+
+    /// Takes the lane's next delivery and handles it, unless the node drains or aborts, the
+    /// runner's job ends (the runner stops), or the share changes first.
+    async fn take(
+        &mut self,
+        consumer: &mut Box<dyn Consumer>,
+        share: &mut watch::Receiver<Assignment>,
+        drain: &CancellationToken,
+        abort: &CancellationToken,
+    ) -> Flow {
+        let job_stop = self.bench.seat.active().map(|a| a.job_stop.clone());
+        let job_stopped = async {
+            match &job_stop {
+                Some(stop) => stop.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        let delivery = tokio::select! {
+            biased;
+            _ = drain.cancelled() => return Flow::Stop,
+            _ = abort.cancelled() => return Flow::Stop,
+            _ = job_stopped => {
+                self.bench.seat.stop("Runner of an ended job stopped.").await;
+                self.shared.share.wake();
+                return Flow::Go;
+            }
+            _ = share.changed() => return Flow::Go,
+            d = consumer.next() => d,
+        };
+        match delivery {
+            Ok(d) => {
+                // Settling is often immediate on the embedded queue: let other tasks in.
+                tokio::task::yield_now().await;
+                tokio::select! {
+                    biased;
+                    _ = abort.cancelled() => {
+                        // Dropping the delivery hands it back to the queue.
+                        self.bench.seat.kill().await;
+                        return Flow::Stop;
+                    }
+                    _ = self.handle(d, None, consumer) => {}
+                }
+            }
+            Err(e) => {
+                self.config().metrics.broker_error();
+                warn!(slot = self.index, error = %e, "Consuming failed; retrying.");
+                tokio::select! {
+                    _ = drain.cancelled() => return Flow::Stop,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        }
+        Flow::Go
     }
 
     /// Starts this slot's runner for `job` before any work arrives, retrying init failures
@@ -319,7 +357,7 @@ impl Slot {
             // This node cannot start the job's script; leave the work to other nodes.
             return self.hand_back(&ctx).await;
         }
-        if super::lost_too_often(delivery.attempt, ctx.job.spec()) {
+        if super::settle::lost_too_often(delivery.attempt, ctx.job.spec()) {
             let lost = delivery.attempt - 1 - ctx.job.spec().run_max_try;
             let cause = format!(
                 "delivered {} times: lost at least {lost} times with the worker or broker connection that held it (the limit is {})",
@@ -414,11 +452,7 @@ impl Slot {
     /// Leaves the lane this slot consumed from for `next` (or for none): what its consumer
     /// holds and has not handed out goes back untried, and a runner of another job than
     /// `next` stops, giving its seat back.
-    async fn leave_lane(
-        &mut self,
-        lane: Option<(Arc<str>, Box<dyn Consumer>)>,
-        next: Option<&str>,
-    ) {
+    async fn leave_lane(&mut self, lane: Option<Lane>, next: Option<&str>) {
         if let Some((_, mut consumer)) = lane {
             pause(self.index, &mut consumer).await;
         }

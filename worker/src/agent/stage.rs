@@ -3,11 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use fleetrun_common::protocol::StagedTable;
+use fleetrun_common::protocol::{RunContext, StagedTable};
 use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_common::wire::MiniBatch;
 
 use super::JobContext;
+use super::stage_error::StageError;
 use crate::process::Batch;
 use crate::scratch::FolderError;
 
@@ -31,7 +32,7 @@ impl Staged {
                 index: batch.index,
                 items: std::mem::take(&mut self.paths),
                 tables: std::mem::take(&mut self.tables),
-                context: super::run_context(ctx, batch),
+                context: run_context(ctx, batch),
             })
             .await
     }
@@ -39,37 +40,6 @@ impl Staged {
     pub(super) async fn clean(self) {
         if let Some(folder) = self.folder {
             let _ = tokio::fs::remove_dir_all(folder).await;
-        }
-    }
-}
-
-/// Why a mini-batch's inputs were not staged: an item's failure, or the node's.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum StageError {
-    /// An input object cannot be read (missing, refused, not a valid key) or cannot be a
-    /// file under its key: the attempt fails, as the item's failure.
-    #[error(transparent)]
-    Input(StorageError),
-    /// The storage did not answer within its client's retries (throttled, failing,
-    /// unreachable): the infrastructure's fault, not the item's; the mini-batch goes back
-    /// untried.
-    #[error(transparent)]
-    Unavailable(StorageError),
-    /// The node's staging folder cannot take the copies: a system error, not the item's.
-    #[error(transparent)]
-    Scratch(#[from] FolderError),
-    /// Staging took longer than the job's `task_overhead_timeout` (seconds): the attempt
-    /// fails, as a `run()` that overran would.
-    #[error("staging the inputs took longer than task_overhead_timeout ({0} s)")]
-    Overran(u64),
-}
-
-impl From<StorageError> for StageError {
-    fn from(e: StorageError) -> StageError {
-        if e.is_transient() {
-            StageError::Unavailable(e)
-        } else {
-            StageError::Input(e)
         }
     }
 }
@@ -236,6 +206,14 @@ fn write_failed(staging: &Path, key: &str, e: std::io::Error) -> StageError {
             source,
         }
         .into(),
+    }
+}
+
+/// What `run(mini_batch, mini_batch_context)` receives with `batch`.
+fn run_context(ctx: &JobContext, batch: &MiniBatch) -> RunContext {
+    RunContext {
+        partition_key_value: batch.partition.clone(),
+        dataset: ctx.job.spec().input.location().to_string(),
     }
 }
 
