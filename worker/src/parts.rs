@@ -277,7 +277,7 @@ const HEADER_LEN: usize = 8;
 /// A part's body: its rows, one per line, after the header when the job keeps headers
 /// (`framed`).
 pub fn with_header(header: Option<&str>, rows: &[String], framed: bool) -> Bytes {
-    let rows = crate::agent::join_rows(rows);
+    let rows = join_rows(rows);
     if !framed {
         return rows;
     }
@@ -621,6 +621,16 @@ impl Parts for InlineParts {
             .await
             .map_err(|e| e.to_string())
     }
+}
+
+/// A part: the rows, one per line.
+pub fn join_rows(rows: &[String]) -> Bytes {
+    let mut part = Vec::with_capacity(rows.iter().map(|r| r.len() + 1).sum());
+    for row in rows {
+        part.extend_from_slice(row.as_bytes());
+        part.push(b'\n');
+    }
+    part.into()
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 //! started outlives its runner. When the agent itself dies (a `kill -9`), the kernel sends
 //! each runner [`protocol::agent_gone_signal`] and the runner kills its group.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -241,6 +241,38 @@ pub struct RunnerProcess {
     reaped: Option<ExitStatus>,
 }
 
+/// Has the runner `cmd` starts die with this agent, and find its channel (`fd`) and its
+/// progress page (`page_fd`) at the descriptors the protocol names.
+fn hand_over(cmd: &mut Command, fd: RawFd, page_fd: Option<RawFd>) {
+    let agent = std::process::id() as libc::pid_t;
+    let agent_gone = protocol::agent_gone_signal();
+    // SAFETY: only async-signal-safe calls (prctl, getppid, dup2, fcntl) between fork and
+    // exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            die_with_agent(agent, agent_gone)?;
+            // Each first copied above both targets, so that neither `dup2` overwrites
+            // the other's source; the copies close on exec, the targets stay open.
+            let high = |fd| match libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) {
+                n if n < 0 => Err(std::io::Error::last_os_error()),
+                n => Ok(n),
+            };
+            let (channel, page) = (high(fd)?, page_fd.map(high).transpose()?);
+            for (from, to) in [
+                (Some(channel), protocol::CHANNEL_FD),
+                (page, protocol::PROGRESS_FD),
+            ] {
+                if let Some(from) = from
+                    && libc::dup2(from, to) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
 impl RunnerProcess {
     /// Spawns the runner and sends it `Init`; returns once it is ready or has failed.
     pub async fn start(
@@ -280,35 +312,11 @@ impl RunnerProcess {
             .process_group(0)
             .kill_on_drop(true);
         launch.apply_env(cmd.as_std_mut());
-        let fd = theirs.as_raw_fd();
-        let page_fd = page.as_ref().map(|p| p.as_raw_fd());
-        let agent = std::process::id() as libc::pid_t;
-        let agent_gone = protocol::agent_gone_signal();
-        // SAFETY: only async-signal-safe calls (prctl, getppid, dup2, fcntl) between fork and
-        // exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                die_with_agent(agent, agent_gone)?;
-                // Each first copied above both targets, so that neither `dup2` overwrites
-                // the other's source; the copies close on exec, the targets stay open.
-                let high = |fd| match libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) {
-                    n if n < 0 => Err(std::io::Error::last_os_error()),
-                    n => Ok(n),
-                };
-                let (channel, page) = (high(fd)?, page_fd.map(high).transpose()?);
-                for (from, to) in [
-                    (Some(channel), protocol::CHANNEL_FD),
-                    (page, protocol::PROGRESS_FD),
-                ] {
-                    if let Some(from) = from
-                        && libc::dup2(from, to) < 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
+        hand_over(
+            &mut cmd,
+            theirs.as_raw_fd(),
+            page.as_ref().map(|p| p.as_raw_fd()),
+        );
         let child = cmd.spawn().map_err(|source| ProcessError::Spawn {
             exe: launch.exe.clone(),
             source,

@@ -1,130 +1,217 @@
-//! One `run()` attempt of a mini-batch and its settlement: the part, the ledger's record,
-//! the report line, and what a failed attempt becomes.
+//! One `run()` attempt of a mini-batch on a slot's [`Bench`] (its runner, its staging, its
+//! look-ahead), in two steps the slot calls: [`Bench::begin`] notes who runs it, stages its
+//! inputs and sends it to the runner; [`Bench::end`] waits for its outcome and decides what
+//! becomes of the delivery (a [`Verdict`]). Isolation runs its pieces with the same
+//! [`Bench::wait`] and [`Bench::lose_runner`].
 
-use std::path::Path;
 use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use fleetrun_common::ledger::{Outcome, Recorded, Status};
-use fleetrun_common::protocol::ScriptError;
-use fleetrun_common::queue::{Consumer, Delivery, Disposition};
+use fleetrun_common::ledger::{LedgerError, Outcome, Recorded};
+use fleetrun_common::protocol::{ScriptError, Timing};
+use fleetrun_common::queue::{Delivery, Disposition};
 use fleetrun_common::wire::MiniBatch;
 use fleetrun_config::OutputAction;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
+use super::ahead::LookAhead;
+use super::finish::{Finish, fail_job, report_recorded};
 use super::holding::{self, Holding};
-use super::returns;
-use super::slot::{Slot, Verdict};
-use super::stage::{StageError, Staged};
-use super::{AgentEvent, JobContext, Shared, unavailable};
-use crate::logs::{self, csv_field};
-use crate::parts::PartError;
+use super::report::{failed_item_lines, report_row};
+use super::runner::RunnerSeat;
+use super::settle::{self, AfterFailure, Limits};
+use super::stage::{Staged, Stager};
+use super::stage_error::StageError;
+use super::unavailable::staging_unavailable;
+use super::verdict::{Isolation, Verdict, isolates};
+use super::{AgentConfig, JobContext, Shared};
+use crate::logs;
+use crate::metrics::InFlight;
+use crate::parts::{PartError, join_rows};
 use crate::process::{RunOutcome, returncode};
-use crate::scratch::FolderError;
 
 /// How long a slot pauses when the ledger does not answer before it hands the mini-batch in
 /// hand back and takes the next.
 const LEDGER_PAUSE: Duration = Duration::from_secs(2);
 
-impl Slot {
-    /// One `run()` attempt of a mini-batch, and what becomes of the delivery. `sent` holds
-    /// the staged inputs of a mini-batch the runner already has (it was taken ahead).
-    pub(super) async fn attempt(
+/// What a slot runs attempts with: its runner, its staging, and what it took ahead.
+pub(super) struct Bench {
+    pub(super) shared: Arc<Shared>,
+    pub(super) seat: RunnerSeat,
+    pub(super) stager: Stager,
+    pub(super) ahead: LookAhead,
+}
+
+/// An attempt whose mini-batch went to the runner: what [`Bench::end`] needs.
+pub(super) struct Running {
+    holding: Holding,
+    staged: Staged,
+    started: Instant,
+    start_wall: String,
+    process: String,
+    /// The runner has it (a failed send means a dead runner: its outcome says so at once).
+    pub(super) submitted: bool,
+    _in_flight: InFlight,
+}
+
+/// How waiting for the runner's outcome ended.
+pub(super) enum Waited {
+    /// The runner answered (or was lost) after `elapsed` seconds.
+    Ran { outcome: RunOutcome, elapsed: f64 },
+    /// The job stopped: the runner was killed.
+    Stopped,
+    /// The slot has no runner: nothing ran.
+    NoRunner,
+}
+
+/// A mini-batch sent after another, which its runner died in while holding the other's
+/// reply (see [`RunOutcome::ReplyLost`]).
+pub(super) struct Culprit {
+    delivery: Delivery,
+    ctx: Arc<JobContext>,
+    batch: MiniBatch,
+    died: ExitStatus,
+}
+
+impl Bench {
+    pub(super) fn config(&self) -> &AgentConfig {
+        &self.shared.agent.config
+    }
+
+    /// Starts an attempt of `batch` (delivery number `attempt`): notes who runs it in the
+    /// ledger, stages its inputs (unless `sent` holds those of a mini-batch the runner already
+    /// has: it was taken ahead) and sends it. `Err` is what becomes of the delivery when it
+    /// never reached the runner.
+    pub(super) async fn begin(
         &mut self,
         ctx: &Arc<JobContext>,
         batch: &MiniBatch,
         attempt: u32,
         sent: Option<Staged>,
-        consumer: &mut Box<dyn Consumer>,
-    ) -> Verdict {
+    ) -> Result<Running, Verdict> {
         let node = self.config().node_id.clone();
-        let metrics = self.config().metrics.clone();
-        let _in_flight = metrics.in_flight();
-        let process = self.runner.as_ref().map_or("_main", |a| a.name.as_str());
+        let in_flight = self.config().metrics.in_flight();
         // Numbered by the ledger's count of the attempts the script spent (the delivery's
         // number, which counts those lost with workers too, only when it cannot tell).
-        let mut holding = Holding::new(&node, process, attempt, batch);
+        let mut holding = Holding::new(&node, self.seat.name(), attempt, batch);
         if !holding::started(ctx, batch, &mut holding).await && sent.is_none() {
             // The ledger does not answer: neither the attempts spent nor this one's record
             // could be kept. The work pauses; the mini-batch goes back untried.
             tokio::select! {
-                _ = ctx.stop.cancelled() => return Verdict::Drop,
+                _ = ctx.stop.cancelled() => return Err(Verdict::Drop),
                 _ = tokio::time::sleep(LEDGER_PAUSE) => {}
             }
-            return Verdict::Settle(Disposition::Return);
+            return Err(Verdict::Settle(Disposition::Return));
         }
-        let attempt = holding.attempt;
         let (mut staged, sent) = match sent {
             Some(staged) => (staged, true),
-            None => match self.stage(ctx, batch).await {
+            None => match self.stager.stage(ctx, batch).await {
                 Ok(s) => (s, false),
-                Err(StageError::Scratch(e)) => {
-                    return Verdict::Settle(fail_job(&self.shared, ctx, &e).await);
-                }
-                Err(StageError::Unavailable(e)) => {
-                    let staged = (batch, "");
-                    let disposition = self.staging_unavailable(ctx, staged, &holding, &e).await;
-                    return Verdict::Settle(disposition);
-                }
-                Err(e @ (StageError::Input(_) | StageError::Overran(_))) => {
-                    warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Staging inputs failed.");
-                    let process = self.runner.as_ref().map_or("_main", |a| a.name.as_str());
-                    ctx.logs.log(
-                        logs::JobLogs::sys_error(&node, process),
-                        &format!(
-                            "mini-batch {} attempt {attempt}: staging inputs failed: {e}",
-                            batch.index
-                        ),
-                    );
-                    let cause = format!("staging inputs failed: {e}");
-                    metrics.mini_batch("staging_failed");
-                    let row = report_row(
-                        batch,
-                        &holding,
-                        "staging_failed",
-                        Outcome::default(),
-                        None,
-                        &cause,
-                    );
-                    return self.failed_attempt(ctx, batch, &holding, row, &cause).await;
-                }
+                Err(e) => return Err(self.staging_failed(ctx, batch, &holding, e).await),
             },
         };
-        let timeout = Duration::from_secs(ctx.job.spec().run_invocation_timeout);
         let start_wall = logs::now();
         let started = Instant::now();
-        let active = self.runner.as_mut().expect("ensure_runner made one");
+        // The slot started the runner before it began (or sent `sent` to it).
+        let Some(active) = self.seat.active_mut() else {
+            staged.clean().await;
+            return Err(Verdict::Settle(Disposition::Return));
+        };
         let process = active.name.clone();
         ctx.logs.log(
             logs::JobLogs::node_process(&node, &process),
             &format!(
-                "mini-batch {} picked: attempt {attempt}, {}, ip {}, pid {}.",
+                "mini-batch {} picked: attempt {}, {}, ip {}, pid {}.",
                 batch.index,
+                holding.attempt,
                 picked_items(batch),
                 crate::ip::node_ip(),
                 active.process.pid()
             ),
         );
         let submitted = sent || staged.send(&mut *active.process, ctx, batch).await.is_ok();
-        if submitted {
-            self.look_ahead(ctx, consumer).await;
-        }
-        let active = self.runner.as_mut().expect("still this slot's runner");
-        let outcome = tokio::select! {
-            biased;
-            _ = ctx.stop.cancelled() => {
-                self.kill_runner().await;
-                staged.clean().await;
-                return Verdict::Drop;
+        Ok(Running {
+            holding,
+            staged,
+            started,
+            start_wall,
+            process,
+            submitted,
+            _in_flight: in_flight,
+        })
+    }
+
+    /// What becomes of an attempt whose inputs were not staged (`e`).
+    async fn staging_failed(
+        &mut self,
+        ctx: &Arc<JobContext>,
+        batch: &MiniBatch,
+        holding: &Holding,
+        e: StageError,
+    ) -> Verdict {
+        match e {
+            StageError::Scratch(e) => Verdict::Settle(fail_job(&self.shared, ctx, &e).await),
+            StageError::Unavailable(e) => {
+                let staged = (batch, "");
+                let disposition = staging_unavailable(&self.shared, ctx, staged, holding, &e);
+                Verdict::Settle(disposition.await)
             }
-            // A failed submit means a dead runner: its outcome says so at once.
-            o = active.process.outcome(timeout.saturating_sub(started.elapsed())) => o,
+            e @ (StageError::Input(_) | StageError::Overran(_)) => {
+                warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Staging inputs failed.");
+                let node = &self.config().node_id;
+                ctx.logs.log(
+                    logs::JobLogs::sys_error(node, self.seat.name()),
+                    &format!(
+                        "mini-batch {} attempt {}: staging inputs failed: {e}",
+                        batch.index, holding.attempt
+                    ),
+                );
+                let cause = format!("staging inputs failed: {e}");
+                self.config().metrics.mini_batch("staging_failed");
+                let row = report_row(
+                    batch,
+                    holding,
+                    "staging_failed",
+                    Outcome::default(),
+                    None,
+                    &cause,
+                );
+                self.failed_attempt(ctx, batch, holding, row, &cause).await
+            }
+        }
+    }
+
+    /// Ends an attempt `begin` started: waits for its outcome and decides what becomes of
+    /// the delivery.
+    pub(super) async fn end(
+        &mut self,
+        ctx: &Arc<JobContext>,
+        batch: &MiniBatch,
+        running: Running,
+    ) -> Verdict {
+        let Running {
+            holding,
+            staged,
+            started,
+            start_wall,
+            process,
+            ..
+        } = running;
+        let timeout = Duration::from_secs(ctx.job.spec().run_invocation_timeout);
+        let left = timeout.saturating_sub(started.elapsed());
+        let (outcome, elapsed) = match self.wait(ctx, staged, started, left).await {
+            Waited::Ran { outcome, elapsed } => (outcome, elapsed),
+            Waited::Stopped => return Verdict::Drop,
+            Waited::NoRunner => return Verdict::Settle(Disposition::Return),
         };
-        let elapsed = started.elapsed().as_secs_f64();
-        staged.clean().await;
-        let items = batch.items.len() as u64;
+        let attempt = Tried {
+            ctx,
+            batch,
+            holding,
+            process,
+            elapsed,
+        };
         match outcome {
             RunOutcome::Done {
                 rows,
@@ -132,226 +219,261 @@ impl Slot {
                 given,
                 header,
             } => {
-                // A tabular mini-batch's items are the rows its DataFrame held.
-                let items = given.unwrap_or(items);
-                let returned = rows.len() as u64;
-                let judged = returns::judge(returned, items, ctx.job.spec().error_threshold);
-                let (outcome, note) = (judged.outcome, judged.note);
-                if judged.more {
-                    warn!(job = %ctx.job.id(), mini_batch = batch.index, returned, items, "run() returned more elements than it got; keeping them.");
-                }
-                ctx.logs.log(
-                    logs::JobLogs::node_process(&node, &process),
-                    &format!(
-                        "mini-batch {} completed: ip {}, pid {}, items {items}, succeeded {}, failed {}, started {start_wall}, duration {elapsed:.3}s, cpu {:.3}s, run() {:.3}s",
-                        batch.index, crate::ip::node_ip(), self.runner.as_ref().map_or(0, |a| a.process.pid()), outcome.succeeded, outcome.failed, timing.cpu_seconds, timing.run_seconds
-                    ),
-                );
-                // A short return's items are listed in failed_items.csv, all of them.
-                let failed_lines = (outcome.failed > 0).then(|| {
-                    let cause = returns::short_cause(returned, items);
-                    failed_item_lines(batch, attempt, &cause)
-                });
-                let result = if outcome.batch_failed {
-                    "partial"
-                } else {
-                    "succeeded"
+                let returned = Returned {
+                    rows,
+                    timing,
+                    given,
+                    header,
+                    start_wall,
                 };
-                metrics.mini_batch(result);
-                metrics.run_took(timing.run_seconds);
-                let row = report_row(
-                    batch,
-                    &holding,
-                    result,
-                    outcome,
-                    Some((elapsed, timing.run_seconds)),
-                    &note,
-                );
-                let part = (ctx.job.spec().output_action == OutputAction::AppendRow).then(|| {
-                    let header = header.filter(|_| ctx.job.spec().append_row_dataframe_header);
-                    crate::parts::with_header(
-                        header.as_deref(),
-                        &rows,
-                        ctx.job.spec().append_row_dataframe_header,
-                    )
-                });
-                // The script's named-output files reach their place before the mini-batch
-                // is recorded; while the runner runs the next one, only those written
-                // before this one returned.
-                if let Some(before) = self.named_cutoff(ctx, &node, &process) {
-                    super::named::deliver_logged(ctx, &node, &process, before).await;
-                }
-                let (shared, ctx, index) = (self.shared.clone(), ctx.clone(), batch.index);
-                let holding = holding.clone();
-                Verdict::Finish(Box::pin(async move {
-                    let part = match part {
-                        Some(body) => {
-                            match store_part(&shared, &ctx, index, body, &row, &holding).await {
-                                Ok(part) => Some(part),
-                                Err(disposition) => return disposition,
-                            }
-                        }
-                        None => None,
-                    };
-                    let part = match failed_lines {
-                        Some(lines) => {
-                            let body = join_rows(&lines);
-                            match store_part(&shared, &ctx, index, body, &row, &holding).await {
-                                Ok(failed) => {
-                                    crate::parts::reference(part.as_deref(), Some(&failed))
-                                }
-                                Err(disposition) => return disposition,
-                            }
-                        }
-                        None => part,
-                    };
-                    // What the script wrote to output_dir reaches an S3 output before the
-                    // mini-batch counts as done.
-                    super::outdir::sync_logged(&ctx).await;
-                    let recorded =
-                        record_outcome(&shared, &ctx, index, outcome, part.as_deref(), &row);
-                    if recorded.await {
-                        Disposition::Ack
-                    } else {
-                        Disposition::Requeue
-                    }
-                }))
+                self.returned(attempt, returned).await
             }
-            RunOutcome::Raised { error, timing } => {
-                metrics.mini_batch("raised");
-                metrics.run_took(timing.run_seconds);
-                self.script_error(ctx, &process, batch, attempt, &error);
-                // What this attempt wrote to the named outputs is never delivered as it is.
-                if let Some(before) = self.named_cutoff(ctx, &node, &process) {
-                    let failed = (batch.index, attempt);
-                    super::named::withhold(ctx, &node, &process, failed, before).await;
-                }
-                let row = report_row(
-                    batch,
-                    &holding,
-                    "raised",
-                    Outcome::default(),
-                    Some((elapsed, timing.run_seconds)),
-                    &error.message,
-                );
-                self.failed_attempt(ctx, batch, &holding, row, &error.message)
-                    .await
-            }
-            RunOutcome::ReplyLost { died, ahead } => {
-                let culprit = self.lose_runner(Some(ahead)).await;
-                metrics.runner_died();
-                let Some(culprit) = culprit else {
-                    // The page named none this slot sent: charged as a plain death.
-                    let lost = RunOutcome::Died(died);
-                    return self
-                        .charge_lost(ctx, batch, &holding, &process, lost, Some(elapsed))
-                        .await;
-                };
-                // The runner died in a mini-batch sent after this one, which had run: that
-                // one is charged, and this one runs again, its attempt not spent.
-                let (delivery, culprit_ctx, culprit_batch) = culprit;
-                let verdict = self
-                    .charge_ahead(
-                        &culprit_ctx,
-                        &culprit_batch,
-                        delivery.attempt,
-                        &process,
+            RunOutcome::Raised { error, timing } => self.raised(attempt, &error, timing).await,
+            lost => match self.lose_runner(lost).await {
+                (lost, None) => self.charge_lost(&attempt, lost, Some(elapsed)).await,
+                (_, Some(culprit)) => self.reply_lost(attempt, culprit).await,
+            },
+        }
+    }
+
+    /// Waits at most `left` for the runner's outcome of what it was sent last (`staged`,
+    /// cleaned after; `started` when it was sent). A job that stops meanwhile kills the
+    /// runner: its reply must never be taken for another mini-batch's.
+    pub(super) async fn wait(
+        &mut self,
+        ctx: &JobContext,
+        staged: Staged,
+        started: Instant,
+        left: Duration,
+    ) -> Waited {
+        let Some(active) = self.seat.active_mut() else {
+            staged.clean().await;
+            return Waited::NoRunner;
+        };
+        let outcome = tokio::select! {
+            biased;
+            _ = ctx.stop.cancelled() => None,
+            o = active.process.outcome(left) => Some(o),
+        };
+        let Some(outcome) = outcome else {
+            self.seat.kill().await;
+            staged.clean().await;
+            return Waited::Stopped;
+        };
+        let elapsed = started.elapsed().as_secs_f64();
+        staged.clean().await;
+        Waited::Ran { outcome, elapsed }
+    }
+
+    /// Forgets the slot's runner, gone with `lost` (killed at the timeout, or dead): the
+    /// slot starts another, and what was sent to it ahead goes the usual way again. Returns
+    /// how it was lost (timed out, or died), and the mini-batch it died in when that was one
+    /// sent after the one it answered for.
+    pub(super) async fn lose_runner(&mut self, lost: RunOutcome) -> (RunOutcome, Option<Culprit>) {
+        self.seat.lose();
+        let died_in = match &lost {
+            RunOutcome::ReplyLost { ahead, .. } => Some(*ahead),
+            _ => None,
+        };
+        let culprit = self.ahead.lose(died_in).await;
+        let lost = match lost {
+            RunOutcome::ReplyLost { died, .. } => RunOutcome::Died(died),
+            other => other,
+        };
+        if let RunOutcome::Died(died) = &lost {
+            self.config().metrics.runner_died();
+            if let Some((delivery, ctx, batch)) = culprit {
+                let died = *died;
+                return (
+                    lost,
+                    Some(Culprit {
+                        delivery,
+                        ctx,
+                        batch,
                         died,
-                    )
-                    .await;
-                self.conclude(delivery, verdict).await;
-                let culprit_index = culprit_batch.index;
-                let cause = format!(
-                    "it ran, but {process} held its result back and died in mini-batch {culprit_index} (returncode {})",
-                    returncode(&died)
+                    }),
                 );
-                ctx.logs.log(
-                    logs::JobLogs::node_process(&node, &process),
-                    &format!("mini-batch {} lost: {cause}; it runs again.", batch.index),
-                );
-                let row = report_row(batch, &holding, "lost", Outcome::default(), None, &cause);
-                holding::ended(ctx, batch.index, Some(&row), &holding, false).await;
-                Verdict::Again
-            }
-            lost @ (RunOutcome::TimedOut | RunOutcome::Died(_)) => {
-                self.lose_runner(None).await;
-                if matches!(lost, RunOutcome::Died(_)) {
-                    metrics.runner_died();
-                }
-                self.charge_lost(ctx, batch, &holding, &process, lost, Some(elapsed))
-                    .await
             }
         }
+        (lost, None)
     }
 
-    /// Forgets the slot's runner, which is gone (killed at the timeout, or dead): the slot
-    /// starts another, and what was sent to it ahead goes the usual way again. Returns the
-    /// one sent `died_in` places ahead, which the runner died in, with what it was sent
-    /// with, taken out of the look-ahead.
-    async fn lose_runner(
-        &mut self,
-        died_in: Option<usize>,
-    ) -> Option<(Delivery, Arc<JobContext>, MiniBatch)> {
-        self.runner = None;
-        let mut culprit = None;
-        for (place, ahead) in self.ahead.iter_mut().enumerate() {
-            if let Some(sent) = ahead.sent.take() {
-                sent.staged.clean().await;
-                if died_in == Some(place) {
-                    culprit = Some((place, sent.ctx, sent.batch));
-                }
-            }
-        }
-        let (place, ctx, batch) = culprit?;
-        let ahead = self.ahead.remove(place).expect("found at this place");
-        Some((ahead.delivery, ctx, batch))
-    }
-
-    /// Charges `batch`, sent ahead to runner `process`, which died in it.
-    async fn charge_ahead(
-        &mut self,
-        ctx: &Arc<JobContext>,
-        batch: &MiniBatch,
-        attempt: u32,
-        process: &str,
-        died: ExitStatus,
-    ) -> Verdict {
+    /// An attempt whose `run()` returned: its named outputs delivered, what remains
+    /// (part, ledger, acknowledgement) is a [`Finish`].
+    async fn returned(&mut self, attempt: Tried<'_>, returned: Returned) -> Verdict {
+        let Tried {
+            ctx,
+            batch,
+            holding,
+            process,
+            elapsed,
+        } = attempt;
+        let Returned {
+            rows,
+            timing,
+            given,
+            header,
+            start_wall,
+        } = returned;
         let node = self.config().node_id.clone();
-        let mut holding = Holding::new(&node, process, attempt, batch);
-        holding::started(ctx, batch, &mut holding).await;
-        let lost = RunOutcome::Died(died);
-        self.charge_lost(ctx, batch, &holding, process, lost, None)
+        let metrics = &self.config().metrics;
+        let spec = ctx.job.spec();
+        // A tabular mini-batch's items are the rows its DataFrame held.
+        let items = given.unwrap_or(batch.items.len() as u64);
+        let count = rows.len() as u64;
+        let settled = settle::returned(count, items, spec.error_threshold);
+        let outcome = settled.judged.outcome;
+        if settled.judged.more {
+            warn!(job = %ctx.job.id(), mini_batch = batch.index, returned = count, items, "run() returned more elements than it got; keeping them.");
+        }
+        ctx.logs.log(
+            logs::JobLogs::node_process(&node, &process),
+            &format!(
+                "mini-batch {} completed: ip {}, pid {}, items {items}, succeeded {}, failed {}, started {start_wall}, duration {elapsed:.3}s, cpu {:.3}s, run() {:.3}s",
+                batch.index, crate::ip::node_ip(), self.seat.active().map_or(0, |a| a.process.pid()), outcome.succeeded, outcome.failed, timing.cpu_seconds, timing.run_seconds
+            ),
+        );
+        // A short return's items are listed in failed_items.csv, all of them.
+        let failed = settled
+            .short_cause
+            .map(|cause| failed_item_lines(batch, holding.attempt, &cause));
+        metrics.mini_batch(settled.result);
+        metrics.run_took(timing.run_seconds);
+        let row = report_row(
+            batch,
+            &holding,
+            settled.result,
+            outcome,
+            Some((elapsed, timing.run_seconds)),
+            &settled.judged.note,
+        );
+        let rows = (spec.output_action == OutputAction::AppendRow).then(|| {
+            let header = header.filter(|_| spec.append_row_dataframe_header);
+            crate::parts::with_header(header.as_deref(), &rows, spec.append_row_dataframe_header)
+        });
+        // The script's named-output files reach their place before the mini-batch is
+        // recorded; while the runner runs the next one, only those written before this one
+        // returned.
+        if let Some(before) = self.named_cutoff(ctx, &node, &process) {
+            super::named::deliver_logged(ctx, &node, &process, before).await;
+        }
+        Verdict::Finish(Box::new(Finish {
+            shared: self.shared.clone(),
+            ctx: ctx.clone(),
+            index: batch.index,
+            rows,
+            failed,
+            outcome,
+            row,
+            holding,
+        }))
+    }
+
+    /// An attempt whose `run()` raised.
+    async fn raised(&mut self, attempt: Tried<'_>, error: &ScriptError, timing: Timing) -> Verdict {
+        let Tried {
+            ctx,
+            batch,
+            holding,
+            process,
+            elapsed,
+        } = attempt;
+        let node = self.config().node_id.clone();
+        let metrics = &self.config().metrics;
+        metrics.mini_batch("raised");
+        metrics.run_took(timing.run_seconds);
+        script_error(&node, ctx, &process, batch, holding.attempt, error);
+        // What this attempt wrote to the named outputs is never delivered as it is.
+        if let Some(before) = self.named_cutoff(ctx, &node, &process) {
+            let failed = (batch.index, holding.attempt);
+            super::named::withhold(ctx, &node, &process, failed, before).await;
+        }
+        let row = report_row(
+            batch,
+            &holding,
+            "raised",
+            Outcome::default(),
+            Some((elapsed, timing.run_seconds)),
+            &error.message,
+        );
+        self.failed_attempt(ctx, batch, &holding, row, &error.message)
             .await
     }
 
-    /// The attempt `holding` of `batch` ended with its runner, `process`, gone (`lost`):
-    /// logged and reported, and charged to the script.
+    /// An attempt that ran, whose reply was lost with its runner, which died in `culprit`,
+    /// sent after it: that one is charged, and this one runs again, its attempt not spent.
+    async fn reply_lost(&mut self, attempt: Tried<'_>, culprit: Culprit) -> Verdict {
+        let Tried {
+            ctx,
+            batch,
+            holding,
+            process,
+            ..
+        } = attempt;
+        let Culprit {
+            delivery,
+            ctx: culprit_ctx,
+            batch: culprit_batch,
+            died,
+        } = culprit;
+        let node = self.config().node_id.clone();
+        let mut charged = Holding::new(&node, &process, delivery.attempt, &culprit_batch);
+        holding::started(&culprit_ctx, &culprit_batch, &mut charged).await;
+        let charged = Tried {
+            ctx: &culprit_ctx,
+            batch: &culprit_batch,
+            holding: charged,
+            process: process.clone(),
+            elapsed: 0.0,
+        };
+        let verdict = self
+            .charge_lost(&charged, RunOutcome::Died(died), None)
+            .await;
+        let cause = format!(
+            "it ran, but {process} held its result back and died in mini-batch {} (returncode {})",
+            culprit_batch.index,
+            returncode(&died)
+        );
+        ctx.logs.log(
+            logs::JobLogs::node_process(&node, &process),
+            &format!("mini-batch {} lost: {cause}; it runs again.", batch.index),
+        );
+        let row = report_row(batch, &holding, "lost", Outcome::default(), None, &cause);
+        holding::ended(ctx, batch.index, Some(&row), &holding, false).await;
+        Verdict::Again {
+            batch: Box::new(batch.clone()),
+            culprit: Box::new((delivery, verdict)),
+        }
+    }
+
+    /// An attempt that ended with its runner gone (`lost`: timed out, or died), after
+    /// `elapsed` seconds when known: logged and reported, and charged to the script.
     async fn charge_lost(
         &mut self,
-        ctx: &Arc<JobContext>,
-        batch: &MiniBatch,
-        holding: &Holding,
-        process: &str,
+        attempt: &Tried<'_>,
         lost: RunOutcome,
         elapsed: Option<f64>,
     ) -> Verdict {
+        let Tried {
+            ctx,
+            batch,
+            holding,
+            process,
+            ..
+        } = attempt;
         let node = self.config().node_id.clone();
         // Nothing the lost runner left in its named-output folders is delivered.
         if !ctx.job.spec().outputs.is_empty() {
             let failed = (batch.index, holding.attempt);
             super::named::withhold(ctx, &node, process, failed, None).await;
         }
-        let (result, main_line, cause) = runner_lost(&lost, ctx, process, batch.index);
+        let (result, cause) = lost_logged(&node, ctx, process, batch.index, &lost);
         self.config().metrics.mini_batch(result);
-        ctx.logs.log(logs::JobLogs::node_main(&node), &main_line);
-        ctx.logs
-            .log(logs::JobLogs::sys_error(&node, process), &main_line);
         let times = elapsed.map(|e| (e, e));
         let row = report_row(batch, holding, result, Outcome::default(), times, &cause);
         self.failed_attempt(ctx, batch, holding, row, &cause).await
     }
 
-    /// A failed attempt: another try while attempts remain, else the mini-batch fails whole.
     /// Which of runner `process`'s named-output files belong to the attempt that just ended:
     /// all (`Some(None)`) when the runner is idle; those last modified before now when it
     /// already runs the next mini-batch; `None` when the job has no named outputs, or the
@@ -360,14 +482,15 @@ impl Slot {
         if ctx.job.spec().outputs.is_empty() {
             return None;
         }
-        let busy = self.ahead.iter().any(|a| a.sent.is_some());
-        if !busy {
+        if !self.ahead.busy() {
             return Some(None);
         }
-        let work = super::workdir::job_work_dir(self.cache(), ctx.job.id(), node);
+        let work = super::workdir::job_work_dir(self.config().cache(), ctx.job.id(), node);
         super::named::clock(&super::named::runner_folder(&work, process)).map(Some)
     }
 
+    /// A failed attempt, its report `row` written: another try while attempts remain, else
+    /// the mini-batch is isolated or fails whole (see [`settle::after_failure`]).
     async fn failed_attempt(
         &mut self,
         ctx: &Arc<JobContext>,
@@ -376,237 +499,134 @@ impl Slot {
         row: String,
         cause: &str,
     ) -> Verdict {
-        if ctx.stop.is_cancelled() {
-            return Verdict::Drop;
-        }
         let attempt = holding.attempt;
-        if attempt < ctx.job.spec().run_max_try {
-            info!(job = %ctx.job.id(), mini_batch = batch.index, attempt, "Attempt failed; requeueing.");
-            // Its row kept, the next holder does not report it lost; the attempt is spent.
-            holding::ended(ctx, batch.index, Some(&row), holding, true).await;
-            return Verdict::Settle(Disposition::Requeue);
-        }
-        if super::isolate::isolates(ctx, batch) {
-            holding::ended(ctx, batch.index, Some(&row), holding, true).await;
-            return Verdict::isolate(ctx, batch, attempt);
-        }
-        if self
-            .record_failure(ctx, batch, attempt, cause, Some(&row))
-            .await
-        {
-            Verdict::Settle(Disposition::Ack)
-        } else {
-            Verdict::Settle(Disposition::Requeue)
-        }
-    }
-
-    /// Records a mini-batch that used up its attempts: every item failed, no part.
-    pub(super) async fn record_failure(
-        &mut self,
-        ctx: &Arc<JobContext>,
-        batch: &MiniBatch,
-        attempts: u32,
-        cause: &str,
-        row: Option<&str>,
-    ) -> bool {
-        let metrics = &self.config().metrics;
-        match record_failed_batch(ctx, batch, attempts, cause, row).await {
-            Ok(recorded) => {
-                metrics.mini_batch("failed_whole");
-                report_recorded(&self.shared, ctx, recorded.transitioned, recorded.status);
-                true
+        let limits = Limits {
+            run_max_try: ctx.job.spec().run_max_try,
+            isolates: isolates(ctx, batch),
+            stopped: ctx.stop.is_cancelled(),
+        };
+        match settle::after_failure(attempt, limits) {
+            AfterFailure::Drop => Verdict::Drop,
+            AfterFailure::Retry => {
+                info!(job = %ctx.job.id(), mini_batch = batch.index, attempt, "Attempt failed; requeueing.");
+                // Its row kept, the next holder does not report it lost; the attempt is spent.
+                holding::ended(ctx, batch.index, Some(&row), holding, true).await;
+                Verdict::Settle(Disposition::Requeue)
             }
-            Err(e) => {
-                // Its part or its record: not told apart here, so not counted as the ledger's.
-                warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Recording a failed mini-batch failed; requeueing.");
-                false
+            AfterFailure::Isolate => {
+                holding::ended(ctx, batch.index, Some(&row), holding, true).await;
+                Verdict::Isolate(Box::new(Isolation {
+                    ctx: ctx.clone(),
+                    batch: batch.clone(),
+                    attempts: attempt,
+                }))
+            }
+            AfterFailure::FailWhole => {
+                let recorded = record_failure(&self.shared, ctx, batch, attempt, cause, Some(&row));
+                Verdict::Settle(if recorded.await {
+                    Disposition::Ack
+                } else {
+                    Disposition::Requeue
+                })
             }
         }
-    }
-
-    pub(super) fn script_error(
-        &self,
-        ctx: &JobContext,
-        process: &str,
-        batch: &MiniBatch,
-        attempt: u32,
-        error: &ScriptError,
-    ) {
-        let node = &self.config().node_id;
-        ctx.logs.append_text(
-            logs::JobLogs::user_error(node, process),
-            &format!(
-                "{} mini-batch {} attempt {attempt}:\n{}",
-                logs::now(),
-                batch.index,
-                error.traceback
-            ),
-        );
-        ctx.logs.log(
-            logs::USER_ERROR,
-            &format!(
-                "{node} {process} mini-batch {} attempt {attempt}: {}",
-                batch.index, error.message
-            ),
-        );
     }
 }
 
-/// An attempt's row of the job's report (`processed_mini-batches.csv`): its mini-batch,
-/// attempt, result, items and counts, who ran it and when, how long it took (elapsed and
-/// `run()` seconds, when known) and the first line of `note`.
-pub(super) fn report_row(
+/// An attempt that ran: its job, its mini-batch, its holder, its runner and how long it took.
+pub(super) struct Tried<'a> {
+    ctx: &'a Arc<JobContext>,
+    batch: &'a MiniBatch,
+    holding: Holding,
+    process: String,
+    elapsed: f64,
+}
+
+/// What a `run()` that returned gave.
+struct Returned {
+    rows: Vec<String>,
+    timing: Timing,
+    given: Option<u64>,
+    header: Option<String>,
+    /// When the attempt started, as the `completed` line writes it.
+    start_wall: String,
+}
+
+/// Why a mini-batch that failed whole was not recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Its part (its lines of `failed_items.csv`) was not stored.
+    #[error("storing its part: {0}")]
+    Part(#[from] PartError),
+    /// The ledger did not record it.
+    #[error("recording it: {0}")]
+    Ledger(#[source] LedgerError),
+}
+
+/// Records a mini-batch that used up its attempts: every item failed, no part.
+pub(super) async fn record_failure(
+    shared: &Shared,
+    ctx: &Arc<JobContext>,
     batch: &MiniBatch,
-    holding: &Holding,
-    result: &str,
-    outcome: Outcome,
-    times: Option<(f64, f64)>,
-    note: &str,
-) -> String {
-    let times = times.map_or_else(
-        || ",".to_owned(),
-        |(elapsed, run)| format!("{elapsed:.3},{run:.3}"),
-    );
-    format!(
-        "{},{},{result},{},{},{},{},{},{},{times},{}",
-        batch.index,
-        holding.attempt,
-        report_items(batch, outcome),
-        outcome.succeeded,
-        outcome.failed,
-        csv_field(&holding.node),
-        csv_field(&holding.process),
-        holding.start,
-        csv_field(note.lines().next().unwrap_or_default()),
-    )
-}
-
-/// The items of a mini-batch as its report row says: its files, or a tabular one's rows
-/// (as many as the producer counted, or as `run()` was given).
-pub(super) fn report_items(batch: &MiniBatch, outcome: Outcome) -> u64 {
-    if batch.chunks.is_empty() {
-        return batch.items.len() as u64;
-    }
-    let counted: u64 = batch.chunks.iter().filter_map(|c| c.rows).sum();
-    counted.max(outcome.succeeded + outcome.failed)
-}
-
-/// Stores a part of mini-batch `index`; on failure, what becomes of the delivery: the job
-/// fails for a folder that cannot take it, the mini-batch goes back untried when the
-/// storage is unavailable, else it goes back to the queue.
-async fn store_part(
-    shared: &Shared,
-    ctx: &Arc<JobContext>,
-    index: u64,
-    body: Bytes,
-    row: &str,
-    holding: &Holding,
-) -> Result<String, Disposition> {
-    match ctx.job.parts().put(index, body).await {
-        Ok(part) => Ok(part),
-        Err(PartError::Folder(e)) => Err(fail_job(shared, ctx, &e).await),
-        Err(PartError::Storage(e)) if e.is_transient() => {
-            let step = ("writing its part", &e);
-            Err(unavailable::hand_back(shared, ctx, index, holding, row, step).await)
-        }
-        Err(e) => {
-            warn!(job = %ctx.job.id(), mini_batch = index, error = %e, "Writing a part failed; requeueing.");
-            holding::ended(ctx, index, Some(row), holding, false).await;
-            Err(Disposition::Requeue)
-        }
-    }
-}
-
-/// Records an outcome in the ledger and reports a state change it caused.
-pub(super) async fn record_outcome(
-    shared: &Shared,
-    ctx: &Arc<JobContext>,
-    index: u64,
-    outcome: Outcome,
-    part: Option<&str>,
-    row: &str,
+    attempts: u32,
+    cause: &str,
+    row: Option<&str>,
 ) -> bool {
     let metrics = &shared.agent.config.metrics;
-    match ctx.job.record(index, outcome, part, Some(row)).await {
+    match record_failed_batch(ctx, batch, attempts, cause, row).await {
         Ok(recorded) => {
-            if recorded.first {
-                metrics.items(outcome.succeeded, outcome.failed);
-            }
+            metrics.mini_batch("failed_whole");
             report_recorded(shared, ctx, recorded.transitioned, recorded.status);
             true
         }
         Err(e) => {
-            metrics.ledger_error();
-            warn!(job = %ctx.job.id(), mini_batch = index, error = %e, "Recording in the ledger failed; requeueing.");
+            // Its part or its record: not told apart here, so not counted as the ledger's.
+            warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Recording a failed mini-batch failed; requeueing.");
             false
         }
     }
 }
 
-/// Acts on a step of the ledger: stops the job's work if it no longer runs, and hands a
-/// state change this node made (`transitioned`) to whoever drives the job.
-fn report_recorded(shared: &Shared, ctx: &JobContext, transitioned: bool, status: Status) {
-    if !status.state.accepts_work() {
-        ctx.stop.cancel();
-    }
-    if transitioned {
-        let _ = shared.agent.events.send(AgentEvent::Transitioned {
-            job: ctx.job.id().to_owned(),
-            status,
-        });
-    }
-}
-
-/// Fails the job for a folder of this node's that cannot take its writes: a system error,
-/// which every further attempt would meet, and no item's fault. Returns what
-/// becomes of the delivery in hand: dropped, as the job no longer runs, or handed back
-/// untried (no attempt spent) when the ledger could not be told.
-pub(super) async fn fail_job(
-    shared: &Shared,
+/// Logs a runner lost while it ran mini-batch `index` (`lost`: killed at the timeout, or
+/// dead) in the node's logs; returns the report's result and the cause.
+pub(super) fn lost_logged(
+    node: &str,
     ctx: &JobContext,
-    folder: &FolderError,
-) -> Disposition {
-    let reason = system_error(ctx, folder);
-    ctx.logs.log(
-        logs::JobLogs::sys_error(&shared.agent.config.node_id, "_main"),
-        &format!("Failing the job: {reason}"),
-    );
-    error!(job = %ctx.job.id(), folder = %folder.folder.display(), error = %folder.source, "A folder of this node cannot take its writes; failing the job.");
-    match ctx.job.fail(&reason, Some(&ctx.logs)).await {
-        Ok(status) => {
-            if !status.state.accepts_work() {
-                ctx.stop.cancel();
-            }
-            Disposition::Ack
-        }
-        Err(e) => {
-            warn!(job = %ctx.job.id(), error = %e, "Cannot fail the job in the ledger; handing the mini-batch back.");
-            Disposition::Return
-        }
-    }
+    process: &str,
+    index: u64,
+    lost: &RunOutcome,
+) -> (&'static str, String) {
+    let (result, line, cause) = runner_lost(lost, ctx, process, index);
+    ctx.logs.log(logs::JobLogs::node_main(node), &line);
+    ctx.logs.log(logs::JobLogs::sys_error(node, process), &line);
+    (result, cause)
 }
 
-/// The cause of a job failed by a folder of the node's: which folder, what is wrong with it,
-/// and what to do. A folder in the job's output is the output's; any other is scratch.
-fn system_error(ctx: &JobContext, e: &FolderError) -> String {
-    let output = ctx.job.output().local_path("_parts");
-    let in_output =
-        matches!(output.as_deref().and_then(Path::parent), Some(o) if e.folder.starts_with(o));
-    let hint = match (in_output, e.is_out_of_space()) {
-        (true, true) => "free space there",
-        (true, false) => "make it writable",
-        (false, true) => {
-            "free space there, or set TMPDIR (fleetrun-worker: --cache-dir) to another folder"
-        }
-        (false, false) => "set TMPDIR (fleetrun-worker: --cache-dir) to a writable folder",
-    };
-    format!(
-        "system error: the {} folder {} {}: {}; {hint}",
-        if in_output { "output" } else { "scratch" },
-        e.folder.display(),
-        e.state(),
-        e.source
-    )
+/// Logs the script's error in attempt `attempt` of `batch`, by runner `process`.
+pub(super) fn script_error(
+    node: &str,
+    ctx: &JobContext,
+    process: &str,
+    batch: &MiniBatch,
+    attempt: u32,
+    error: &ScriptError,
+) {
+    ctx.logs.append_text(
+        logs::JobLogs::user_error(node, process),
+        &format!(
+            "{} mini-batch {} attempt {attempt}:\n{}",
+            logs::now(),
+            batch.index,
+            error.traceback
+        ),
+    );
+    ctx.logs.log(
+        logs::USER_ERROR,
+        &format!(
+            "{node} {process} mini-batch {} attempt {attempt}: {}",
+            batch.index, error.message
+        ),
+    );
 }
 
 /// Records a mini-batch that failed whole (its attempts spent, with the last one's report
@@ -621,7 +641,7 @@ pub async fn record_failed_batch(
     attempts: u32,
     cause: &str,
     row: Option<&str>,
-) -> Result<Recorded, String> {
+) -> Result<Recorded, RecordError> {
     let failed = if batch.chunks.is_empty() {
         batch.items.len() as u64
     } else {
@@ -630,12 +650,7 @@ pub async fn record_failed_batch(
             .unwrap_or(batch.chunks.len() as u64)
     };
     let lines = failed_item_lines(batch, attempts, cause);
-    let part = ctx
-        .job
-        .parts()
-        .put(batch.index, join_rows(&lines))
-        .await
-        .map_err(|e| e.to_string())?;
+    let part = ctx.job.parts().put(batch.index, join_rows(&lines)).await?;
     let reference = crate::parts::reference(None, Some(&part));
     ctx.job
         .record(
@@ -645,17 +660,7 @@ pub async fn record_failed_batch(
             row,
         )
         .await
-        .map_err(|e| e.to_string())
-}
-
-/// An item's line of `failed_items.csv`: the item, its mini-batch, the attempts spent and the
-/// first line of the cause.
-pub(super) fn failed_item_line(item: &str, index: u64, attempts: u32, cause: &str) -> String {
-    format!(
-        "{},{index},{attempts},{}",
-        csv_field(item),
-        csv_field(cause.lines().next().unwrap_or_default())
-    )
+        .map_err(RecordError::Ledger)
 }
 
 /// What a runner lost while it ran a mini-batch (killed at the timeout, or dead) says: the
@@ -696,28 +701,6 @@ pub(super) fn runner_lost(
             )
         }
     }
-}
-
-/// The lines of `failed_items.csv` for the items of `batch`: its files, or a tabular
-/// mini-batch's file and byte range (its items are rows), each with the `cause`'s first line.
-fn failed_item_lines(batch: &MiniBatch, attempts: u32, cause: &str) -> Vec<String> {
-    let described: Vec<String> = batch.chunks.iter().map(|c| c.describe()).collect();
-    batch
-        .items
-        .iter()
-        .chain(&described)
-        .map(|item| failed_item_line(item, batch.index, attempts, cause))
-        .collect()
-}
-
-/// A part: the rows, one per line.
-pub fn join_rows(rows: &[String]) -> Bytes {
-    let mut part = Vec::with_capacity(rows.iter().map(|r| r.len() + 1).sum());
-    for row in rows {
-        part.extend_from_slice(row.as_bytes());
-        part.push(b'\n');
-    }
-    part.into()
 }
 
 /// What a `picked` line says a mini-batch holds: its files, or a tabular input's chunks.

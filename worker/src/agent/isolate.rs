@@ -20,33 +20,17 @@ use fleetrun_config::OutputAction;
 use tracing::info;
 
 use super::JobContext;
-use super::attempt::{
-    fail_job, failed_item_line, join_rows, record_outcome, report_row, runner_lost,
-};
+use super::attempt::{Bench, Waited, lost_logged, script_error};
+use super::finish::{fail_job, record_outcome};
 use super::holding::{self, Holding};
-use super::slot::{Slot, Verdict};
-use super::stage::StageError;
+use super::report::{failed_item_line, report_row};
+use super::stage::Staged;
+use super::stage_error::StageError;
+use super::unavailable::staging_unavailable;
+use super::verdict::{Isolation, Verdict};
 use crate::logs;
-use crate::parts::PartError;
+use crate::parts::{PartError, join_rows};
 use crate::process::RunOutcome;
-
-/// A mini-batch to isolate, once its slot's runner has nothing else queued.
-pub(super) struct Isolation {
-    pub(super) ctx: Arc<JobContext>,
-    pub(super) batch: MiniBatch,
-    /// The attempts it spent whole.
-    pub(super) attempts: u32,
-}
-
-/// Whether a mini-batch that failed its attempts is isolated rather than failed whole: the
-/// job isolates, and it holds several files. A tabular mini-batch (its rows are not the
-/// script's items one by one) and a partition (`run()` is meant to see it whole) fail whole.
-pub(super) fn isolates(ctx: &JobContext, batch: &MiniBatch) -> bool {
-    ctx.job.spec().isolate_failures
-        && batch.items.len() > 1
-        && batch.chunks.is_empty()
-        && batch.partition.is_none()
-}
 
 /// What one run of a piece of the mini-batch gave.
 enum Piece {
@@ -77,288 +61,284 @@ fn halves(piece: Range<usize>) -> [Range<usize>; 2] {
     [piece.start..middle, middle..piece.end]
 }
 
-impl Slot {
-    /// Isolates the failed items of a mini-batch that failed its attempts, and records it.
-    pub(super) async fn isolate(&mut self, isolation: Isolation) -> Verdict {
-        let Isolation {
-            ctx,
-            batch,
-            attempts,
-        } = isolation;
-        if ctx.stop.is_cancelled() {
-            return Verdict::Drop;
-        }
-        let _in_flight = self.config().metrics.in_flight();
-        let node = self.config().node_id.clone();
-        let process = self.runner.as_ref().map_or("_main", |a| a.name.as_str());
-        let mut holding = Holding::new(&node, process, attempts, &batch);
-        // Unnoted, a worker lost while isolating leaves no lost row: the isolation goes on.
-        let _ = holding::started(&ctx, &batch, &mut holding).await;
-        // The isolation's rows and failed items name the attempts spent whole.
-        holding.attempt = attempts;
-        info!(job = %ctx.job.id(), mini_batch = batch.index, items = batch.items.len(), "Isolating the failed items of a mini-batch.");
-        // Depth first, the first half before the second: pieces run in input order, so the
-        // rows they return are in input order too.
-        let [first, second] = halves(0..batch.items.len());
-        let mut pieces = vec![second, first];
-        let mut found = Found::default();
-        while let Some(piece) = pieces.pop() {
-            let ran = match self.run_piece(&ctx, &batch, piece.clone(), &holding).await {
-                Ok(ran) => ran,
-                Err(verdict) => return verdict,
-            };
-            found.runs += 1;
-            match ran {
-                Piece::Returned {
-                    rows,
-                    header,
-                    succeeded,
-                } => {
-                    found.header = found.header.or(header);
-                    found.rows.extend(rows);
-                    found.succeeded += succeeded;
-                }
-                Piece::Failed(_) if piece.len() > 1 => {
-                    let [first, second] = halves(piece);
-                    pieces.extend([second, first]);
-                }
-                Piece::Failed(cause) => found.failed_alone.push((piece.start, cause)),
-            }
-        }
-        self.record_isolated(&ctx, &batch, &holding, found).await
+/// Isolates the failed items of a mini-batch that failed its attempts, and records it.
+pub(super) async fn isolate(bench: &mut Bench, isolation: Isolation) -> Verdict {
+    let Isolation {
+        ctx,
+        batch,
+        attempts,
+    } = isolation;
+    if ctx.stop.is_cancelled() {
+        return Verdict::Drop;
     }
-
-    /// Runs `piece` of the mini-batch once on this slot's runner (started if need be).
-    /// `Err` holds what becomes of the delivery when the isolation cannot go on: the job
-    /// stopped, no runner could start, or a folder of the node's failed.
-    async fn run_piece(
-        &mut self,
-        ctx: &Arc<JobContext>,
-        batch: &MiniBatch,
-        piece: Range<usize>,
-        holding: &Holding,
-    ) -> Result<Piece, Verdict> {
-        if !self.ensure_runner(ctx).await {
-            // Untried here: whoever takes it next isolates it.
-            self.seatless = false;
-            return Err(Verdict::Settle(Disposition::Return));
+    let _in_flight = bench.config().metrics.in_flight();
+    let node = bench.config().node_id.clone();
+    let process = bench.seat.name();
+    let mut holding = Holding::new(&node, process, attempts, &batch);
+    // Unnoted, a worker lost while isolating leaves no lost row: the isolation goes on.
+    let _ = holding::started(&ctx, &batch, &mut holding).await;
+    // The isolation's rows and failed items name the attempts spent whole.
+    holding.attempt = attempts;
+    info!(job = %ctx.job.id(), mini_batch = batch.index, items = batch.items.len(), "Isolating the failed items of a mini-batch.");
+    // Depth first, the first half before the second: pieces run in input order, so the
+    // rows they return are in input order too.
+    let [first, second] = halves(0..batch.items.len());
+    let mut pieces = vec![second, first];
+    let mut found = Found::default();
+    while let Some(piece) = pieces.pop() {
+        let ran = match run_piece(bench, &ctx, &batch, piece.clone(), &holding).await {
+            Ok(ran) => ran,
+            Err(verdict) => return verdict,
+        };
+        found.runs += 1;
+        match ran {
+            Piece::Returned {
+                rows,
+                header,
+                succeeded,
+            } => {
+                found.header = found.header.or(header);
+                found.rows.extend(rows);
+                found.succeeded += succeeded;
+            }
+            Piece::Failed(_) if piece.len() > 1 => {
+                let [first, second] = halves(piece);
+                pieces.extend([second, first]);
+            }
+            Piece::Failed(cause) => found.failed_alone.push((piece.start, cause)),
         }
-        let node = self.config().node_id.clone();
-        let metrics = self.config().metrics.clone();
-        let of = batch.items.len();
-        let note = format!("isolating items {}-{} of {of}", piece.start + 1, piece.end);
-        let part = MiniBatch {
-            items: batch.items[piece].to_vec(),
-            ..batch.clone()
-        };
-        let mut staged = match self.stage(ctx, &part).await {
-            Ok(staged) => staged,
-            Err(StageError::Scratch(e)) => {
-                return Err(Verdict::Settle(fail_job(&self.shared, ctx, &e).await));
-            }
-            Err(StageError::Unavailable(e)) => {
-                let note = format!("{note}: ");
-                let disposition = self
-                    .staging_unavailable(ctx, (&part, &note), holding, &e)
-                    .await;
-                return Err(Verdict::Settle(disposition));
-            }
-            Err(e @ (StageError::Input(_) | StageError::Overran(_))) => {
-                let cause = format!("staging inputs failed: {e}");
-                metrics.mini_batch("staging_failed");
-                let row = report_row(
-                    &part,
-                    holding,
-                    "staging_failed",
-                    Outcome::default(),
-                    None,
-                    &format!("{note}: {cause}"),
-                );
-                keep_row(ctx, &row).await;
-                return Ok(Piece::Failed(cause));
-            }
-        };
-        let timeout = Duration::from_secs(ctx.job.spec().run_invocation_timeout);
-        let started = Instant::now();
-        let active = self.runner.as_mut().expect("ensure_runner made one");
-        let process = active.name.clone();
+    }
+    record_isolated(bench, &ctx, &batch, &holding, found).await
+}
+
+/// Runs `piece` of the mini-batch once on this slot's runner (started if need be).
+/// `Err` holds what becomes of the delivery when the isolation cannot go on: the job
+/// stopped, no runner could start, or a folder of the node's failed.
+async fn run_piece(
+    bench: &mut Bench,
+    ctx: &Arc<JobContext>,
+    batch: &MiniBatch,
+    piece: Range<usize>,
+    holding: &Holding,
+) -> Result<Piece, Verdict> {
+    let node = bench.config().node_id.clone();
+    let of = batch.items.len();
+    let mut note = format!("isolating items {}-{} of {of}", piece.start + 1, piece.end);
+    let part = MiniBatch {
+        items: batch.items[piece].to_vec(),
+        ..batch.clone()
+    };
+    let Ok(active) = bench.seat.start(&bench.shared, ctx).await else {
+        // Untried here: whoever takes it next isolates it.
+        return Err(Verdict::Settle(Disposition::Return));
+    };
+    let process = active.name.clone();
+    let mut staged = match stage_piece(bench, ctx, &part, &note, holding).await? {
+        Ok(staged) => staged,
+        Err(failed) => return Ok(failed),
+    };
+    let timeout = Duration::from_secs(ctx.job.spec().run_invocation_timeout);
+    let started = Instant::now();
+    if let Some(active) = bench.seat.active_mut() {
         // A failed submit means a dead runner: its outcome says so at once.
         let _ = staged.send(&mut *active.process, ctx, &part).await;
-        let outcome = tokio::select! {
-            biased;
-            _ = ctx.stop.cancelled() => {
-                self.kill_runner().await;
-                staged.clean().await;
-                return Err(Verdict::Drop);
-            }
-            o = active.process.outcome(timeout) => o,
-        };
-        let elapsed = started.elapsed().as_secs_f64();
-        staged.clean().await;
-        let items = part.items.len() as u64;
-        let (result, ran, outcome, run_seconds, cause) = match outcome {
-            RunOutcome::Done {
-                rows,
-                timing,
-                header,
-                ..
-            } => {
-                // Returns are judged as a whole mini-batch's are (`returns`).
-                let judged =
-                    super::returns::judge(rows.len() as u64, items, ctx.job.spec().error_threshold);
-                let outcome = judged.outcome;
-                let succeeded = outcome.succeeded;
-                let result = if outcome.batch_failed {
-                    "partial"
-                } else {
-                    "succeeded"
-                };
-                let ran = Piece::Returned {
-                    rows,
-                    header,
-                    succeeded,
-                };
-                (result, ran, outcome, timing.run_seconds, String::new())
-            }
-            RunOutcome::Raised { error, timing } => {
-                self.script_error(ctx, &process, &part, holding.attempt, &error);
-                let cause = error.message.clone();
-                (
-                    "raised",
-                    Piece::Failed(cause.clone()),
-                    Outcome::default(),
-                    timing.run_seconds,
-                    cause,
-                )
-            }
-            // An isolated item runs alone: nothing is sent after it, so a runner that died
-            // died in it.
-            lost @ (RunOutcome::TimedOut | RunOutcome::Died(_) | RunOutcome::ReplyLost { .. }) => {
-                self.runner = None;
-                if !matches!(lost, RunOutcome::TimedOut) {
-                    metrics.runner_died();
-                }
-                let (result, line, cause) = runner_lost(&lost, ctx, &process, batch.index);
-                ctx.logs.log(logs::JobLogs::node_main(&node), &line);
-                ctx.logs
-                    .log(logs::JobLogs::sys_error(&node, &process), &line);
-                (
-                    result,
-                    Piece::Failed(cause.clone()),
-                    Outcome::default(),
-                    elapsed,
-                    cause,
-                )
-            }
-        };
-        metrics.mini_batch(result);
-        let note = if cause.is_empty() {
-            note
-        } else {
-            format!("{note}: {cause}")
-        };
-        let row = report_row(
-            &part,
-            holding,
-            result,
-            outcome,
-            Some((elapsed, run_seconds)),
-            &note,
-        );
-        keep_row(ctx, &row).await;
-        Ok(ran)
     }
+    let (outcome, elapsed) = match bench.wait(ctx, staged, started, timeout).await {
+        Waited::Ran { outcome, elapsed } => (outcome, elapsed),
+        Waited::Stopped => return Err(Verdict::Drop),
+        Waited::NoRunner => return Err(Verdict::Settle(Disposition::Return)),
+    };
+    let (result, ran, outcome, run_seconds, cause) = match outcome {
+        RunOutcome::Done {
+            rows,
+            timing,
+            header,
+            ..
+        } => {
+            // Returns are judged as a whole mini-batch's are (`settle`).
+            let items = part.items.len() as u64;
+            let settled =
+                super::settle::returned(rows.len() as u64, items, ctx.job.spec().error_threshold);
+            let outcome = settled.judged.outcome;
+            let ran = Piece::Returned {
+                rows,
+                header,
+                succeeded: outcome.succeeded,
+            };
+            (
+                settled.result,
+                ran,
+                outcome,
+                timing.run_seconds,
+                String::new(),
+            )
+        }
+        RunOutcome::Raised { error, timing } => {
+            script_error(&node, ctx, &process, &part, holding.attempt, &error);
+            let cause = error.message.clone();
+            (
+                "raised",
+                Piece::Failed(cause.clone()),
+                Outcome::default(),
+                timing.run_seconds,
+                cause,
+            )
+        }
+        // An isolated item runs alone: nothing is sent after it, so a runner that died
+        // died in it.
+        lost => {
+            let (lost, _) = bench.lose_runner(lost).await;
+            let (result, cause) = lost_logged(&node, ctx, &process, batch.index, &lost);
+            (
+                result,
+                Piece::Failed(cause.clone()),
+                Outcome::default(),
+                elapsed,
+                cause,
+            )
+        }
+    };
+    bench.config().metrics.mini_batch(result);
+    if !cause.is_empty() {
+        note = format!("{note}: {cause}");
+    }
+    let row = report_row(
+        &part,
+        holding,
+        result,
+        outcome,
+        Some((elapsed, run_seconds)),
+        &note,
+    );
+    keep_row(ctx, &row).await;
+    Ok(ran)
+}
 
-    /// Records an isolated mini-batch: the rows its pieces returned as its part, and the
-    /// items that failed alone as its lines of `failed_items.csv`.
-    async fn record_isolated(
-        &mut self,
-        ctx: &Arc<JobContext>,
-        batch: &MiniBatch,
-        holding: &Holding,
-        found: Found,
-    ) -> Verdict {
-        let items = batch.items.len() as u64;
-        let outcome = Outcome {
-            succeeded: found.succeeded,
-            failed: items - found.succeeded,
-            batch_failed: found.succeeded < items,
-        };
-        let spec = ctx.job.spec();
-        let rows =
-            (spec.output_action == OutputAction::AppendRow && !found.rows.is_empty()).then(|| {
-                let header = found.header.filter(|_| spec.append_row_dataframe_header);
-                crate::parts::with_header(
-                    header.as_deref(),
-                    &found.rows,
-                    spec.append_row_dataframe_header,
-                )
-            });
-        let lines: Vec<String> = found
-            .failed_alone
-            .iter()
-            .map(|(item, cause)| {
-                failed_item_line(&batch.items[*item], batch.index, holding.attempt, cause)
-            })
-            .collect();
-        let failed = (!lines.is_empty()).then(|| join_rows(&lines));
-        let mut stored = [None, None];
-        for (slot, body) in stored.iter_mut().zip([rows, failed]) {
-            let Some(body) = body else { continue };
-            match ctx.job.parts().put(batch.index, body).await {
-                Ok(part) => *slot = Some(part),
-                Err(PartError::Folder(e)) => {
-                    return Verdict::Settle(fail_job(&self.shared, ctx, &e).await);
-                }
-                Err(e) if e.is_transient() => {
-                    tracing::warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Storage unavailable writing an isolated mini-batch's part; handing it back untried.");
-                    self.config().metrics.storage_hand_back();
-                    return Verdict::Settle(Disposition::Return);
-                }
-                Err(e) => {
-                    tracing::warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Writing an isolated mini-batch's part failed; requeueing.");
-                    return Verdict::Settle(Disposition::Requeue);
-                }
+/// Stages the inputs of `part`, a piece being isolated (its report rows start with `note`):
+/// `Ok(Err(piece))` when they could not be, as the piece's failure; `Err` when the
+/// isolation cannot go on (the storage or a folder of the node's failed).
+async fn stage_piece(
+    bench: &mut Bench,
+    ctx: &Arc<JobContext>,
+    part: &MiniBatch,
+    note: &str,
+    holding: &Holding,
+) -> Result<Result<Staged, Piece>, Verdict> {
+    match bench.stager.stage(ctx, part).await {
+        Ok(staged) => Ok(Ok(staged)),
+        Err(StageError::Scratch(e)) => Err(Verdict::Settle(fail_job(&bench.shared, ctx, &e).await)),
+        Err(StageError::Unavailable(e)) => {
+            let note = format!("{note}: ");
+            let staged = (part, note.as_str());
+            let disposition = staging_unavailable(&bench.shared, ctx, staged, holding, &e);
+            Err(Verdict::Settle(disposition.await))
+        }
+        Err(e @ (StageError::Input(_) | StageError::Overran(_))) => {
+            let cause = format!("staging inputs failed: {e}");
+            bench.config().metrics.mini_batch("staging_failed");
+            let row = report_row(
+                part,
+                holding,
+                "staging_failed",
+                Outcome::default(),
+                None,
+                &format!("{note}: {cause}"),
+            );
+            keep_row(ctx, &row).await;
+            Ok(Err(Piece::Failed(cause)))
+        }
+    }
+}
+
+/// Records an isolated mini-batch: the rows its pieces returned as its part, and the
+/// items that failed alone as its lines of `failed_items.csv`.
+async fn record_isolated(
+    bench: &mut Bench,
+    ctx: &Arc<JobContext>,
+    batch: &MiniBatch,
+    holding: &Holding,
+    found: Found,
+) -> Verdict {
+    let items = batch.items.len() as u64;
+    let outcome = Outcome {
+        succeeded: found.succeeded,
+        failed: items - found.succeeded,
+        batch_failed: found.succeeded < items,
+    };
+    let spec = ctx.job.spec();
+    let rows =
+        (spec.output_action == OutputAction::AppendRow && !found.rows.is_empty()).then(|| {
+            let header = found.header.filter(|_| spec.append_row_dataframe_header);
+            crate::parts::with_header(
+                header.as_deref(),
+                &found.rows,
+                spec.append_row_dataframe_header,
+            )
+        });
+    let lines: Vec<String> = found
+        .failed_alone
+        .iter()
+        .map(|(item, cause)| {
+            failed_item_line(&batch.items[*item], batch.index, holding.attempt, cause)
+        })
+        .collect();
+    let failed = (!lines.is_empty()).then(|| join_rows(&lines));
+    let mut stored = [None, None];
+    for (slot, body) in stored.iter_mut().zip([rows, failed]) {
+        let Some(body) = body else { continue };
+        match ctx.job.parts().put(batch.index, body).await {
+            Ok(part) => *slot = Some(part),
+            Err(PartError::Folder(e)) => {
+                return Verdict::Settle(fail_job(&bench.shared, ctx, &e).await);
+            }
+            Err(e) if e.is_transient() => {
+                tracing::warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Storage unavailable writing an isolated mini-batch's part; handing it back untried.");
+                bench.config().metrics.storage_hand_back();
+                return Verdict::Settle(Disposition::Return);
+            }
+            Err(e) => {
+                tracing::warn!(job = %ctx.job.id(), mini_batch = batch.index, error = %e, "Writing an isolated mini-batch's part failed; requeueing.");
+                return Verdict::Settle(Disposition::Requeue);
             }
         }
-        let [rows, failed] = stored;
-        let reference = crate::parts::reference(rows.as_deref(), failed.as_deref());
-        let first_cause = found
-            .failed_alone
-            .first()
-            .map_or("", |(_, cause)| cause.as_str());
-        let note = format!(
-            "{} of {items} items failed alone, {} isolation runs{}{first_cause}",
-            found.failed_alone.len(),
-            found.runs,
-            if first_cause.is_empty() {
-                ""
-            } else {
-                "; the first: "
-            },
-        );
-        ctx.logs.log(
-            logs::JobLogs::node_process(&holding.node, &holding.process),
-            &format!("mini-batch {} isolated: {note}", batch.index),
-        );
-        self.config().metrics.mini_batch("isolated");
-        let row = report_row(batch, holding, "isolated", outcome, None, &note);
-        super::outdir::sync_logged(ctx).await;
-        super::named::deliver_logged(ctx, &holding.node, &holding.process, None).await;
-        if record_outcome(
-            &self.shared,
-            ctx,
-            batch.index,
-            outcome,
-            reference.as_deref(),
-            &row,
-        )
-        .await
-        {
-            Verdict::Settle(Disposition::Ack)
+    }
+    let [rows, failed] = stored;
+    let reference = crate::parts::reference(rows.as_deref(), failed.as_deref());
+    let first_cause = found
+        .failed_alone
+        .first()
+        .map_or("", |(_, cause)| cause.as_str());
+    let note = format!(
+        "{} of {items} items failed alone, {} isolation runs{}{first_cause}",
+        found.failed_alone.len(),
+        found.runs,
+        if first_cause.is_empty() {
+            ""
         } else {
-            Verdict::Settle(Disposition::Requeue)
-        }
+            "; the first: "
+        },
+    );
+    ctx.logs.log(
+        logs::JobLogs::node_process(&holding.node, &holding.process),
+        &format!("mini-batch {} isolated: {note}", batch.index),
+    );
+    bench.config().metrics.mini_batch("isolated");
+    let row = report_row(batch, holding, "isolated", outcome, None, &note);
+    super::outdir::sync_logged(ctx).await;
+    super::named::deliver_logged(ctx, &holding.node, &holding.process, None).await;
+    if record_outcome(
+        &bench.shared,
+        ctx,
+        batch.index,
+        outcome,
+        reference.as_deref(),
+        &row,
+    )
+    .await
+    {
+        Verdict::Settle(Disposition::Ack)
+    } else {
+        Verdict::Settle(Disposition::Requeue)
     }
 }
 

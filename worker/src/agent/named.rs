@@ -28,19 +28,20 @@
 //! - Files a script leaves in its working folder are kept when the job ends on the node:
 //!   moved to `logs/user/working_dir/<node>/<process>/`, counted in `_main.txt`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use fleetrun_common::storage::StorageError;
-use fleetrun_common::storage::s3::S3Storage;
-use fleetrun_config::{JobSpec, Location, named};
+use fleetrun_config::{JobSpec, named};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::JobContext;
+use super::named_outputs::FileKey;
+pub use super::named_outputs::{Destination, NamedOutputs};
 use super::outdir::{mtime, walk, walk_where};
 use crate::logs::JobLogs;
 
@@ -73,42 +74,6 @@ fn io_at(path: &Path) -> impl FnOnce(io::Error) -> NamedOutputError + '_ {
     }
 }
 
-/// Where a named output's files go.
-pub enum Destination {
-    Local(PathBuf),
-    S3(S3Storage),
-}
-
-/// A job's named outputs on this node, and what was delivered of them.
-#[derive(Default)]
-pub struct NamedOutputs {
-    destinations: BTreeMap<String, Destination>,
-    /// The node's folder of the job's working folders (`None` in tests that make none).
-    work: Option<PathBuf>,
-    /// What was delivered, so an unchanged file is not sent again.
-    delivered: tokio::sync::Mutex<Delivered>,
-    /// Set once the job's end on the node was handled ([`finish`]).
-    finished: std::sync::atomic::AtomicBool,
-}
-
-#[derive(Default)]
-struct Delivered {
-    /// (process, output, relative path) → (size, mtime) of the file as delivered, or as
-    /// refused.
-    sent: HashMap<FileKey, (u64, i128)>,
-    /// The files refused: their name is taken by a file fleetrun did not write.
-    refused: HashSet<FileKey>,
-    /// Files an attempt that did not succeed left undelivered and that could not be moved
-    /// out of the runner's folder, with their (size, mtime) then: not delivered while they
-    /// are unchanged.
-    withheld: HashMap<FileKey, (u64, i128)>,
-    /// How many withheld files were moved into the job's logs.
-    kept: usize,
-}
-
-/// A runner's file of a named output: (process, output, relative path).
-type FileKey = (String, String, String);
-
 /// What one delivery did.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Delivery {
@@ -116,32 +81,6 @@ pub struct Delivery {
     pub delivered: usize,
     /// Files whose name is taken by a file fleetrun did not write: not delivered.
     pub refused: usize,
-}
-
-impl NamedOutputs {
-    /// The job's named outputs, opened; `work` is the node's folder of its working folders.
-    pub async fn open(
-        spec: &JobSpec,
-        work: PathBuf,
-        s3: &fleetrun_common::storage::s3::S3Settings,
-    ) -> Result<NamedOutputs, StorageError> {
-        let mut destinations = BTreeMap::new();
-        for (name, location) in &spec.outputs {
-            let destination = match location {
-                Location::Local(dir) => Destination::Local(dir.clone()),
-                Location::S3 { bucket, prefix } => {
-                    Destination::S3(S3Storage::new(bucket, prefix, s3).await?)
-                }
-            };
-            destinations.insert(name.clone(), destination);
-        }
-        Ok(NamedOutputs {
-            destinations,
-            work: Some(work),
-            delivered: Default::default(),
-            finished: Default::default(),
-        })
-    }
 }
 
 /// The runner `process`'s folder of named outputs, under the node's working folders `work`.
@@ -249,29 +188,7 @@ pub async fn deliver(
                 }
                 Owner::Fleetrun(_) | Owner::Nobody => {}
             }
-            let from = source.join(&rel);
-            match destination {
-                Destination::Local(dir) => {
-                    let (from, to) = (from.clone(), dir.join(&rel));
-                    let identity =
-                        tokio::task::spawn_blocking(move || copy_then_rename(&from, &to))
-                            .await
-                            .map_err(|e| io_at(dir)(io::Error::other(e)))??;
-                    record.files.insert(
-                        rel.clone(),
-                        Written {
-                            writer: writer.clone(),
-                            identity,
-                        },
-                    );
-                }
-                Destination::S3(storage) => {
-                    let body = tokio::fs::read(&from).await.map_err(io_at(&from))?;
-                    storage
-                        .put_written_by(&rel, Bytes::from(body), &writer)
-                        .await?;
-                }
-            }
+            put(destination, &mut record, &source.join(&rel), &rel, &writer).await?;
             delivered.refused.remove(&key);
             delivered.withheld.remove(&key);
             delivered.sent.insert(key, (size, modified));
@@ -284,6 +201,39 @@ pub async fn deliver(
         }
     }
     Ok(done)
+}
+
+/// Puts the runner's file `from` at `rel` in `destination`, written by `writer` (a local
+/// destination's `record` notes it).
+async fn put(
+    destination: &Destination,
+    record: &mut Record,
+    from: &Path,
+    rel: &str,
+    writer: &str,
+) -> Result<(), NamedOutputError> {
+    match destination {
+        Destination::Local(dir) => {
+            let (from, to) = (from.to_path_buf(), dir.join(rel));
+            let identity = tokio::task::spawn_blocking(move || copy_then_rename(&from, &to))
+                .await
+                .map_err(|e| io_at(dir)(io::Error::other(e)))??;
+            record.files.insert(
+                rel.to_owned(),
+                Written {
+                    writer: writer.to_owned(),
+                    identity,
+                },
+            );
+        }
+        Destination::S3(storage) => {
+            let body = tokio::fs::read(from).await.map_err(io_at(from))?;
+            storage
+                .put_written_by(rel, Bytes::from(body), writer)
+                .await?;
+        }
+    }
+    Ok(())
 }
 
 /// After an attempt of runner `process` that did not succeed (`mini_batch`'s attempt

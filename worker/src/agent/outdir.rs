@@ -8,7 +8,6 @@
 //! itself (`logs/`, `_parts/`, `_fleetrun/`, `.fleetrun/`, the `append_row` file) are not
 //! uploaded; the script is warned in the worker's log.
 
-use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -18,9 +17,6 @@ use fleetrun_config::Location;
 use tracing::warn;
 
 use super::JobContext;
-
-/// What was uploaded of each file (relative key → size, mtime in nanoseconds).
-pub type Uploaded = HashMap<String, (u64, i128)>;
 
 /// The folder `EntryScript().output_dir` names on this node.
 pub fn local_output_dir(ctx: &JobContext) -> PathBuf {

@@ -5,16 +5,28 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use fleetrun_common::queue::{Consumer, Delivery, Disposition};
-use fleetrun_common::wire::MiniBatch;
+use fleetrun_common::wire::{MiniBatch, WireError};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, warn};
+use tracing::{Instrument, warn};
 
-use super::ahead::Ahead;
-use super::isolate::Isolation;
-use super::runner::Active;
+use super::ahead::{Ahead, Sent, Taken};
+use super::attempt::{Bench, record_failure};
+use super::finish::settle;
+use super::isolate::isolate;
+use super::runner::StartFailure;
+use super::share::Assignment;
+use super::verdict::{Isolation, Verdict};
 use super::{AgentConfig, JobContext, Shared};
-use crate::metrics::Metrics;
-use crate::process::returncode;
+
+/// The job a slot consumes for, and its consumer.
+type Lane = (Arc<str>, Box<dyn Consumer>);
+
+/// Whether a slot's loop goes on.
+enum Flow {
+    Go,
+    Stop,
+}
 
 /// How long a node that gave up on a job holds one of its mini-batches before handing it back.
 const GAVE_UP_BACKOFF: Duration = Duration::from_secs(1);
@@ -22,60 +34,23 @@ const GAVE_UP_BACKOFF: Duration = Duration::from_secs(1);
 pub(super) struct Slot {
     pub(super) shared: Arc<Shared>,
     pub(super) index: usize,
-    pub(super) runner: Option<Active>,
-    /// The next deliveries, taken while the runner worked on the one before, in the order
-    /// they were sent to it (see `ahead`).
-    pub(super) ahead: std::collections::VecDeque<Ahead>,
-    /// Stagings so far: each mini-batch's inputs get a folder of their own.
-    pub(super) stagings: u64,
+    /// What the slot runs attempts with: its runner, its staging, its look-ahead.
+    pub(super) bench: Bench,
     /// Cancelled when the node drains: nothing more is taken, ahead or not.
     pub(super) drain: CancellationToken,
     /// Deliveries being finished in the background (at most the consumer's prefetch).
     pub(super) finishing: tokio::task::JoinSet<()>,
-    /// The last start found the job's seats on this node taken.
-    pub(super) seatless: bool,
     /// Mini-batches whose failed items are isolated once the runner has nothing else
     /// queued, with their deliveries (see `isolate`). Nothing is sent ahead meanwhile.
     pub(super) isolations: std::collections::VecDeque<(Delivery, Isolation)>,
 }
 
-/// What to do with a delivery, decided once.
-pub(super) enum Verdict {
-    Settle(Disposition),
-    /// The job no longer runs: drop the message.
-    Drop,
-    /// `run()` succeeded: write the part and record the outcome, then settle with what that
-    /// gives. Done in the background, so the runner gets its next mini-batch at once.
-    Finish(futures::future::BoxFuture<'static, Disposition>),
-    /// The mini-batch failed its attempts: isolate its failed items once the runner has
-    /// nothing else queued.
-    Isolate(Box<Isolation>),
-    /// The mini-batch ran, but its reply was lost with its runner (which died in one sent
-    /// after it): it runs again first, on the slot's next runner, its attempt not spent.
-    Again,
-}
-
-impl Verdict {
-    pub(super) fn isolate(ctx: &Arc<JobContext>, batch: &MiniBatch, attempts: u32) -> Verdict {
-        Verdict::Isolate(Box::new(Isolation {
-            ctx: ctx.clone(),
-            batch: batch.clone(),
-            attempts,
-        }))
-    }
-}
-
 impl Slot {
-    pub(super) fn config(&self) -> &AgentConfig {
+    fn config(&self) -> &AgentConfig {
         &self.shared.agent.config
     }
 
-    /// The node's cache folder: it holds the staging folder and the working folders.
-    pub(super) fn cache(&self) -> &std::path::Path {
-        let staging = &self.config().staging_dir;
-        staging.parent().unwrap_or(staging)
-    }
-
+    /// The slot's loop, until the node drains or aborts.
     pub(super) async fn run(mut self, drain: CancellationToken, abort: CancellationToken) {
         if let Some(job) = self.config().warm_job.clone() {
             tokio::select! {
@@ -85,16 +60,16 @@ impl Slot {
         }
         let mut share = self.shared.share.watch();
         // The lane this slot consumes from, and its consumer.
-        let mut lane: Option<(Arc<str>, Box<dyn Consumer>)> = None;
+        let mut lane: Option<Lane> = None;
         loop {
-            if let Some(ahead) = self.ahead.pop_front() {
+            if let Some(ahead) = self.bench.ahead.next() {
                 let Some((_, consumer)) = lane.as_mut() else {
                     continue;
                 };
                 tokio::select! {
                     biased;
                     _ = abort.cancelled() => {
-                        self.kill_runner().await;
+                        self.bench.seat.kill().await;
                         break;
                     }
                     _ = self.handle_ahead(ahead, consumer) => {}
@@ -106,92 +81,25 @@ impl Slot {
                     biased;
                     _ = abort.cancelled() => {
                         // Dropping the delivery hands it back to the queue.
-                        self.kill_runner().await;
+                        self.bench.seat.kill().await;
                         break;
                     }
-                    verdict = self.isolate(isolation) => self.conclude(delivery, verdict).await,
+                    verdict = isolate(&mut self.bench, isolation) => self.conclude(delivery, verdict).await,
                 }
                 continue;
             }
             let job = share.borrow_and_update().get(self.index).cloned().flatten();
-            if lane.is_none() || lane.as_ref().map(|(l, _)| l) != job.as_ref() {
-                self.leave_lane(lane.take(), job.as_deref()).await;
-                let Some(job) = job else {
-                    // No job is owed this slot: it takes no work, and holds none either.
-                    tokio::select! {
-                        biased;
-                        _ = drain.cancelled() => break,
-                        _ = abort.cancelled() => break,
-                        _ = share.changed() => {}
-                    }
-                    continue;
-                };
-                match self
-                    .shared
-                    .agent
-                    .queue
-                    .consume(&job, self.config().prefetch)
-                    .await
-                {
-                    Ok(consumer) => lane = Some((job, consumer)),
-                    Err(e) => {
-                        self.config().metrics.broker_error();
-                        warn!(slot = self.index, job = %job, error = %e, "Cannot consume the job's mini-batches; retrying.");
-                        tokio::select! {
-                            _ = drain.cancelled() => break,
-                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        }
-                    }
+            let flow = match lane.as_mut() {
+                Some((current, consumer)) if job.as_ref() == Some(current) => {
+                    self.take(consumer, &mut share, &drain, &abort).await
                 }
-                continue;
-            }
-            let Some((_, consumer)) = lane.as_mut() else {
-                continue;
-            };
-            let job_stop = self.runner.as_ref().map(|a| a.job_stop.clone());
-            let job_stopped = async {
-                match &job_stop {
-                    Some(stop) => stop.cancelled().await,
-                    None => std::future::pending().await,
+                _ => {
+                    self.switch_lane(&mut lane, job, &mut share, &drain, &abort)
+                        .await
                 }
             };
-            let delivery = tokio::select! {
-                biased;
-                _ = drain.cancelled() => break,
-                _ = abort.cancelled() => break,
-                _ = job_stopped => {
-                    if let Some(active) = self.runner.take() {
-                        let status = active.process.shutdown().await;
-                        debug!(process = %active.name, code = returncode(&status), "Runner of an ended job stopped.");
-                    }
-                    self.shared.share.wake();
-                    continue;
-                }
-                _ = share.changed() => continue,
-                d = consumer.next() => d,
-            };
-            match delivery {
-                Ok(d) => {
-                    // Settling is often immediate on the embedded queue: let other tasks in.
-                    tokio::task::yield_now().await;
-                    tokio::select! {
-                        biased;
-                        _ = abort.cancelled() => {
-                            // Dropping the delivery hands it back to the queue.
-                            self.kill_runner().await;
-                            break;
-                        }
-                        _ = self.handle(d, consumer) => {}
-                    }
-                }
-                Err(e) => {
-                    self.config().metrics.broker_error();
-                    warn!(slot = self.index, error = %e, "Consuming failed; retrying.");
-                    tokio::select! {
-                        _ = drain.cancelled() => break,
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    }
-                }
+            if let Flow::Stop = flow {
+                break;
             }
         }
         let consumer = lane.as_mut().map(|(_, c)| c);
@@ -203,25 +111,212 @@ impl Slot {
         }
         // Settle what is being finished before stopping: nothing is left unacknowledged.
         while self.finishing.join_next().await.is_some() {}
-        if let Some(active) = self.runner.take() {
-            if abort.is_cancelled() {
-                let mut process = active.process;
-                process.kill().await;
-            } else {
-                let status = active.process.shutdown().await;
-                debug!(process = %active.name, code = returncode(&status), "Runner stopped.");
+        if abort.is_cancelled() {
+            self.bench.seat.kill().await;
+        } else {
+            self.bench.seat.stop("Runner stopped.").await;
+        }
+    }
+
+    /// Leaves the slot's lane for `job`'s (or for none, waiting for the share to change):
+    /// consumes `job`'s mini-batches, retrying a broker that refuses.
+    async fn switch_lane(
+        &mut self,
+        lane: &mut Option<Lane>,
+        job: Option<Arc<str>>,
+        share: &mut watch::Receiver<Assignment>,
+        drain: &CancellationToken,
+        abort: &CancellationToken,
+    ) -> Flow {
+        self.leave_lane(lane.take(), job.as_deref()).await;
+        let Some(job) = job else {
+            // No job is owed this slot: it takes no work, and holds none either.
+            tokio::select! {
+                biased;
+                _ = drain.cancelled() => return Flow::Stop,
+                _ = abort.cancelled() => return Flow::Stop,
+                _ = share.changed() => {}
+            }
+            return Flow::Go;
+        };
+        let prefetch = self.config().prefetch;
+        match self.shared.agent.queue.consume(&job, prefetch).await {
+            Ok(consumer) => *lane = Some((job, consumer)),
+            Err(e) => {
+                self.config().metrics.broker_error();
+                warn!(slot = self.index, job = %job, error = %e, "Cannot consume the job's mini-batches; retrying.");
+                tokio::select! {
+                    _ = drain.cancelled() => return Flow::Stop,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        }
+        Flow::Go
+    }
+
+    /// Takes the lane's next delivery and handles it, unless the node drains or aborts, the
+    /// runner's job ends (the runner stops), or the share changes first.
+    async fn take(
+        &mut self,
+        consumer: &mut Box<dyn Consumer>,
+        share: &mut watch::Receiver<Assignment>,
+        drain: &CancellationToken,
+        abort: &CancellationToken,
+    ) -> Flow {
+        let job_stop = self.bench.seat.active().map(|a| a.job_stop.clone());
+        let job_stopped = async {
+            match &job_stop {
+                Some(stop) => stop.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        let delivery = tokio::select! {
+            biased;
+            _ = drain.cancelled() => return Flow::Stop,
+            _ = abort.cancelled() => return Flow::Stop,
+            _ = job_stopped => {
+                self.bench.seat.stop("Runner of an ended job stopped.").await;
+                self.shared.share.wake();
+                return Flow::Go;
+            }
+            _ = share.changed() => return Flow::Go,
+            d = consumer.next() => d,
+        };
+        match delivery {
+            Ok(d) => {
+                // Settling is often immediate on the embedded queue: let other tasks in.
+                tokio::task::yield_now().await;
+                tokio::select! {
+                    biased;
+                    _ = abort.cancelled() => {
+                        // Dropping the delivery hands it back to the queue.
+                        self.bench.seat.kill().await;
+                        return Flow::Stop;
+                    }
+                    _ = self.handle(d, None, consumer) => {}
+                }
+            }
+            Err(e) => {
+                self.config().metrics.broker_error();
+                warn!(slot = self.index, error = %e, "Consuming failed; retrying.");
+                tokio::select! {
+                    _ = drain.cancelled() => return Flow::Stop,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        }
+        Flow::Go
+    }
+
+    /// Starts this slot's runner for `job` before any work arrives, retrying init failures
+    /// until the node gives up.
+    async fn warm(&mut self, job: &str, drain: &CancellationToken) {
+        let Ok(Some(ctx)) = self.shared.agent.jobs.get(job).await else {
+            return;
+        };
+        while !drain.is_cancelled()
+            && !ctx.gave_up.load(Ordering::Relaxed)
+            && !ctx.stop.is_cancelled()
+        {
+            let started = tokio::select! {
+                _ = drain.cancelled() => return,
+                _ = ctx.stop.cancelled() => return,
+                started = self.bench.seat.start(&self.shared, &ctx) => started.map(|_| ()),
+            };
+            match started {
+                // Started, or the job's seats on this node are taken: this slot warms nothing.
+                Ok(()) | Err(StartFailure::Seatless) => return,
+                Err(StartFailure::GaveUp | StartFailure::Failed) => {}
             }
         }
     }
 
-    pub(super) async fn handle(&mut self, delivery: Delivery, consumer: &mut Box<dyn Consumer>) {
+    /// Handles a delivery: decides what becomes of it, and settles it. `decoded` holds its
+    /// mini-batch when it was decoded already (it was taken ahead).
+    async fn handle(
+        &mut self,
+        delivery: Delivery,
+        decoded: Option<Result<MiniBatch, WireError>>,
+        consumer: &mut Box<dyn Consumer>,
+    ) {
         while self.finishing.try_join_next().is_some() {}
-        let verdict = self.decide(&delivery, consumer).await;
+        let decoded = decoded.unwrap_or_else(|| MiniBatch::decode(&delivery.body));
+        let verdict = self.decide(&delivery, decoded, consumer).await;
         self.conclude(delivery, verdict).await;
     }
 
-    async fn decide(&mut self, delivery: &Delivery, consumer: &mut Box<dyn Consumer>) -> Verdict {
-        let batch = match MiniBatch::decode(&delivery.body) {
+    /// Handles a delivery taken ahead: one sent to the runner is already running there; any
+    /// other goes the usual way.
+    async fn handle_ahead(&mut self, ahead: Ahead, consumer: &mut Box<dyn Consumer>) {
+        let Ahead { delivery, taken } = ahead;
+        let Sent { ctx, batch, staged } = match taken {
+            Taken::Waiting(decoded) => return self.handle(delivery, Some(decoded), consumer).await,
+            Taken::Sent(sent) => sent,
+        };
+        while self.finishing.try_join_next().is_some() {}
+        let verdict = if ctx.stop.is_cancelled() {
+            // Its reply must never be taken for another mini-batch's.
+            self.bench.seat.kill().await;
+            staged.clean().await;
+            Verdict::Drop
+        } else {
+            self.attempt(&ctx, &batch, delivery.attempt, Some(staged), consumer)
+                .await
+        };
+        self.conclude(delivery, verdict).await;
+    }
+
+    /// One attempt of `batch`: begun, the next deliveries taken ahead while it runs, ended.
+    async fn attempt(
+        &mut self,
+        ctx: &Arc<JobContext>,
+        batch: &MiniBatch,
+        attempt: u32,
+        sent: Option<super::stage::Staged>,
+        consumer: &mut Box<dyn Consumer>,
+    ) -> Verdict {
+        let running = match self.bench.begin(ctx, batch, attempt, sent).await {
+            Ok(running) => running,
+            Err(verdict) => return verdict,
+        };
+        if running.submitted {
+            self.look_ahead(ctx, consumer).await;
+        }
+        self.bench.end(ctx, batch, running).await
+    }
+
+    /// Takes the deliveries already in hand ahead, and sends those of the runner's job to it
+    /// (see `ahead`), while the node does not drain, the slot isolates nothing and its share
+    /// still gives it the job.
+    async fn look_ahead(&mut self, ctx: &Arc<JobContext>, consumer: &mut Box<dyn Consumer>) {
+        let Bench {
+            seat,
+            stager,
+            ahead,
+            ..
+        } = &mut self.bench;
+        let Some(runner) = seat.active_mut() else {
+            return;
+        };
+        let (drain, isolations, share) = (&self.drain, &self.isolations, &self.shared.share);
+        let (index, job) = (self.index, ctx.job.id());
+        // A slot whose share moved on takes no more of this job: it changes jobs after the
+        // mini-batch it runs.
+        let may_take = || {
+            !drain.is_cancelled()
+                && isolations.is_empty()
+                && share.job_of(index).as_deref() == Some(job)
+        };
+        ahead.fill(consumer, ctx, runner, stager, may_take).await;
+    }
+
+    async fn decide(
+        &mut self,
+        delivery: &Delivery,
+        decoded: Result<MiniBatch, WireError>,
+        consumer: &mut Box<dyn Consumer>,
+    ) -> Verdict {
+        let batch = match decoded {
             Ok(b) => b,
             Err(e) => {
                 warn!(slot = self.index, error = %e, bytes = delivery.body.len(), "Dead-lettering a message that does not decode.");
@@ -262,7 +357,7 @@ impl Slot {
             // This node cannot start the job's script; leave the work to other nodes.
             return self.hand_back(&ctx).await;
         }
-        if super::lost_too_often(delivery.attempt, ctx.job.spec()) {
+        if super::settle::lost_too_often(delivery.attempt, ctx.job.spec()) {
             let lost = delivery.attempt - 1 - ctx.job.spec().run_max_try;
             let cause = format!(
                 "delivered {} times: lost at least {lost} times with the worker or broker connection that held it (the limit is {})",
@@ -272,22 +367,23 @@ impl Slot {
             let node = self.config().node_id.clone();
             super::holding::lost_before(&ctx, &batch, delivery.attempt - 1, &node).await;
             // Unrecorded (the ledger did not answer), it comes back: nothing is lost.
-            let recorded = self
-                .record_failure(&ctx, &batch, delivery.attempt - 1, &cause, None)
-                .await;
+            let attempts = delivery.attempt - 1;
+            let recorded = record_failure(&self.shared, &ctx, &batch, attempts, &cause, None);
+            let recorded = recorded.await;
             return Verdict::Settle(if recorded {
                 Disposition::Ack
             } else {
                 Disposition::Return
             });
         }
-        if !self.ensure_runner(&ctx).await {
-            if std::mem::take(&mut self.seatless) {
-                // As many runners of the job as it wants run on this node's other slots.
-                return self.hand_back(&ctx).await;
-            }
+        match self.bench.seat.start(&self.shared, &ctx).await {
+            Ok(_) => {}
+            // As many runners of the job as it wants run on this node's other slots.
+            Err(StartFailure::Seatless) => return self.hand_back(&ctx).await,
             // No runner started: run() was not tried, so this was no attempt.
-            return Verdict::Settle(Disposition::Return);
+            Err(StartFailure::GaveUp | StartFailure::Failed) => {
+                return Verdict::Settle(Disposition::Return);
+            }
         }
         if ctx.first_start() {
             let (ledger, job) = (self.shared.agent.ledger.clone(), ctx.job.id().to_owned());
@@ -327,7 +423,7 @@ impl Slot {
         true
     }
 
-    pub(super) async fn conclude(&mut self, delivery: Delivery, verdict: Verdict) {
+    async fn conclude(&mut self, delivery: Delivery, verdict: Verdict) {
         let disposition = match verdict {
             Verdict::Settle(d) => d,
             Verdict::Isolate(isolation) => {
@@ -335,22 +431,16 @@ impl Slot {
                 return;
             }
             Verdict::Drop => Disposition::Ack,
-            Verdict::Again => {
-                self.ahead.push_front(Ahead {
-                    delivery,
-                    sent: None,
-                });
+            Verdict::Again { batch, culprit } => {
+                // The mini-batch its runner died in is settled first.
+                let (culprit, verdict) = *culprit;
+                Box::pin(self.conclude(culprit, verdict)).await;
+                self.bench.ahead.again(delivery, *batch);
                 return;
             }
-            Verdict::Finish(work) => {
-                let (slot, metrics) = (self.index, self.config().metrics.clone());
-                self.finishing.spawn(
-                    async move {
-                        let disposition = work.await;
-                        settle(slot, &metrics, delivery, disposition).await;
-                    }
-                    .in_current_span(),
-                );
+            Verdict::Finish(finish) => {
+                let finished = finish.settle(self.index, delivery);
+                self.finishing.spawn(finished.in_current_span());
                 return;
             }
         };
@@ -359,30 +449,21 @@ impl Slot {
 }
 
 impl Slot {
-    /// Whether the node's current share still gives this slot to `job`.
-    pub(super) fn keeps(&self, job: &str) -> bool {
-        self.shared.share.job_of(self.index).as_deref() == Some(job)
-    }
-
     /// Leaves the lane this slot consumed from for `next` (or for none): what its consumer
     /// holds and has not handed out goes back untried, and a runner of another job than
     /// `next` stops, giving its seat back.
-    async fn leave_lane(
-        &mut self,
-        lane: Option<(Arc<str>, Box<dyn Consumer>)>,
-        next: Option<&str>,
-    ) {
+    async fn leave_lane(&mut self, lane: Option<Lane>, next: Option<&str>) {
         if let Some((_, mut consumer)) = lane {
             pause(self.index, &mut consumer).await;
         }
         if self
-            .runner
-            .as_ref()
+            .bench
+            .seat
+            .active()
             .is_some_and(|a| Some(a.job.as_str()) != next)
-            && let Some(active) = self.runner.take()
         {
-            let status = active.process.shutdown().await;
-            debug!(process = %active.name, code = returncode(&status), "Runner stopped: its slot serves another job now, or none.");
+            let why = "Runner stopped: its slot serves another job now, or none.";
+            self.bench.seat.stop(why).await;
         }
     }
 }
@@ -391,16 +472,5 @@ impl Slot {
 async fn pause(slot: usize, consumer: &mut Box<dyn Consumer>) {
     if let Err(e) = consumer.pause().await {
         warn!(slot, error = %e, "Cannot give back what the slot's consumer holds; it returns when the channel closes.");
-    }
-}
-
-async fn settle(slot: usize, metrics: &Metrics, delivery: Delivery, disposition: Disposition) {
-    match delivery.settle(disposition).await {
-        Ok(true) => {}
-        Ok(false) => info!(slot, "Settlement not delivered; the broker will redeliver."),
-        Err(e) => {
-            metrics.broker_error();
-            warn!(slot, error = %e, "Settling a delivery failed.");
-        }
     }
 }

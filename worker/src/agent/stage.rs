@@ -3,12 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use fleetrun_common::protocol::StagedTable;
+use fleetrun_common::protocol::{RunContext, StagedTable};
 use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_common::wire::MiniBatch;
 
 use super::JobContext;
-use super::slot::Slot;
+use super::stage_error::StageError;
 use crate::process::Batch;
 use crate::scratch::FolderError;
 
@@ -32,7 +32,7 @@ impl Staged {
                 index: batch.index,
                 items: std::mem::take(&mut self.paths),
                 tables: std::mem::take(&mut self.tables),
-                context: super::run_context(ctx, batch),
+                context: run_context(ctx, batch),
             })
             .await
     }
@@ -44,38 +44,24 @@ impl Staged {
     }
 }
 
-/// Why a mini-batch's inputs were not staged: an item's failure, or the node's.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum StageError {
-    /// An input object cannot be read (missing, refused, not a valid key) or cannot be a
-    /// file under its key: the attempt fails, as the item's failure.
-    #[error(transparent)]
-    Input(StorageError),
-    /// The storage did not answer within its client's retries (throttled, failing,
-    /// unreachable): the infrastructure's fault, not the item's; the mini-batch goes back
-    /// untried.
-    #[error(transparent)]
-    Unavailable(StorageError),
-    /// The node's staging folder cannot take the copies: a system error, not the item's.
-    #[error(transparent)]
-    Scratch(#[from] FolderError),
-    /// Staging took longer than the job's `task_overhead_timeout` (seconds): the attempt
-    /// fails, as a `run()` that overran would.
-    #[error("staging the inputs took longer than task_overhead_timeout ({0} s)")]
-    Overran(u64),
+/// A slot's staging: each mini-batch's inputs get a folder of their own in the node's
+/// staging folder, named after the job, the slot and a count.
+pub(super) struct Stager {
+    staging: PathBuf,
+    slot: usize,
+    /// Stagings so far.
+    stagings: u64,
 }
 
-impl From<StorageError> for StageError {
-    fn from(e: StorageError) -> StageError {
-        if e.is_transient() {
-            StageError::Unavailable(e)
-        } else {
-            StageError::Input(e)
+impl Stager {
+    pub(super) fn new(staging: PathBuf, slot: usize) -> Stager {
+        Stager {
+            staging,
+            slot,
+            stagings: 0,
         }
     }
-}
 
-impl Slot {
     /// Local paths for the mini-batch's items: the files themselves when the input is a local
     /// folder, else copies in a staging folder of their own.
     /// Staging that takes longer than the job's `task_overhead_timeout` is given up, its
@@ -86,8 +72,8 @@ impl Slot {
         batch: &MiniBatch,
     ) -> Result<Staged, StageError> {
         let limit = ctx.job.spec().task_overhead_timeout;
-        let staging = self.shared.agent.config.staging_dir.clone();
-        let name = format!("{}-slot{}-{}", ctx.job.id(), self.index, self.stagings + 1);
+        let staging = self.staging.clone();
+        let name = format!("{}-slot{}-{}", ctx.job.id(), self.slot, self.stagings + 1);
         let within = std::time::Duration::from_secs(limit);
         match tokio::time::timeout(within, self.stage_now(ctx, batch, &name)).await {
             Ok(staged) => staged,
@@ -106,7 +92,7 @@ impl Slot {
         batch: &MiniBatch,
         name: &str,
     ) -> Result<Staged, StageError> {
-        let staging = &self.shared.agent.config.staging_dir;
+        let staging = &self.staging;
         if !batch.chunks.is_empty() {
             let folder = super::tabular::folder(staging, name);
             self.stagings += 1;
@@ -220,6 +206,14 @@ fn write_failed(staging: &Path, key: &str, e: std::io::Error) -> StageError {
             source,
         }
         .into(),
+    }
+}
+
+/// What `run(mini_batch, mini_batch_context)` receives with `batch`.
+fn run_context(ctx: &JobContext, batch: &MiniBatch) -> RunContext {
+    RunContext {
+        partition_key_value: batch.partition.clone(),
+        dataset: ctx.job.spec().input.location().to_string(),
     }
 }
 

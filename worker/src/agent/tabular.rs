@@ -15,7 +15,7 @@ use fleetrun_common::protocol::StagedTable;
 use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_common::wire::{Chunk, ChunkFormat};
 
-use super::stage::StageError;
+use super::stage_error::StageError;
 use crate::scratch::FolderError;
 
 /// The 4 bytes a Parquet file starts (and ends) with.

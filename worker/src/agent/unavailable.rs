@@ -11,9 +11,8 @@ use fleetrun_common::storage::StorageError;
 use fleetrun_common::wire::MiniBatch;
 use tracing::warn;
 
-use super::attempt::report_row;
 use super::holding::{self, Holding};
-use super::slot::Slot;
+use super::report::report_row;
 use super::{JobContext, Shared};
 use crate::logs;
 
@@ -54,26 +53,24 @@ pub(super) async fn hand_back(
 /// The report row's result of an attempt handed back for the storage's fault.
 const HANDED_BACK: &str = "storage_unavailable";
 
-impl Slot {
-    /// Hands a mini-batch back untried because staging the inputs of `staged` (it, or a
-    /// piece of it being isolated, with the note its report row starts with) met `e`.
-    pub(super) async fn staging_unavailable(
-        &self,
-        ctx: &JobContext,
-        (staged, note): (&MiniBatch, &str),
-        holding: &Holding,
-        e: &StorageError,
-    ) -> Disposition {
-        let cause = format!("{note}staging inputs: {e}");
-        let row = report_row(
-            staged,
-            holding,
-            HANDED_BACK,
-            Outcome::default(),
-            None,
-            &cause,
-        );
-        let step = ("staging inputs", e);
-        hand_back(&self.shared, ctx, staged.index, holding, &row, step).await
-    }
+/// Hands a mini-batch back untried because staging the inputs of `staged` (it, or a piece
+/// of it being isolated, with the note its report row starts with) met `e`.
+pub(super) async fn staging_unavailable(
+    shared: &Shared,
+    ctx: &JobContext,
+    (staged, note): (&MiniBatch, &str),
+    holding: &Holding,
+    e: &StorageError,
+) -> Disposition {
+    let cause = format!("{note}staging inputs: {e}");
+    let row = report_row(
+        staged,
+        holding,
+        HANDED_BACK,
+        Outcome::default(),
+        None,
+        &cause,
+    );
+    let step = ("staging inputs", e);
+    hand_back(shared, ctx, staged.index, holding, &row, step).await
 }
