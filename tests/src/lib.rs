@@ -59,15 +59,7 @@ fn fresh(path: &Path, workspace: &Path) -> Result<(), String> {
     let built = std::fs::metadata(path)
         .and_then(|m| m.modified())
         .map_err(|_| format!("{shown} is not built"))?;
-    let dep_info = path.with_extension("d");
-    let text = std::fs::read_to_string(&dep_info)
-        .map_err(|e| format!("{shown} has no dep-info {} ({e})", dep_info.display()))?;
-    // `<target>: <source> <source> ...`, a space inside a path escaped as `\ `.
-    let (_, sources) = text
-        .split_once(": ")
-        .ok_or_else(|| format!("{} is not dep-info", dep_info.display()))?;
-    for source in sources.replace("\\ ", "\0").split_whitespace() {
-        let source = PathBuf::from(source.replace('\0', " "));
+    for source in built_from(path)? {
         if !source.starts_with(workspace) {
             return Err(format!(
                 "{shown} was built from {}, not from this checkout ({})",
@@ -90,6 +82,28 @@ fn fresh(path: &Path, workspace: &Path) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The source files the binary at `path` was built from, as its dep-info (`<path>.d`,
+/// written by cargo beside it) lists them.
+fn built_from(path: &Path) -> Result<Vec<PathBuf>, String> {
+    let dep_info = path.with_extension("d");
+    let text = std::fs::read_to_string(&dep_info).map_err(|e| {
+        format!(
+            "{} has no dep-info {} ({e})",
+            path.display(),
+            dep_info.display()
+        )
+    })?;
+    // `<target>: <source> <source> ...`, a space inside a path escaped as `\ `.
+    let (_, sources) = text
+        .split_once(": ")
+        .ok_or_else(|| format!("{} is not dep-info", dep_info.display()))?;
+    Ok(sources
+        .replace("\\ ", "\0")
+        .split_whitespace()
+        .map(|source| PathBuf::from(source.replace('\0', " ")))
+        .collect())
 }
 
 /// A command running the built binary `name` (see [`bin`]) in the test's environment less
@@ -1065,10 +1079,12 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
 pub const WHEEL_DIR: &str = "target/debug/python-wheel";
 
 /// The `fleetrun` wheel of this checkout's debug build, in [`WHEEL_DIR`], checked to be
-/// newer than every binary it packs (themselves checked fresh by [`bin`]) and every file of
-/// the Python package: a wheel missing or older fails the test, saying what to run. Tests
-/// never build it themselves: maturin runs cargo, which must not relink binaries that other
-/// tests are running.
+/// newer than every source file the binaries it packs are built from (their dep-info; the
+/// binaries themselves are checked fresh by [`bin`]) and every file of the Python package: a
+/// wheel missing or older fails the test, saying what to run. Not newer than the binaries
+/// themselves: building the tests relinks them with the tests' features (cargo unifies the
+/// dev-dependencies'), from the same sources. Tests never build the wheel themselves:
+/// maturin runs cargo, which must not relink binaries that other tests are running.
 pub fn python_wheel() -> PathBuf {
     let target = bin("fleetrun").parent().expect("target/debug").to_owned();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -1078,13 +1094,15 @@ pub fn python_wheel() -> PathBuf {
         format!("run `scripts/build-wheel.sh --debug --out {WHEEL_DIR}` (scripts/test.sh does)");
     let wheel = wheel_in(&target.join("python-wheel"))
         .unwrap_or_else(|| panic!("no wheel in {WHEEL_DIR}: {build}"));
-    let mut sources = vec![
-        target.join("fleetrun"),
-        target.join("fleetrun-worker"),
-        target.join("fleetrun-runner"),
-        target.join("libfleetrun_runner.so"),
-        repo.join("pyproject.toml"),
-    ];
+    let mut sources = vec![repo.join("pyproject.toml")];
+    for binary in [
+        "fleetrun",
+        "fleetrun-worker",
+        "fleetrun-runner",
+        "libfleetrun_runner.so",
+    ] {
+        sources.extend(built_from(&target.join(binary)).unwrap_or_else(|why| panic!("{why}")));
+    }
     let package = repo.join("python/fleetrun");
     sources.extend(
         files_under(&package)

@@ -304,11 +304,13 @@ impl OutputGuard {
         if !Manifest::load(&manifest)?.handed_to(job) {
             return Ok(false);
         }
-        // Another submission may hold the lock a moment.
+        // Another submission may hold the lock a moment. Letting go writes nothing in the
+        // lock file (the pid of whoever claimed the folder stays): a node that lets go after
+        // the job's submitter returned changes nothing a user sees unless it records some.
         let mut tries = 0;
         let _lock = loop {
-            match lock(dir, &state.join(LOCK_FILE)) {
-                Ok((lock, _)) => break lock,
+            match take_lock(dir, &state.join(LOCK_FILE)) {
+                Ok(lock) => break lock,
                 Err(OutputError::Locked { .. }) if tries < 20 => {
                     tries += 1;
                     std::thread::sleep(std::time::Duration::from_millis(100));
@@ -391,6 +393,17 @@ enum Claim<'a> {
 /// the lock and the file system's time at locking: whatever is created after it has a birth
 /// time (or modification time) no earlier.
 fn lock(dir: &Path, path: &Path) -> Result<(File, i64), OutputError> {
+    let file = take_lock(dir, path)?;
+    let pid = format!("{}\n", std::process::id());
+    file.set_len(0)
+        .and_then(|()| file.write_all_at(pid.as_bytes(), 0))
+        .map_err(io_at(path))?;
+    let meta = file.metadata().map_err(io_at(path))?;
+    Ok((file, modified(&meta)))
+}
+
+/// Opens and locks `path` for the folder `dir`, writing nothing in it.
+fn take_lock(dir: &Path, path: &Path) -> Result<File, OutputError> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -412,12 +425,7 @@ fn lock(dir: &Path, path: &Path) -> Result<(File, i64), OutputError> {
         }
         Err(fs::TryLockError::Error(e)) => return Err(io_at(path)(e)),
     }
-    let pid = format!("{}\n", std::process::id());
-    file.set_len(0)
-        .and_then(|()| file.write_all_at(pid.as_bytes(), 0))
-        .map_err(io_at(path))?;
-    let meta = file.metadata().map_err(io_at(path))?;
-    Ok((file, modified(&meta)))
+    Ok(file)
 }
 
 /// What fleetrun wrote in an output folder, kept in `.fleetrun/manifest.json`.
