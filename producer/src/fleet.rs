@@ -27,7 +27,7 @@ use crate::partition::{
     PartitionError, Produced, publish_files, publish_items, publish_partitioned_files,
 };
 use crate::progress::{Figures, Progress};
-use crate::summary::{InFlightBatch, JobSummary};
+use crate::summary::{InFlightBatch, JobSummary, StorageFaults};
 use crate::tabular::{publish_tabular, settle_format};
 
 /// How often a waiting submitter or `status --watch` reads the ledger (at once, too, when
@@ -1004,6 +1004,9 @@ pub async fn summary(fleet: &Fleet, job: &str) -> Result<Option<JobSummary>, Fle
     let mut summary = JobSummary::new(job, &record, &status, depth, job::unix_now());
     if status.state.is_terminal() {
         summary.manifest = manifest_digest(fleet, &record).await;
+    } else {
+        let notes = fleet.registry.faults(&record.pool).await?;
+        summary.storage_faults = StorageFaults::of(&notes);
     }
     Ok(Some(summary))
 }
