@@ -1092,17 +1092,7 @@ pub async fn record(fleet: &Fleet, job: &str) -> Result<Option<JobRecord>, Fleet
 /// A fleet on the embedded seams, in the pool `local`, for tests.
 #[cfg(test)]
 pub(crate) fn embedded_fleet() -> Fleet {
-    use fleetrun_common::events::MemoryEvents;
-    use fleetrun_common::ledger::{MemoryLedger, MemoryRegistry};
-    use fleetrun_common::queue::MemoryQueue;
-    Fleet {
-        events: Arc::new(MemoryEvents::new()),
-        queue: Arc::new(MemoryQueue::new(Default::default())),
-        ledger: Arc::new(MemoryLedger::new()),
-        registry: Arc::new(MemoryRegistry::new()),
-        s3: fleetrun_common::storage::s3::S3Settings::default(),
-        pool: "local".to_owned(),
-    }
+    Fleet::embedded("local")
 }
 
 #[cfg(test)]

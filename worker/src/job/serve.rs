@@ -230,3 +230,27 @@ pub(super) async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, ev
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use fleetrun_common::storage::Fault;
+
+    use super::*;
+
+    /// A beat notes the kinds of fault met since the last note, and nothing when none.
+    #[tokio::test]
+    async fn a_beat_notes_the_kinds_of_fault_met_since_the_last() {
+        let fleet = Fleet::embedded("p");
+        let before = faults().tally();
+        assert_eq!(note_faults(&fleet, "n", before).await, before);
+        assert!(fleet.registry.faults("p").await.unwrap().is_empty());
+        faults().note(Fault::Throttled, 0);
+        let noted = note_faults(&fleet, "n", before).await;
+        let notes = fleet.registry.faults("p").await.unwrap();
+        let kinds: Vec<(&str, Fault)> = notes.iter().map(|n| (&*n.node, n.fault)).collect();
+        assert_eq!(kinds, [("n", Fault::Throttled)]);
+        let again = Fleet::embedded("p");
+        assert_eq!(note_faults(&again, "n", noted).await, noted);
+        assert!(again.registry.faults("p").await.unwrap().is_empty());
+    }
+}
