@@ -74,7 +74,7 @@ fn s3_throttling_errors_and_an_outage_cost_no_item() {
     fleet.worker_with("w2", 2, &[], &metrics);
     let job =
         fleet.s3_job("mini_batch_size = 10\nrun_max_try = 1\nerror_threshold = 0\nnode_count = 2");
-    let id = "s3-faults";
+    let id = &format!("s3-faults-{}", random_suffix());
     let mut submit = spawn_submit_as(&fleet, &job, id);
     let started = std::time::Instant::now();
     let ran = || std::fs::read_to_string(&runs).map_or(0, |s| s.lines().count());
