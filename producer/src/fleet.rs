@@ -27,7 +27,7 @@ use crate::partition::{
     PartitionError, Produced, publish_files, publish_items, publish_partitioned_files,
 };
 use crate::progress::{Figures, Progress};
-use crate::summary::{InFlightBatch, JobSummary};
+use crate::summary::{InFlightBatch, JobSummary, StorageFaults};
 use crate::tabular::{publish_tabular, settle_format};
 
 /// How often a waiting submitter or `status --watch` reads the ledger (at once, too, when
@@ -1004,6 +1004,9 @@ pub async fn summary(fleet: &Fleet, job: &str) -> Result<Option<JobSummary>, Fle
     let mut summary = JobSummary::new(job, &record, &status, depth, job::unix_now());
     if status.state.is_terminal() {
         summary.manifest = manifest_digest(fleet, &record).await;
+    } else {
+        let notes = fleet.registry.faults(&record.pool).await?;
+        summary.storage_faults = StorageFaults::of(&notes);
     }
     Ok(Some(summary))
 }
@@ -1089,17 +1092,7 @@ pub async fn record(fleet: &Fleet, job: &str) -> Result<Option<JobRecord>, Fleet
 /// A fleet on the embedded seams, in the pool `local`, for tests.
 #[cfg(test)]
 pub(crate) fn embedded_fleet() -> Fleet {
-    use fleetrun_common::events::MemoryEvents;
-    use fleetrun_common::ledger::{MemoryLedger, MemoryRegistry};
-    use fleetrun_common::queue::MemoryQueue;
-    Fleet {
-        events: Arc::new(MemoryEvents::new()),
-        queue: Arc::new(MemoryQueue::new(Default::default())),
-        ledger: Arc::new(MemoryLedger::new()),
-        registry: Arc::new(MemoryRegistry::new()),
-        s3: fleetrun_common::storage::s3::S3Settings::default(),
-        pool: "local".to_owned(),
-    }
+    Fleet::embedded("local")
 }
 
 #[cfg(test)]

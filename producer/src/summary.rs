@@ -3,7 +3,7 @@
 //! door says the same of a job, and says "unknown" of what it cannot know.
 
 use fleetrun_common::events::Counts;
-use fleetrun_common::ledger::{JobState, Status};
+use fleetrun_common::ledger::{FaultNote, JobState, Status};
 use fleetrun_common::queue::Depth;
 use fleetrun_config::OutputAction;
 use fleetrun_worker::agent::HeldAttempt;
@@ -59,6 +59,55 @@ pub struct JobSummary {
     /// `fleetrun verify` checks the output against that manifest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest: Option<String>,
+    /// While it runs, the storage faults its pool's nodes met in the last minute, a kind
+    /// each, the latest first; absent when they met none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub storage_faults: Vec<StorageFaults>,
+}
+
+/// One kind of storage fault a pool's nodes met lately: S3 throttled them, failed on its
+/// side or went away, and their requests are being retried.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct StorageFaults {
+    /// `throttled`, `server_error` or `unreachable`.
+    pub fault: String,
+    /// What `fleetrun status` says of it: `S3 throttled, retrying`.
+    pub message: String,
+    /// The nodes that met it in the last minute.
+    pub nodes: u64,
+    /// Seconds since a node last noted it (each notes at most every 5 s).
+    pub last_seconds_ago: f64,
+}
+
+impl StorageFaults {
+    /// The pool's fault `notes` (the registry's, newest first), a kind each, the latest first.
+    pub fn of(notes: &[FaultNote]) -> Vec<StorageFaults> {
+        let mut kinds: Vec<StorageFaults> = Vec::new();
+        for note in notes {
+            match kinds.iter_mut().find(|k| k.fault == note.fault.label()) {
+                Some(kind) => kind.nodes += 1,
+                None => kinds.push(StorageFaults {
+                    fault: note.fault.label().to_owned(),
+                    message: note.fault.retrying().to_owned(),
+                    nodes: 1,
+                    last_seconds_ago: note.age.as_secs_f64(),
+                }),
+            }
+        }
+        kinds
+    }
+
+    /// Its line in `fleetrun status`: `S3 throttled, retrying (2 nodes, last 4 s ago)`.
+    pub fn describe(&self) -> String {
+        let nodes = match self.nodes {
+            1 => "1 node".to_owned(),
+            n => format!("{n} nodes"),
+        };
+        format!(
+            "{} ({nodes}, last {:.0} s ago)",
+            self.message, self.last_seconds_ago
+        )
+    }
 }
 
 /// A pool's queue as `status` shows it.
@@ -138,6 +187,7 @@ impl JobSummary {
             failed_items,
             queue: depth.map(|d| QueueSummary::of(&record.pool, d)),
             manifest: None,
+            storage_faults: Vec::new(),
         }
     }
 
@@ -184,6 +234,9 @@ impl JobSummary {
                 ));
             }
             None => out.push_str(&format!("pool {}:  queue unknown\n", self.pool)),
+        }
+        for faults in &self.storage_faults {
+            out.push_str(&format!("storage:       {}\n", faults.describe()));
         }
         if let Some(cause) = &self.cause {
             out.push_str(&format!("cause:         {cause}\n"));
@@ -339,5 +392,49 @@ mod tests {
         let json: serde_json::Value = serde_json::to_value(&s).unwrap();
         assert_eq!(json["queue"]["unacknowledged"], serde_json::Value::Null);
         assert_eq!(json["state"], "Completed");
+    }
+
+    #[test]
+    fn storage_faults_are_said_a_kind_each_latest_first() {
+        use fleetrun_common::storage::Fault;
+        use std::time::Duration;
+        let note = |node: &str, fault, secs| FaultNote {
+            node: node.to_owned(),
+            fault,
+            age: Duration::from_secs(secs),
+        };
+        let mut s = JobSummary::new(
+            "j",
+            &record("s3://bkt/out"),
+            &status(JobState::Running, 10, Some(40), 1090.0),
+            None,
+            1100.0,
+        );
+        let quiet = s.describe(1100.0);
+        assert!(!quiet.contains("storage:"), "{quiet}");
+        let json = serde_json::to_value(&s).unwrap();
+        assert!(json.get("storage_faults").is_none(), "{json}");
+        s.storage_faults = StorageFaults::of(&[
+            note("a", Fault::Throttled, 4),
+            note("b", Fault::Unreachable, 7),
+            note("c", Fault::Throttled, 9),
+        ]);
+        let text = s.describe(1100.0);
+        assert!(
+            text.contains(
+                "storage:       S3 throttled, retrying (2 nodes, last 4 s ago)\n\
+                 storage:       S3 unreachable, retrying (1 node, last 7 s ago)\n"
+            ),
+            "{text}"
+        );
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["storage_faults"][0]["fault"], "throttled");
+        assert_eq!(json["storage_faults"][0]["nodes"], 2);
+        assert_eq!(
+            json["storage_faults"][1]["message"],
+            "S3 unreachable, retrying"
+        );
+        let back: JobSummary = serde_json::from_value(json).unwrap();
+        assert_eq!(back, s);
     }
 }

@@ -111,6 +111,7 @@ mod tests {
             failed_items: None,
             queue: None,
             manifest: None,
+            storage_faults: Vec::new(),
         }
     }
 

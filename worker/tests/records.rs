@@ -2,11 +2,8 @@
 
 use std::sync::Arc;
 
-use fleetrun_common::events::MemoryEvents;
-use fleetrun_common::ledger::{JobState, Limits, MemoryLedger, MemoryRegistry, Outcome};
-use fleetrun_common::queue::{MemoryQueue, QueueOptions};
+use fleetrun_common::ledger::{JobState, Limits, Outcome};
 use fleetrun_common::storage::LocalStorage;
-use fleetrun_common::storage::s3::S3Settings;
 use fleetrun_common::wire::MiniBatch;
 use fleetrun_worker::agent::{JobContext, record_failed_batch};
 use fleetrun_worker::job::{Fleet, Job};
@@ -34,14 +31,7 @@ fn node(dir: &std::path::Path, fleet: &Fleet, name: &str) -> JobContext {
 
 /// An embedded fleet: the ledger is what these tests look at.
 fn embedded() -> Fleet {
-    Fleet {
-        queue: Arc::new(MemoryQueue::new(QueueOptions::default())),
-        events: Arc::new(MemoryEvents::new()),
-        ledger: Arc::new(MemoryLedger::new()),
-        registry: Arc::new(MemoryRegistry::new()),
-        s3: S3Settings::default(),
-        pool: "p".to_owned(),
-    }
+    Fleet::embedded("p")
 }
 
 /// `failed_items.csv` is one file for the job, whichever nodes failed its mini-batches, in

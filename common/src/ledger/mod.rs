@@ -13,7 +13,7 @@ pub mod redis;
 mod registry;
 mod replicas;
 
-pub use registry::{JobRegistry, MemoryRegistry, RedisRegistry};
+pub use registry::{FaultNote, JobRegistry, MemoryRegistry, RedisRegistry};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};

@@ -1,6 +1,7 @@
 //! The job registry: what a worker needs to serve a job it has never seen (its record: the
 //! spec, where its code is), the list of jobs, each pool's unfinished jobs, and each job's
-//! runner init failures over all its nodes.
+//! runner init failures over all its nodes; each pool's nodes, and the storage faults they
+//! met lately.
 //!
 //! Kept beside the ledger and in the same store, but apart from its counting steps: records
 //! are written once at submission and only read afterwards.
@@ -14,6 +15,16 @@ use redis::AsyncCommands;
 
 use super::LedgerError;
 use super::redis::retrying;
+use crate::storage::Fault;
+
+/// That a node met storage faults of one kind lately: what `fleetrun status` shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FaultNote {
+    pub node: String,
+    pub fault: Fault,
+    /// How long ago the node last noted it.
+    pub age: Duration,
+}
 
 #[async_trait]
 pub trait JobRegistry: Send + Sync {
@@ -53,6 +64,17 @@ pub trait JobRegistry: Send + Sync {
     async fn beat(&self, pool: &str, node: &str, ttl: Duration) -> Result<(), LedgerError>;
     /// The nodes whose last beat for `pool` has not run out.
     async fn nodes(&self, pool: &str) -> Result<u64, LedgerError>;
+    /// Notes that `node`, of `pool`, met storage faults of kind `fault` just now: the note
+    /// replaces the node's last one of that kind, and fades `ttl` from now.
+    async fn note_fault(
+        &self,
+        pool: &str,
+        node: &str,
+        fault: Fault,
+        ttl: Duration,
+    ) -> Result<(), LedgerError>;
+    /// The pool's fault notes that have not faded, newest first.
+    async fn faults(&self, pool: &str) -> Result<Vec<FaultNote>, LedgerError>;
     /// Every pool a worker has beaten for or a job was registered to, sorted: a pool exists
     /// once a worker of it has started or a job was submitted to it on purpose, and stays
     /// when it has no worker left (an autoscaler may have scaled it to zero, or not yet up).
@@ -88,12 +110,20 @@ pub struct MemoryRegistry {
     nodes: Mutex<BTreeMap<(String, String), Instant>>,
     /// Every pool a node has beaten for.
     pools: Mutex<std::collections::BTreeSet<String>>,
+    /// Each pool's nodes' fault notes: when each was noted and when it fades (on tokio's
+    /// clock).
+    faults: Mutex<BTreeMap<(String, String, Fault), FaultTimes>>,
     records: Mutex<BTreeMap<String, Registered>>,
     /// Each job's places, and until when each node holds its own (on tokio's clock, so that
     /// paused-time tests see them run out).
     places: Mutex<BTreeMap<(String, String), tokio::time::Instant>>,
     /// Each job's followers, and until when each follows it (on tokio's clock).
     followers: Mutex<BTreeMap<(String, String), tokio::time::Instant>>,
+}
+
+struct FaultTimes {
+    noted: tokio::time::Instant,
+    fades: tokio::time::Instant,
 }
 
 struct Registered {
@@ -253,6 +283,44 @@ impl JobRegistry for MemoryRegistry {
         Ok(nodes.keys().filter(|(p, _)| p == pool).count() as u64)
     }
 
+    async fn note_fault(
+        &self,
+        pool: &str,
+        node: &str,
+        fault: Fault,
+        ttl: Duration,
+    ) -> Result<(), LedgerError> {
+        let noted = tokio::time::Instant::now();
+        self.faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                (pool.to_owned(), node.to_owned(), fault),
+                FaultTimes {
+                    noted,
+                    fades: noted + ttl,
+                },
+            );
+        Ok(())
+    }
+
+    async fn faults(&self, pool: &str) -> Result<Vec<FaultNote>, LedgerError> {
+        let now = tokio::time::Instant::now();
+        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        faults.retain(|_, times| times.fades > now);
+        let mut notes: Vec<FaultNote> = faults
+            .iter()
+            .filter(|((p, _, _), _)| p == pool)
+            .map(|((_, node, fault), times)| FaultNote {
+                node: node.clone(),
+                fault: *fault,
+                age: now - times.noted,
+            })
+            .collect();
+        notes.sort_by_key(|note| note.age);
+        Ok(notes)
+    }
+
     async fn claim_place(
         &self,
         job: &str,
@@ -374,6 +442,12 @@ impl RedisRegistry {
         format!("{}:pool:{pool}:nodes", self.prefix)
     }
 
+    /// The pool's fault notes: a hash of `<fault label>:<node>` to `<noted> <fades>` (ms, on
+    /// Redis's clock), gone once its last note faded.
+    fn faults_key(&self, pool: &str) -> String {
+        format!("{}:pool:{pool}:faults", self.prefix)
+    }
+
     /// Every pool a node has beaten for: a set, never expired.
     fn pools_key(&self) -> String {
         format!("{}:pools", self.prefix)
@@ -453,13 +527,19 @@ return n
     )
 });
 
+/// A script whose body starts knowing `now`, Redis's time in milliseconds.
+fn on_redis_clock(body: &str) -> redis::Script {
+    redis::Script::new(&format!(
+        "local t = redis.call('TIME')\n\
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n{body}"
+    ))
+}
+
 /// KEYS: the pool's nodes. ARGV: node, ttl (ms). Keeps each node's expiry, in the server's
 /// milliseconds, as its score; drops the nodes whose time has run out.
 static BEAT: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
+    on_redis_clock(
         r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 return 1
@@ -467,13 +547,45 @@ return 1
     )
 });
 
+/// KEYS: the pool's fault notes. ARGV: `<fault>:<node>`, ttl (ms). Notes it now, on Redis's
+/// clock; the hash lasts as long as its latest note.
+static NOTE_FAULT: LazyLock<redis::Script> = LazyLock::new(|| {
+    on_redis_clock(
+        r#"
+local ttl = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], now .. ' ' .. (now + ttl))
+if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
+return 1
+"#,
+    )
+});
+
+/// KEYS: the pool's fault notes. The notes that have not faded, as `<fault>:<node>` and
+/// their age (ms) in turn; drops those that have.
+static LIVE_FAULTS: LazyLock<redis::Script> = LazyLock::new(|| {
+    on_redis_clock(
+        r#"
+local notes = redis.call('HGETALL', KEYS[1])
+local live = {}
+for i = 1, #notes, 2 do
+  local noted, fades = string.match(notes[i + 1], '^(%d+) (%d+)$')
+  if fades and tonumber(fades) > now then
+    table.insert(live, notes[i])
+    table.insert(live, now - tonumber(noted))
+  else
+    redis.call('HDEL', KEYS[1], notes[i])
+  end
+end
+return live
+"#,
+    )
+});
+
 /// KEYS: a sorted set scored by expiry (ms): a pool's nodes, a job's followers. Its members
 /// whose time has not run out, on Redis's clock.
 static LIVE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
+    on_redis_clock(
         r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 "#,
     )
@@ -484,10 +596,8 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 /// The set lives as long as the job's record (and a day at most past the last claim). A
 /// job's followers are kept the same way, with no bound on their number.
 static CLAIM_PLACE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
+    on_redis_clock(
         r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) == false
    and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
@@ -815,5 +925,54 @@ impl JobRegistry for RedisRegistry {
 
     async fn nodes(&self, pool: &str) -> Result<u64, LedgerError> {
         Ok(self.live(&self.nodes_key(pool), "").await?.len() as u64)
+    }
+
+    async fn note_fault(
+        &self,
+        pool: &str,
+        node: &str,
+        fault: Fault,
+        ttl: Duration,
+    ) -> Result<(), LedgerError> {
+        let key = self.faults_key(pool);
+        let field = format!("{}:{node}", fault.label());
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX).max(1);
+        retrying("note a storage fault", "", || {
+            let mut conn = self.conn.get();
+            let (key, field) = (&key, &field);
+            async move {
+                NOTE_FAULT
+                    .key(key)
+                    .arg(field)
+                    .arg(ttl_ms)
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn faults(&self, pool: &str) -> Result<Vec<FaultNote>, LedgerError> {
+        let key = self.faults_key(pool);
+        let live: Vec<(String, u64)> = retrying("read the storage faults", "", || {
+            let mut conn = self.conn.get();
+            let key = &key;
+            async move { LIVE_FAULTS.key(key).invoke_async(&mut conn).await }
+        })
+        .await?;
+        let mut notes: Vec<FaultNote> = live
+            .into_iter()
+            .filter_map(|(field, age_ms)| {
+                let (label, node) = field.split_once(':')?;
+                Some(FaultNote {
+                    node: node.to_owned(),
+                    fault: Fault::of_label(label)?,
+                    age: Duration::from_millis(age_ms),
+                })
+            })
+            .collect();
+        notes.sort_by_key(|note| note.age);
+        Ok(notes)
     }
 }

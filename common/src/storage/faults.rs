@@ -9,7 +9,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A kind of fault of the storage service, as an operator tells them apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Fault {
     /// The service asked for fewer requests (S3's 503 SlowDown, 429).
     Throttled,
@@ -48,6 +48,20 @@ impl Fault {
             Fault::Throttled => "throttled",
             Fault::ServerError => "server_error",
             Fault::Unreachable => "unreachable",
+        }
+    }
+
+    /// The fault whose [`Fault::label`] is `label`.
+    pub fn of_label(label: &str) -> Option<Fault> {
+        Fault::ALL.into_iter().find(|f| f.label() == label)
+    }
+
+    /// What `fleetrun status` says of a job whose pool's nodes meet this fault.
+    pub fn retrying(self) -> &'static str {
+        match self {
+            Fault::Throttled => "S3 throttled, retrying",
+            Fault::ServerError => "S3 failing on its side, retrying",
+            Fault::Unreachable => "S3 unreachable, retrying",
         }
     }
 }
@@ -89,6 +103,11 @@ impl FaultCounts {
         self.counts[fault as usize].load(Ordering::Relaxed)
     }
 
+    /// The counts so far, by kind (in [`Fault::ALL`]'s order).
+    pub fn tally(&self) -> Tally {
+        Tally(Fault::ALL.map(|f| self.count(f)))
+    }
+
     /// Counts one fault; true when it is time to warn of them (the first in
     /// [`WARN_EVERY_SECS`] seconds, at `now`, seconds since the Unix epoch).
     pub fn note(&self, fault: Fault, now: u64) -> bool {
@@ -99,6 +118,19 @@ impl FaultCounts {
                 .warned_at
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
+    }
+}
+
+/// The fault counts at one moment, to tell which kinds a process met since another.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally([u64; 3]);
+
+impl Tally {
+    /// The kinds of fault counted between `before` and this tally.
+    pub fn met_since(self, before: Tally) -> impl Iterator<Item = Fault> {
+        Fault::ALL
+            .into_iter()
+            .filter(move |&f| self.0[f as usize] > before.0[f as usize])
     }
 }
 
@@ -143,5 +175,27 @@ mod tests {
         assert_eq!(counts.count(Fault::Throttled), 2);
         assert_eq!(counts.count(Fault::ServerError), 1);
         assert_eq!(counts.count(Fault::Unreachable), 1);
+    }
+
+    #[test]
+    fn a_tally_names_the_kinds_met_since_another() {
+        let counts = FaultCounts::default();
+        let start = counts.tally();
+        assert_eq!(counts.tally().met_since(start).count(), 0);
+        counts.note(Fault::Unreachable, 1);
+        counts.note(Fault::Throttled, 1);
+        counts.note(Fault::Throttled, 1);
+        let later = counts.tally();
+        let met: Vec<Fault> = later.met_since(start).collect();
+        assert_eq!(met, [Fault::Throttled, Fault::Unreachable]);
+        assert_eq!(counts.tally().met_since(later).count(), 0);
+    }
+
+    #[test]
+    fn a_fault_is_known_again_by_its_label() {
+        for fault in Fault::ALL {
+            assert_eq!(Fault::of_label(fault.label()), Some(fault));
+        }
+        assert_eq!(Fault::of_label("other"), None);
     }
 }

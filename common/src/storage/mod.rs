@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 
-pub use faults::{Fault, FaultCounts, faults};
+pub use faults::{Fault, FaultCounts, Tally, faults};
 pub use local::LocalStorage;
 pub use selected::{SelectedStorage, Selection};
 

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
-use crate::ledger::{JobRegistry, LedgerError};
+use crate::ledger::{FaultNote, JobRegistry, LedgerError};
+use crate::storage::Fault;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -19,7 +20,8 @@ macro_rules! registry_conformance {
             unfinished_jobs_are_the_pools_until_retired, init_failures_are_counted_per_job,
             a_retired_job_is_forgotten_in_its_time, a_pools_nodes_are_counted_while_they_beat,
             a_jobs_places_go_to_node_count_nodes_at_once, a_reopened_job_is_unfinished_again,
-            a_pool_is_known_from_its_first_beat_or_job, a_jobs_followers_are_those_not_gone);
+            a_pool_is_known_from_its_first_beat_or_job, a_jobs_followers_are_those_not_gone,
+            a_nodes_fault_notes_fade_in_their_time);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -269,4 +271,55 @@ where
     // A job registered to a pool no node has beaten for makes it known too.
     r.register("j", "new", b"{}").await.unwrap();
     assert_eq!(r.pools().await.unwrap(), ["cpu", "gpu", "new"]);
+}
+
+/// A node's fault note of a kind replaces its last one of that kind, is listed newest first
+/// with its age, and fades in its time; pools are apart.
+pub async fn a_nodes_fault_notes_fade_in_their_time<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn JobRegistry>>,
+{
+    let r = make().await;
+    assert!(r.faults("p").await.unwrap().is_empty());
+    let short = Duration::from_millis(300);
+    r.note_fault("p", "a", Fault::Throttled, HOUR)
+        .await
+        .unwrap();
+    r.note_fault("p", "b", Fault::Unreachable, short)
+        .await
+        .unwrap();
+    r.note_fault("q", "c", Fault::ServerError, HOUR)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Noted again: one note, and the newest.
+    r.note_fault("p", "a", Fault::Throttled, HOUR)
+        .await
+        .unwrap();
+    let kinds = |notes: &[FaultNote]| -> Vec<(String, Fault)> {
+        notes.iter().map(|n| (n.node.clone(), n.fault)).collect()
+    };
+    let notes = r.faults("p").await.unwrap();
+    assert_eq!(
+        kinds(&notes),
+        [
+            ("a".to_owned(), Fault::Throttled),
+            ("b".to_owned(), Fault::Unreachable)
+        ]
+    );
+    assert!(notes[0].age < Duration::from_millis(50), "{notes:?}");
+    assert!(notes[1].age >= Duration::from_millis(40), "{notes:?}");
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let notes = r.faults("p").await.unwrap();
+    assert_eq!(
+        kinds(&notes),
+        [("a".to_owned(), Fault::Throttled)],
+        "b's faded"
+    );
+    assert!(notes[0].age >= Duration::from_millis(300), "{notes:?}");
+    assert_eq!(
+        kinds(&r.faults("q").await.unwrap()),
+        [("c".to_owned(), Fault::ServerError)]
+    );
 }

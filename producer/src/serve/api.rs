@@ -29,7 +29,7 @@ use utoipa::{OpenApi, ToSchema};
 use super::Served;
 use crate::fleet::{self as fleet_cmd, EmptyInput, FleetError};
 use crate::partition::Produced;
-use crate::summary::{InFlightBatch, JobSummary, QueueSummary};
+use crate::summary::{InFlightBatch, JobSummary, QueueSummary, StorageFaults};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -44,7 +44,8 @@ use crate::summary::{InFlightBatch, JobSummary, QueueSummary};
         ErrorBody,
         JobSummary,
         InFlightBatch,
-        QueueSummary
+        QueueSummary,
+        StorageFaults
     ))
 )]
 pub struct ApiDoc;

@@ -9,7 +9,7 @@ use super::*;
 const SLOW_ECHO: &str = "import time\ndef run(mini_batch):\n    time.sleep(0.3)\n    return [open(p).read() for p in mini_batch]\n";
 
 /// `fleetrun submit JOB --wait --job-id ID`, running while the test goes on.
-fn spawn_submit_as(fleet: &Fleet, job: &Path, id: &str) -> KillOnDrop {
+pub(super) fn spawn_submit_as(fleet: &Fleet, job: &Path, id: &str) -> KillOnDrop {
     let mut cmd = command("fleetrun");
     fleet.env(&mut cmd);
     KillOnDrop(

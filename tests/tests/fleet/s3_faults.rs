@@ -5,7 +5,23 @@
 use fleetrun_tests::s3_relay::S3Relay;
 use futures::StreamExt;
 
+use super::observability::spawn_submit_as;
 use super::*;
+
+/// The kinds of storage fault (`throttled`, …) `fleetrun status --json` says the job's
+/// nodes met lately.
+fn storage_faults(fleet: &Fleet, job: &str) -> Vec<String> {
+    let status = fleet.status_json(job);
+    status["storage_faults"]
+        .as_array()
+        .map(|faults| {
+            faults
+                .iter()
+                .map(|f| f["fault"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
 
 /// Inputs of this job: `n` files of about 1 KiB each (a mini-batch's part of ten is an S3
 /// object, not kept in the ledger), written a few dozen at a time; returns their lines.
@@ -33,6 +49,8 @@ fn padded_inputs(fleet: &Fleet, n: usize) -> Vec<String> {
 /// fleet's through a relay that answers a fifth of them 503 SlowDown or 500 InternalError
 /// and resets every connection for 15 s mid-job: the job completes, nothing failed, every
 /// line once and in order; the workers' metrics count the faults and the hand-backs.
+/// `fleetrun status` says S3 throttles or fails while it does, that it is unreachable while
+/// it is, and nothing of it once the job ended.
 #[test]
 fn s3_throttling_errors_and_an_outage_cost_no_item() {
     const FILES: usize = 1_000;
@@ -56,7 +74,8 @@ fn s3_throttling_errors_and_an_outage_cost_no_item() {
     fleet.worker_with("w2", 2, &[], &metrics);
     let job =
         fleet.s3_job("mini_batch_size = 10\nrun_max_try = 1\nerror_threshold = 0\nnode_count = 2");
-    let mut submit = fleet.spawn_submit(&job);
+    let id = &format!("s3-faults-{}", random_suffix());
+    let mut submit = spawn_submit_as(&fleet, &job, id);
     let started = std::time::Instant::now();
     let ran = || std::fs::read_to_string(&runs).map_or(0, |s| s.lines().count());
     wait_for(
@@ -69,8 +88,28 @@ fn s3_throttling_errors_and_an_outage_cost_no_item() {
         started.elapsed(),
         ran()
     );
+    wait_for(
+        "status to say S3 throttles or fails",
+        Duration::from_secs(30),
+        || {
+            let faults = storage_faults(&fleet, id);
+            faults
+                .iter()
+                .any(|f| f == "throttled" || f == "server_error")
+        },
+    );
     relay.down(true);
-    std::thread::sleep(Duration::from_secs(15));
+    let down = std::time::Instant::now();
+    wait_for(
+        "status to say S3 is unreachable",
+        Duration::from_secs(14),
+        || {
+            storage_faults(&fleet, id)
+                .iter()
+                .any(|f| f == "unreachable")
+        },
+    );
+    std::thread::sleep(Duration::from_secs(15).saturating_sub(down.elapsed()));
     relay.down(false);
     let during = ran();
     assert_eq!(submit.exit_within(Duration::from_secs(180)).code(), Some(0));
@@ -82,6 +121,10 @@ fn s3_throttling_errors_and_an_outage_cost_no_item() {
 
     let output = super::lines(&fleet.output("out/parallel_run_step.txt"));
     assert_eq!(output, lines, "every line once, in order");
+    assert!(
+        storage_faults(&fleet, id).is_empty(),
+        "an ended job's status says none"
+    );
     let logs = fleet.storage("out/logs");
     let failed_items = fleet.runtime.block_on(logs.get("failed_items.csv"));
     assert!(

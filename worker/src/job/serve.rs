@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleetrun_common::ledger::JobState;
+use fleetrun_common::storage::{Tally, faults};
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -20,6 +21,10 @@ use crate::agent::{self, Agent, AgentConfig, AgentEvent, Jobs};
 
 /// How long a node's word that it serves its pool lasts (renewed every third of it).
 pub(super) const BEAT_TTL: Duration = Duration::from_secs(15);
+
+/// How long a node's note that it met storage faults of a kind lasts after the last one
+/// (noted, at most every beat, when it met more).
+pub(super) const FAULT_TTL: Duration = Duration::from_secs(60);
 
 /// Serves every job of the fleet's pool until `drain` (finish what is in hand) or `abort`.
 pub async fn serve(
@@ -108,16 +113,38 @@ pub async fn serve(
 
 /// Says, while the node serves its pool, that it does (until it drains): a job that waits for
 /// a busy pool waits, one whose pool nobody serves fails on `first_task_creation_timeout`.
+/// Each beat also notes the kinds of storage fault the node met since the last one, which
+/// `fleetrun status` shows.
 pub(super) async fn beat(fleet: Fleet, node: String, drain: CancellationToken) {
+    let mut noted = Tally::default();
     loop {
         if let Err(e) = fleet.registry.beat(&fleet.pool, &node, BEAT_TTL).await {
             warn!(error = %e, "Cannot say this node serves its pool.");
         }
+        noted = note_faults(&fleet, &node, noted).await;
         tokio::select! {
             _ = drain.cancelled() => return,
             _ = tokio::time::sleep(BEAT_TTL / 3) => {}
         }
     }
+}
+
+/// Notes each kind of storage fault this process met since `noted` (the tally of the last
+/// note); returns the tally noted now, or `noted` again when a note failed (the next beat
+/// notes them then).
+async fn note_faults(fleet: &Fleet, node: &str, noted: Tally) -> Tally {
+    let now = faults().tally();
+    for fault in now.met_since(noted) {
+        if let Err(e) = fleet
+            .registry
+            .note_fault(&fleet.pool, node, fault, FAULT_TTL)
+            .await
+        {
+            warn!(error = %e, %fault, "Cannot note that this node meets storage faults.");
+            return noted;
+        }
+    }
+    now
 }
 
 /// Tells the node's share when a job of its pool starts or ends, as the job events say: a
@@ -201,5 +228,29 @@ pub(super) async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, ev
                 check_init_failures(&ctx, processes, failures, &last).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fleetrun_common::storage::Fault;
+
+    use super::*;
+
+    /// A beat notes the kinds of fault met since the last note, and nothing when none.
+    #[tokio::test]
+    async fn a_beat_notes_the_kinds_of_fault_met_since_the_last() {
+        let fleet = Fleet::embedded("p");
+        let before = faults().tally();
+        assert_eq!(note_faults(&fleet, "n", before).await, before);
+        assert!(fleet.registry.faults("p").await.unwrap().is_empty());
+        faults().note(Fault::Throttled, 0);
+        let noted = note_faults(&fleet, "n", before).await;
+        let notes = fleet.registry.faults("p").await.unwrap();
+        let kinds: Vec<(&str, Fault)> = notes.iter().map(|n| (&*n.node, n.fault)).collect();
+        assert_eq!(kinds, [("n", Fault::Throttled)]);
+        let again = Fleet::embedded("p");
+        assert_eq!(note_faults(&again, "n", noted).await, noted);
+        assert!(again.registry.faults("p").await.unwrap().is_empty());
     }
 }

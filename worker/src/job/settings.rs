@@ -143,6 +143,22 @@ pub enum NewPool {
 }
 
 impl Fleet {
+    /// A fleet on the embedded seams (the in-process queue, events, ledger and registry), in
+    /// pool `pool`: tests' and flows' that need no servers.
+    pub fn embedded(pool: &str) -> Fleet {
+        use fleetrun_common::events::MemoryEvents;
+        use fleetrun_common::ledger::{MemoryLedger, MemoryRegistry};
+        use fleetrun_common::queue::MemoryQueue;
+        Fleet {
+            events: Arc::new(MemoryEvents::new()),
+            queue: Arc::new(MemoryQueue::new(QueueOptions::default())),
+            ledger: Arc::new(MemoryLedger::new()),
+            registry: Arc::new(MemoryRegistry::new()),
+            s3: S3Settings::default(),
+            pool: pool.to_owned(),
+        }
+    }
+
     /// The fleet of a worker: its pool is declared (and, from its first beat, known).
     pub async fn connect(args: &FleetArgs) -> Result<Fleet, SettingsError> {
         Self::connect_pool(args, NewPool::Create).await

@@ -156,6 +156,14 @@ function failedItemsText(job) {
   return "none";
 }
 
+function storageText(job) {
+  const faults = job.storage_faults || [];
+  if (faults.length === 0) return "no faults in the last minute";
+  return faults
+    .map((f) => `${f.message} (${f.nodes} node${f.nodes === 1 ? "" : "s"}, last ${Math.round(f.last_seconds_ago)} s ago)`)
+    .join("; ");
+}
+
 function drawJob(job, inFlight) {
   byId("job-id").textContent = job.job_id;
   const c = job.counts;
@@ -166,6 +174,7 @@ function drawJob(job, inFlight) {
     ["items", `${c.succeeded_items} succeeded, ${c.failed_items} failed`],
     ["rate", rate(job.items_per_second)],
     ["ETA", eta(job)],
+    ["storage", storageText(job)],
     ["submitted", clock(job.submitted_at)],
     ["cause", job.cause || "none"],
     ["output", job.output],
