@@ -136,6 +136,10 @@ CASES = [
          command=distributed_replicated, skip=broker_reachable, large=True),
     Case("sleep1ms-distributed", "sleep1ms.py", "job-sleep1ms-distributed.toml",
          command=distributed, skip=broker_reachable),
+    # The same with a replica of the ledger's Redis: what the replicas' wait costs a job
+    # whose run() does work (10 ms per mini-batch).
+    Case("sleep1ms-replicated", "sleep1ms.py", "job-sleep1ms-distributed.toml",
+         command=distributed_replicated, skip=broker_reachable),
     # A CSV, 1 ms per 100 rows, against pandas read_csv(chunksize=...) in Pool(2).
     Case("tabular-csv", "sleep_rows.py", "job-tabular.toml", skip=tabular_pandas, tabular=True),
 ]
