@@ -21,6 +21,7 @@ give it its own job file and, if it needs more than `fleetrun run JOB`, a `comma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -65,6 +66,9 @@ class Case:
     large: bool = False
     # also measured against one plain Python loop (loop_baseline.py)
     loop: bool = False
+    # what runs around all of the case's repetitions, outside the timed runs (a replica of
+    # the ledger's Redis, started and synced once)
+    around: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     def job_path(self) -> str:
         return os.path.join(BENCH, self.job)
@@ -98,9 +102,12 @@ def distributed(c: "Case") -> list[str]:
     return [sys.executable, os.path.join(BENCH, "fleet_run.py"), c.job_path()]
 
 
-def distributed_replicated(c: "Case") -> list[str]:
-    """The distributed row with a replica of the ledger's Redis: every recording waits for it."""
-    return [sys.executable, os.path.join(BENCH, "fleet_run.py"), "--replica", c.job_path()]
+def ledger_replica() -> contextlib.AbstractContextManager:
+    """A replica of the ledger's Redis for all of a case's repetitions: every recording waits
+    for it. Started, and synced (a full copy of the ledger's Redis), before the first timed
+    run, so that no run's time holds the copy."""
+    import fleet_run
+    return fleet_run.replica_of(fleet_run.fleet_env()["FLEETRUN_REDIS_URL"])
 
 
 # The tabular row: rows per benchmark "file" (1,000,000 rows by default), and the chunk
@@ -133,13 +140,13 @@ CASES = [
     # The same, the ledger's Redis with one replica: each recording is believed once the
     # replica has it (WAIT), the failover-safe ledger's cost.
     Case("trivial-replicated", "trivial.py", "job-trivial-distributed.toml",
-         command=distributed_replicated, skip=broker_reachable, large=True),
+         command=distributed, around=ledger_replica, skip=broker_reachable, large=True),
     Case("sleep1ms-distributed", "sleep1ms.py", "job-sleep1ms-distributed.toml",
          command=distributed, skip=broker_reachable),
     # The same with a replica of the ledger's Redis: what the replicas' wait costs a job
     # whose run() does work (10 ms per mini-batch).
     Case("sleep1ms-replicated", "sleep1ms.py", "job-sleep1ms-distributed.toml",
-         command=distributed_replicated, skip=broker_reachable),
+         command=distributed, around=ledger_replica, skip=broker_reachable),
     # A CSV, 1 ms per 100 rows, against pandas read_csv(chunksize=...) in Pool(2).
     Case("tabular-csv", "sleep_rows.py", "job-tabular.toml", skip=tabular_pandas, tabular=True),
 ]
@@ -426,7 +433,8 @@ def main(argv: list[str]) -> int:
             rows.append({"case": case.name, "skipped": reason, "errors": []})
             continue
         size = n_flat if case.flat else n_large if case.large else n_files
-        rows.append(run_case(case, reps, size, args.pool_only))
+        with case.around():
+            rows.append(run_case(case, reps, size, args.pool_only))
 
     print_table(rows)
     with open(os.path.join(WORK, "results.json"), "w", encoding="utf-8") as f:
