@@ -877,7 +877,15 @@ fn the_output_is_whole_when_submit_wait_returns_and_nothing_writes_after() {
     let mut returned = Default::default();
     for round in 0..3 {
         let submitted = fleet.submit(&job, &["--wait"]);
-        assert_eq!(code(&submitted), 0, "round {round}");
+        assert_eq!(
+            code(&submitted),
+            0,
+            "round {round}; the output folder then held {:#?}",
+            tree(&out)
+                .into_iter()
+                .map(|(name, text)| (name, String::from_utf8_lossy(&text).into_owned()))
+                .collect::<BTreeMap<_, _>>()
+        );
         returned = tree(&out);
         assert_eq!(
             lines(&returned["parallel_run_step.txt"]),

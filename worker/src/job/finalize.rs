@@ -18,6 +18,9 @@ pub(super) const FINALIZE_LEASE: Duration = Duration::from_secs(10);
 /// the finalization, then writes `logs/job_result.txt`. Returns `Finalizing` when another
 /// node holds the claim (and writes nothing).
 pub async fn conclude(ledger: &dyn Ledger, ctx: &JobContext, status: Status) -> JobState {
+    // From before the finalization moves the job's state until its results are written: this
+    // node lets the job go only after.
+    let _ending = ctx.job.ending().await;
     let state = if status.state == JobState::Finalizing {
         match finalize_claimed(ledger, ctx).await {
             // Another node holds the claim, or took it over while this one worked.

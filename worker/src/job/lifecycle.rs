@@ -45,6 +45,9 @@ pub struct Job {
     output: Arc<dyn Storage>,
     /// Where its mini-batches' rows and failed items wait for the end of the job.
     parts: Arc<dyn Parts>,
+    /// Held shared by each call of this process that may end the job, from before it moves
+    /// the job's state to after it wrote the results; taken whole by [`Job::quiet`].
+    ending: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Job {
@@ -67,7 +70,22 @@ impl Job {
             events: fleet.events.clone(),
             parts: parts::for_job(output.clone(), fleet.ledger.clone(), id, writer),
             output,
+            ending: Arc::default(),
         }
+    }
+
+    /// Held while a call ends the job: its state moved, then its results written. Whoever
+    /// ends the job outside this type (the finalization, see `finalize::conclude`) holds it
+    /// from before the move.
+    pub async fn ending(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        self.ending.read().await
+    }
+
+    /// Waits until no call of this process is ending the job, and keeps any from starting
+    /// while the guard lives: a node letting the job go writes its last files after the
+    /// job's results, never beside them.
+    pub async fn quiet(&self) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        self.ending.write().await
     }
 
     /// The job of `record` on the fleet, with its output opened, for a process that ends
@@ -202,6 +220,7 @@ impl Job {
     /// (exactly one of the processes that watch a job does). `logs` are this process's log
     /// files of the job, when it has any. Returns the status after.
     pub async fn fail(&self, reason: &str, logs: Option<&JobLogs>) -> Result<Status, LedgerError> {
+        let _ending = self.ending().await;
         let (moved, status) = self
             .ledger
             .transition(
@@ -230,6 +249,7 @@ impl Job {
     /// Cancels a Running or Finalizing job for `reason` and writes its results, if this
     /// call moved it. Returns the status after.
     pub async fn cancel(&self, reason: &str) -> Result<Status, LedgerError> {
+        let _ending = self.ending().await;
         let (moved, status) = self
             .ledger
             .transition(

@@ -110,7 +110,7 @@ pub(super) async fn watch_job(
             JobState::Finalizing => {
                 // Whoever finalizes it may have died: take over once its claim runs out.
                 ctx.stop.cancel();
-                conclude(&*ledger, &ctx, status).await;
+                following(&fleet, &ctx, &node, conclude(&*ledger, &ctx, status)).await;
             }
             state if !state.accepts_work() => {
                 ctx.stop.cancel();
@@ -218,7 +218,8 @@ pub(super) fn input_name(spec: &fleetrun_config::JobSpec) -> String {
     spec.input.location().to_string()
 }
 
-/// This node lets go of a job, once: once the job has `ended`, its runners here gone first
+/// This node lets go of a job, once: after any call of its own that is ending the job has
+/// written the job's results; once the job has `ended`, its runners here gone first
 /// (what they print reaches the logs); its monitor's last sample, its named outputs
 /// delivered, its logs flushed and sent where they go and, once the job has ended, closed
 /// (nothing more is written) and what it wrote in a local output folder recorded as
@@ -231,6 +232,40 @@ pub(super) async fn let_go(fleet: &Fleet, ctx: &JobContext, node: &str, ended: b
     if *done {
         return;
     }
+    // The note that this node follows the job stays while it lets go, however long that
+    // takes: whoever waits for the job's end waits for all of it.
+    following(fleet, ctx, node, write_last(ctx, node, ended)).await;
+    if let Err(e) = fleet.registry.let_go(ctx.job.id(), node).await {
+        warn!(job = %ctx.job.id(), error = %e, "Cannot note that this node let the job go.");
+    }
+    *done = true;
+}
+
+/// Runs `work`, renewing the note that this node follows the job meanwhile; no renewal is
+/// under way when it returns.
+pub(super) async fn following<T>(
+    fleet: &Fleet,
+    ctx: &JobContext,
+    node: &str,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            _ = tokio::time::sleep(FOLLOW_TTL / 3) => {
+                if let Err(e) = fleet.registry.follow(ctx.job.id(), node, FOLLOW_TTL).await {
+                    warn!(job = %ctx.job.id(), error = %e, "Cannot note that this node follows the job.");
+                }
+            }
+        }
+    }
+}
+
+/// What this node writes last of a job it lets go (see [`let_go`]), once no call of its own
+/// is ending the job.
+async fn write_last(ctx: &JobContext, node: &str, ended: bool) {
+    let _quiet = ctx.job.quiet().await;
     if ended
         && tokio::time::timeout(RUNNERS_END, ctx.seats.close())
             .await
@@ -250,10 +285,6 @@ pub(super) async fn let_go(fleet: &Fleet, ctx: &JobContext, node: &str, ended: b
     if ended {
         ctx.job.release_output().await;
     }
-    if let Err(e) = fleet.registry.let_go(ctx.job.id(), node).await {
-        warn!(job = %ctx.job.id(), error = %e, "Cannot note that this node let the job go.");
-    }
-    *done = true;
 }
 
 /// Copies this node's log files of a job whose output is on S3 under `<output>/logs/`.
