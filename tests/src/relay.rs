@@ -1,7 +1,8 @@
 //! A TCP relay a test puts between clients and a server on loopback: one address that can be
 //! moved to another server (as a failover behind a load balancer or a Kubernetes Service
 //! moves it), whose traffic can be stalled (a link that stops carrying bytes, the kernel
-//! keeping what was sent), and whose connections can be cut.
+//! keeping what was sent), whose connections can be cut, and that can take connections and
+//! never answer them (a server that hangs).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -21,8 +22,12 @@ struct State {
     target: AtomicU16,
     stalled: AtomicBool,
     closed: AtomicBool,
+    /// New connections are taken and never answered.
+    swallowing: AtomicBool,
     /// Both ends of every connection relayed, to cut them.
     streams: Mutex<Vec<TcpStream>>,
+    /// The connections taken while swallowing: open, unanswered, until the relay goes.
+    swallowed: Mutex<Vec<TcpStream>>,
 }
 
 impl Relay {
@@ -35,7 +40,9 @@ impl Relay {
             target: AtomicU16::new(target),
             stalled: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            swallowing: AtomicBool::new(false),
             streams: Mutex::new(Vec::new()),
+            swallowed: Mutex::new(Vec::new()),
         });
         let accepting = state.clone();
         std::thread::spawn(move || accept(listener, accepting));
@@ -60,6 +67,12 @@ impl Relay {
     /// Carries bytes again.
     pub fn resume(&self) {
         self.state.stalled.store(false, Ordering::SeqCst);
+    }
+
+    /// Takes the connections that come from now on and never answers them, nor closes them
+    /// while the relay lives (`false`: relays new ones again; those taken stay unanswered).
+    pub fn swallow(&self, swallowing: bool) {
+        self.state.swallowing.store(swallowing, Ordering::SeqCst);
     }
 
     /// Closes every connection relayed so far, both ends, dropping what waited in them.
@@ -88,6 +101,10 @@ fn accept(listener: TcpListener, state: Arc<State>) {
             }
             Err(_) => return,
         };
+        if state.swallowing.load(Ordering::SeqCst) {
+            state.swallowed.lock().unwrap().push(client);
+            continue;
+        }
         let target = SocketAddr::from(([127, 0, 0, 1], state.target.load(Ordering::SeqCst)));
         let Ok(server) = TcpStream::connect_timeout(&target, Duration::from_secs(1)) else {
             // As a relay to a dead server does: the client's connection closes.

@@ -661,3 +661,158 @@ async fn a_broker_blocking_publishes_is_named_until_its_alarm_clears() {
     assert_eq!(&d.body[..], b"waits");
     assert!(d.settle(Disposition::Ack).await.unwrap());
 }
+
+/// Closes this queue's connection from the broker's side if it has one now (a connection
+/// being recovered has none for a moment); returns whether one was closed.
+fn close_connection_if_open(q: &AmqpQueue) -> bool {
+    let listing = rabbitmqctl(&[
+        "list_connections",
+        "--no-table-headers",
+        "pid",
+        "client_properties",
+    ]);
+    let pids: Vec<String> = listing
+        .lines()
+        .filter(|line| line.contains(q.connection_name()))
+        .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+        .collect();
+    for pid in &pids {
+        // Gone since it was listed: nothing to close.
+        let _ = output_within(
+            Command::new("rabbitmqctl").args([
+                "-n",
+                NODE,
+                "--quiet",
+                "close_connection",
+                pid,
+                "test",
+            ]),
+            PATIENCE * 3,
+        );
+    }
+    !pids.is_empty()
+}
+
+/// The broker closes the connection again and again while consumers open, subscribe and
+/// settle (as a broker does on an internal error, or an operator closing connections):
+/// every message still arrives, and the consumer never stops for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_opening_while_the_connection_is_closed_again_and_again_get_every_message() {
+    const MESSAGES: usize = 30;
+    let pool = pool();
+    let q = queue(
+        &pool,
+        QueueOptions {
+            delivery_limit: Some(50),
+        },
+    )
+    .await;
+    for i in 0..MESSAGES {
+        q.publish(LANE, format!("m{i}").into_bytes()).await.unwrap();
+    }
+    let closer = {
+        let q = q.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut closed = 0;
+            for i in 0..8u64 {
+                closed += usize::from(close_connection_if_open(&q));
+                std::thread::sleep(Duration::from_millis(37 * (i % 5)));
+            }
+            closed
+        })
+    };
+    let mut seen = HashSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while seen.len() < MESSAGES {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the consumers stalled with {} of {MESSAGES} messages",
+            seen.len()
+        );
+        let opened = tokio::time::timeout(Duration::from_secs(60), q.consume(LANE, 1)).await;
+        let mut c = match opened.expect("opening a consumer returns") {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("open: {e}");
+                continue;
+            }
+        };
+        for _ in 0..3 {
+            match tokio::time::timeout(Duration::from_secs(60), c.next())
+                .await
+                .expect("next returns")
+            {
+                Ok(d) => {
+                    let body = String::from_utf8_lossy(&d.body).into_owned();
+                    if d.settle(Disposition::Ack).await.unwrap_or(false) {
+                        seen.insert(body);
+                    }
+                }
+                Err(e) => eprintln!("next: {e}"),
+            }
+        }
+    }
+    let closed = closer.await.unwrap();
+    assert!(closed >= 3, "the connection was closed {closed} times");
+    delete_pool(&pool);
+}
+
+/// The broker's port in `amqp_url()`, and the URL with `port` in its place.
+fn through(port: u16) -> (u16, String) {
+    let url = amqp_url();
+    let (head, rest) = url.rsplit_once('@').expect("user info in the AMQP URL");
+    let (host_port, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (host, broker) = host_port.rsplit_once(':').expect("a port in the AMQP URL");
+    (
+        broker.parse().expect("a port"),
+        format!("{head}@{host}:{port}/{path}"),
+    )
+}
+
+/// The connection is lost and lapin's own recovery never completes (its new connection is
+/// taken by a node that never answers, as a hung broker or a half-dead load balancer does):
+/// the consumer gives that connection up, connects again once the broker answers, and gets
+/// the next message; a publish on the same handle goes through too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_whose_recovery_never_completes_is_replaced() {
+    let pool = pool();
+    let (broker, _) = through(0);
+    let relay = fleetrun_tests::relay::Relay::to(broker);
+    let (_, url) = through(relay.port());
+    let options = QueueOptions {
+        delivery_limit: Some(5),
+    };
+    let q = AmqpQueue::connect(&url, &pool, options.clone(), None, &Tls::default())
+        .await
+        .unwrap();
+    let direct = queue(&pool, options).await;
+    direct.publish(LANE, b"one".to_vec()).await.unwrap();
+    let mut c = q.consume(LANE, 1).await.unwrap();
+    let d = next(&mut c).await;
+    assert!(d.settle(Disposition::Ack).await.unwrap());
+
+    relay.swallow(true);
+    relay.cut();
+    // lapin's recovery dials again, into a node that never answers.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    relay.swallow(false);
+    direct.publish(LANE, b"two".to_vec()).await.unwrap();
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let d = loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, c.next()).await {
+            Ok(Ok(d)) => break d,
+            Ok(Err(e)) => eprintln!("next: {e}"),
+            Err(_) => panic!("the consumer stalled on a connection that never recovers"),
+        }
+    };
+    assert_eq!(&d.body[..], b"two");
+    assert!(d.settle(Disposition::Ack).await.unwrap());
+    tokio::time::timeout(Duration::from_secs(60), q.publish(LANE, b"three".to_vec()))
+        .await
+        .expect("a publish returns")
+        .expect("a publish on the replaced connection");
+    assert_eq!(&next(&mut c).await.body[..], b"three");
+    delete_pool(&pool);
+}

@@ -42,7 +42,9 @@
 //!   mode are replayed and unsettled messages come back with one more attempt, while the old
 //!   deliveries' settlements return `Ok(false)`. A channel the broker closes (a consumer
 //!   timeout) is not recovered by lapin: the consumer reports one error and reopens on the next
-//!   call.
+//!   call. A recovery that has not completed in 30 s is given up: the next channel comes
+//!   from a new connection, and a consumer waiting on the old one reports one error (see
+//!   `link`).
 //! - [`Disposition::Return`] publishes a copy carrying the attempts spent
 //!   (`x-fleetrun-attempts-spent`, added to the attempt) and acknowledges the delivery, since
 //!   a requeue would count one more delivery.
@@ -67,11 +69,10 @@ use lapin::options::{
     ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
     QueueDeleteOptions,
 };
-use lapin::tcp::AMQPUriTcpExt;
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Confirmation};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::{
     Acker, Consumer, DeadLetter, DeadLetterHold, Delivery, Depth, Disposition, Queue, QueueError,
@@ -82,10 +83,12 @@ use crate::tls::Tls;
 
 mod brokers;
 mod follow;
+mod link;
 
 pub use crate::tls::TlsCause;
-use brokers::{Brokers, node_name};
+use brokers::Brokers;
 pub use brokers::{TlsFailure, UrlError};
+use link::{Link, Opened};
 
 /// Every name the backend gives the broker, in one place.
 mod names {
@@ -139,12 +142,6 @@ mod names {
 const PERSISTENT: u8 = 2;
 /// How long a management API request may take.
 const MANAGEMENT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a connection may take, TCP retries and AMQP handshake together: a broker can
-/// take the TCP connection and never answer the handshake.
-const CONNECT_PATIENCE: Duration = Duration::from_secs(60);
-/// How long one node may take to accept a TCP connection and finish the TLS handshake: a
-/// node whose host is gone drops the packets, and the next node should get its turn.
-const NODE_PATIENCE: Duration = Duration::from_secs(10);
 /// Times an operation waits for a recovered connection before giving up.
 const MAX_RECOVERIES: u32 = 3;
 
@@ -177,16 +174,14 @@ pub struct AmqpQueue {
 }
 
 struct Shared {
-    brokers: Arc<Brokers>,
     pool: String,
     options: QueueOptions,
-    connection_name: String,
     dead: String,
     inbox: String,
     /// The lanes this process has declared (or found declared), by queue name.
     lanes: Mutex<std::collections::HashSet<String>>,
-    /// Replaced when the connection is lost for good (auto-recovery gave up).
-    connection: tokio::sync::Mutex<Connection>,
+    /// The connection, kept.
+    link: Link,
     /// The publishing channel, in confirm mode.
     publisher: Slot,
     /// A channel for passive declares (depth).
@@ -196,18 +191,12 @@ struct Shared {
     consumers: AtomicU64,
     /// Publishes the broker refused (nacked), each published again.
     refused: AtomicU64,
-    /// Why the broker blocks this connection's publishes, while it does.
-    blocked: Blocked,
 }
-
-/// The broker's reason while it blocks a connection (`connection.blocked`: a memory or disk
-/// alarm on the broker); publishes wait until it lifts.
-type Blocked = Arc<Mutex<Option<String>>>;
 
 /// A long-lived channel, reopened when it dies.
 struct Slot {
     confirms: bool,
-    channel: Mutex<Option<Channel>>,
+    channel: Mutex<Option<Opened>>,
 }
 
 impl Slot {
@@ -218,14 +207,17 @@ impl Slot {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Channel>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Opened>> {
         self.channel.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Forgets `channel` (if still current) so the next use opens another.
     fn discard(&self, channel: &Channel) {
         let mut current = self.lock();
-        if current.as_ref().is_some_and(|c| c.id() == channel.id()) {
+        if current
+            .as_ref()
+            .is_some_and(|c| c.channel.id() == channel.id())
+        {
             *current = None;
         }
     }
@@ -255,23 +247,19 @@ impl AmqpQueue {
             .map(|base| Management::new(base, brokers.vhost(), tls))
             .transpose()?;
         let connection_name = format!("fleetrun {pool} pid {}", std::process::id());
-        let blocked = Blocked::default();
-        let connection = connect(&brokers, &connection_name, &blocked).await?;
+        let link = Link::connect(brokers, connection_name).await?;
         let shared = Shared {
-            brokers,
             pool: pool.to_owned(),
             options,
-            connection_name,
             dead: names::dead(pool),
             inbox: names::inbox(pool),
             lanes: Mutex::default(),
-            connection: tokio::sync::Mutex::new(connection),
+            link,
             publisher: Slot::new(true),
             admin: Slot::new(false),
             management,
             consumers: AtomicU64::new(0),
             refused: AtomicU64::new(0),
-            blocked,
         };
         shared.declare().await?;
         shared
@@ -285,7 +273,7 @@ impl AmqpQueue {
 
     /// The connection name the broker shows (management UI, `rabbitmqctl list_connections`).
     pub fn connection_name(&self) -> &str {
-        &self.shared.connection_name
+        self.shared.link.name()
     }
 
     /// How many publishes the broker has refused so far; each was published again.
@@ -316,11 +304,7 @@ impl AmqpQueue {
     /// Why the broker blocks this connection's publishes (a memory or disk alarm on the
     /// broker), while it does: a publish waits until the alarm clears.
     pub fn blocked(&self) -> Option<String> {
-        self.shared
-            .blocked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.shared.link.blocked()
     }
 
     /// The dead-letter queue's name.
@@ -371,9 +355,9 @@ impl AmqpQueue {
     ) -> Result<Box<dyn Consumer>, QueueError> {
         let channel = self
             .shared
-            .retrying("open a consumer channel", None, |channel| async move {
-                consumer_qos(&channel, prefetch).await?;
-                Ok(channel)
+            .retrying_on("open a consumer channel", None, |opened| async move {
+                consumer_qos(&opened.channel, prefetch).await?;
+                Ok(opened)
             })
             .await?;
         Ok(Box::new(AmqpConsumer {
@@ -391,6 +375,9 @@ impl AmqpQueue {
     }
 }
 
+/// How often a waiting consumer looks at its connection's health (see [`Link::alive`]).
+const HEALTH_CHECK: Duration = Duration::from_secs(1);
+
 /// How long a pausing consumer waits for the end of its cancelled subscription (the broker's
 /// cancel-ok has already arrived behind the last message; this bounds a broken connection).
 const GIVE_BACK_PATIENCE: Duration = Duration::from_secs(5);
@@ -401,104 +388,6 @@ async fn consumer_qos(channel: &Channel, prefetch: u16) -> lapin::Result<()> {
     channel
         .basic_qos(prefetch.max(1), BasicQosOptions { global: false })
         .await
-}
-
-/// A connection to one of the nodes, and on every reconnection of lapin's to the next one in
-/// turn (see `brokers`).
-async fn connect(
-    brokers: &Arc<Brokers>,
-    name: &str,
-    blocked: &Blocked,
-) -> Result<Connection, QueueError> {
-    // lapin retries each TCP connection with this backoff, the first one included; its
-    // default (1 s to 60 s, 16 times) would make a down broker hang a caller ~11 min. This
-    // gives up after ~30 s; a later call reconnects again (`Shared::open_channel`).
-    let backoff = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(Duration::from_secs(5))
-        .with_max_times(10)
-        .with_jitter();
-    let properties = ConnectionProperties::default()
-        .with_connection_name(name.into())
-        .enable_auto_recover()
-        .with_backoff(backoff);
-    let runtime = lapin::runtime::default_runtime().map_err(backend("start lapin"))?;
-    let mut refused = brokers.new_round();
-    let nodes = brokers.clone();
-    let opening = Connection::connector(
-        brokers.first().clone(),
-        runtime,
-        async move |_first, runtime| {
-            let node = nodes.next_node();
-            let stream = node.connect_with_config_async(nodes.tls().as_ref(), &runtime);
-            let stream = tokio::time::timeout(NODE_PATIENCE, stream)
-                .await
-                .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
-            stream.map_err(|e| {
-                let error = lapin::Error::from(e);
-                let said = nodes.note_failure(node, &error);
-                if nodes.is_cluster() {
-                    warn!(node = %node_name(node), error = %said, "RabbitMQ node unreachable; the next attempt goes to the next node.");
-                } else {
-                    debug!(node = %node_name(node), error = %said, "RabbitMQ unreachable.");
-                }
-                error
-            })
-        },
-        properties,
-    );
-    // lapin retries a refused handshake as it does a refused connection; a certificate
-    // every node refuses ends the attempt at once.
-    let refusal = async move {
-        match refused.wait_for(Option::is_some).await {
-            Ok(failure) => failure.clone(),
-            Err(_) => None,
-        }
-    };
-    let attempt = async {
-        tokio::select! {
-            connection = opening => connection.map_err(|e| match brokers.failure(&e) {
-                Some(failure) => QueueError::Tls(failure),
-                None => backend("connect to RabbitMQ")(e),
-            }),
-            Some(failure) = refusal => Err(QueueError::Tls(failure)),
-        }
-    };
-    let connection = tokio::time::timeout(CONNECT_PATIENCE, attempt)
-        .await
-        .map_err(|_| {
-            QueueError::Backend(format!(
-                "RabbitMQ at {} did not complete a connection within {}s: it is unreachable, \
-                 or it takes connections without answering them, as a broker out of file \
-                 handles does (see its file descriptors in `rabbitmq-diagnostics status`)",
-                brokers.shown(),
-                CONNECT_PATIENCE.as_secs()
-            ))
-        })??;
-    tokio::spawn(watch_blocked(connection.events_listener(), blocked.clone()));
-    Ok(connection)
-}
-
-/// Follows the broker blocking and unblocking a connection, saying so: a publish that waits
-/// on a broker's resource alarm would otherwise wait without a word. Ends with the connection.
-async fn watch_blocked(
-    mut events: impl futures::Stream<Item = lapin::Event> + Unpin,
-    blocked: Blocked,
-) {
-    while let Some(event) = events.next().await {
-        let now = match event {
-            lapin::Event::ConnectionBlocked(reason) => {
-                warn!(reason = %reason, "RabbitMQ blocks publishing until its resource alarm clears (free disk or memory on the broker); publishes wait.");
-                Some(reason)
-            }
-            lapin::Event::ConnectionUnblocked => {
-                info!("RabbitMQ publishes again: its resource alarm cleared.");
-                None
-            }
-            _ => continue,
-        };
-        *blocked.lock().unwrap_or_else(|p| p.into_inner()) = now;
-    }
 }
 
 fn backend(what: &'static str) -> impl Fn(lapin::Error) -> QueueError {
@@ -703,35 +592,28 @@ impl Shared {
         self.lock_lanes().iter().cloned().collect()
     }
 
-    /// Opens a channel, reconnecting first when the connection is gone for good.
+    /// Opens a channel (see [`Link::open`]).
     async fn open_channel(&self) -> lapin::Result<Channel> {
-        let mut connection = self.connection.lock().await;
-        let status = connection.status();
-        if status.closed() || status.errored() {
-            warn!(pool = %self.pool, "RabbitMQ connection lost; reconnecting.");
-            *connection = connect(&self.brokers, &self.connection_name, &self.blocked)
-                .await
-                .map_err(|e| lapin::Error::from(std::io::Error::other(e.to_string())))?;
-        }
-        connection.create_channel().await
+        self.link.open().await.map(|opened| opened.channel)
     }
 
-    /// The slot's channel, opened (and put in confirm mode) when missing or dead.
-    async fn slot_channel(&self, slot: &Slot) -> lapin::Result<Channel> {
-        if let Some(channel) = slot.lock().clone() {
-            let status = channel.status();
-            if status.connected() || status.reconnecting() {
-                return Ok(channel);
-            }
+    /// The slot's channel, opened (and put in confirm mode) when missing, dead, or on a
+    /// connection given up.
+    async fn slot_channel(&self, slot: &Slot) -> lapin::Result<Opened> {
+        if let Some(opened) = slot.lock().clone()
+            && self.link.alive(&opened)
+        {
+            return Ok(opened);
         }
-        let channel = self.open_channel().await?;
+        let opened = self.link.open().await?;
         if slot.confirms {
-            channel
+            opened
+                .channel
                 .confirm_select(ConfirmSelectOptions::default())
                 .await?;
         }
-        *slot.lock() = Some(channel.clone());
-        Ok(channel)
+        *slot.lock() = Some(opened.clone());
+        Ok(opened)
     }
 
     /// Runs `op` on the slot's channel (or a fresh one), waiting out a connection recovery
@@ -747,23 +629,39 @@ impl Shared {
         F: FnMut(Channel) -> Fut,
         Fut: Future<Output = lapin::Result<T>>,
     {
+        self.retrying_on(what, slot, |opened| op(opened.channel))
+            .await
+    }
+
+    /// [`Shared::retrying`], for an `op` that keeps the channel and which connection it is
+    /// on.
+    async fn retrying_on<T, F, Fut>(
+        &self,
+        what: &'static str,
+        slot: Option<&Slot>,
+        mut op: F,
+    ) -> Result<T, QueueError>
+    where
+        F: FnMut(Opened) -> Fut,
+        Fut: Future<Output = lapin::Result<T>>,
+    {
         let mut delays = retry_backoff();
         let mut recoveries = 0;
         loop {
-            let channel = match slot {
+            let opened = match slot {
                 Some(slot) => self.slot_channel(slot).await,
-                None => self.open_channel().await,
+                None => self.link.open().await,
             };
-            let error = match channel {
-                Ok(channel) => match op(channel.clone()).await {
+            let error = match opened {
+                Ok(opened) => match op(opened.clone()).await {
                     Ok(value) => return Ok(value),
                     Err(error) if error.is_amqp_soft_error() => {
                         if let Some(slot) = slot {
-                            slot.discard(&channel);
+                            slot.discard(&opened.channel);
                         }
                         return Err(QueueError::Backend(format!("{what}: {error}")));
                     }
-                    Err(error) => match channel.wait_for_recovery(error).await {
+                    Err(error) => match self.link.recovered(&opened.channel, error).await {
                         Ok(()) if recoveries < MAX_RECOVERIES => {
                             recoveries += 1;
                             debug!(pool = %self.pool, what, "Connection recovered; retrying.");
@@ -772,7 +670,7 @@ impl Shared {
                         Ok(()) => lapin::Error::from(std::io::Error::other("recovered again")),
                         Err(error) => {
                             if let Some(slot) = slot {
-                                slot.discard(&channel);
+                                slot.discard(&opened.channel);
                             }
                             error
                         }
@@ -1122,7 +1020,7 @@ struct AmqpConsumer {
     /// One per unsettled delivery allowed; held by each delivery's acker.
     permits: Arc<Semaphore>,
     /// `None` after a failure, until the next call reopens it.
-    channel: Option<Channel>,
+    channel: Option<Opened>,
     /// The subscription a waiting (or abandoned) `next` opened.
     subscription: Option<lapin::Consumer>,
     /// A subscription being opened (see `subscribe`).
@@ -1136,27 +1034,28 @@ struct AmqpConsumer {
 impl AmqpConsumer {
     /// The consumer's channel, reopened (after a pause, when the last try failed) if it died.
     async fn channel(&mut self) -> Result<Channel, QueueError> {
-        if let Some(channel) = &self.channel {
-            let status = channel.status();
-            if status.connected() || status.reconnecting() {
-                return Ok(channel.clone());
+        if let Some(opened) = &self.channel {
+            if self.shared.link.alive(opened) {
+                return Ok(opened.channel.clone());
             }
-            // Closed by the broker (a consumer timeout) or with its connection.
+            // Closed by the broker (a consumer timeout) or with its connection, or on a
+            // connection given up.
             self.failed();
         }
         if let Some(delay) = self.reopen.as_mut().and_then(Iterator::next) {
             tokio::time::sleep(delay).await;
         }
-        let opened = match self.shared.open_channel().await {
-            Ok(channel) => consumer_qos(&channel, self.prefetch)
+        let opened = match self.shared.link.open().await {
+            Ok(opened) => consumer_qos(&opened.channel, self.prefetch)
                 .await
-                .map(|()| channel),
+                .map(|()| opened),
             Err(e) => Err(e),
         };
         match opened {
-            Ok(channel) => {
+            Ok(opened) => {
                 debug!(queue = %self.queue, "Consumer channel reopened.");
-                self.channel = Some(channel.clone());
+                let channel = opened.channel.clone();
+                self.channel = Some(opened);
                 Ok(channel)
             }
             Err(e) => {
@@ -1188,8 +1087,9 @@ impl AmqpConsumer {
             Some(opening) => opening,
             None => {
                 let n = self.shared.consumers.fetch_add(1, Ordering::Relaxed);
-                let tag = format!("{} #{n}", self.shared.connection_name);
+                let tag = format!("{} #{n}", self.shared.link.name());
                 let (channel, queue) = (channel.clone(), self.queue.clone());
+                let shared = self.shared.clone();
                 self.opening.insert(tokio::spawn(async move {
                     let options = BasicConsumeOptions {
                         no_ack: false,
@@ -1205,7 +1105,7 @@ impl AmqpConsumer {
                     };
                     match subscribe().await {
                         // The connection is being recovered: wait for it, then try once more.
-                        Err(e) => match channel.wait_for_recovery(e).await {
+                        Err(e) => match shared.link.recovered(&channel, e).await {
                             Ok(()) => subscribe().await,
                             Err(e) => Err(e),
                         },
@@ -1372,7 +1272,12 @@ impl Consumer for AmqpConsumer {
         loop {
             if let Some(delivery) = self.received.take() {
                 // Its channel died since it arrived: the broker has taken it back.
-                let Some(channel) = self.channel.clone().filter(|_| delivery.acker.usable()) else {
+                let Some(channel) = self
+                    .channel
+                    .as_ref()
+                    .filter(|_| delivery.acker.usable())
+                    .map(|opened| opened.channel.clone())
+                else {
                     continue;
                 };
                 return Ok(self.delivery(channel, delivery, permit));
@@ -1384,7 +1289,21 @@ impl Consumer for AmqpConsumer {
             let Some(subscription) = &mut self.subscription else {
                 continue;
             };
-            let error = match subscription.next().await {
+            // lapin's subscription waits for good on a connection whose recovery never
+            // completes: its health is looked at meanwhile.
+            let next = loop {
+                tokio::select! {
+                    next = subscription.next() => break next,
+                    _ = tokio::time::sleep(HEALTH_CHECK) => {
+                        if !self.channel.as_ref().is_some_and(|o| self.shared.link.alive(o)) {
+                            break Some(Err(lapin::Error::from(std::io::Error::other(
+                                "the connection did not recover in time",
+                            ))));
+                        }
+                    }
+                }
+            };
+            let error = match next {
                 Some(Ok(delivery)) => {
                     self.reopen = None;
                     self.received = Some(delivery);
@@ -1404,7 +1323,7 @@ impl Consumer for AmqpConsumer {
 
     async fn pause(&mut self) -> Result<(), QueueError> {
         if self.opening.is_some()
-            && let Some(channel) = self.channel.clone()
+            && let Some(channel) = self.channel.as_ref().map(|o| o.channel.clone())
         {
             // A subscription an abandoned `next` was opening: take it up, to cancel it.
             self.subscribe(&channel).await?;
@@ -1413,7 +1332,7 @@ impl Consumer for AmqpConsumer {
             return Ok(());
         };
         let mut pushed: Vec<AmqpDelivery> = self.received.take().into_iter().collect();
-        let Some(channel) = self.channel.clone() else {
+        let Some(channel) = self.channel.as_ref().map(|o| o.channel.clone()) else {
             return Ok(());
         };
         let tag = subscription.tag();
@@ -1421,7 +1340,7 @@ impl Consumer for AmqpConsumer {
         let cancelled = match cancel().await {
             // The connection is being recovered, and the subscription with it: cancel it
             // once it is back, or it would go on receiving on a channel nobody reads.
-            Err(e) => match channel.wait_for_recovery(e).await {
+            Err(e) => match self.shared.link.recovered(&channel, e).await {
                 Ok(()) => cancel().await,
                 Err(e) => Err(e),
             },

@@ -43,7 +43,7 @@ pub(super) async fn follow(
 
 /// A channel of its own consuming the follow queue, declared and bound first (idempotent).
 async fn subscribe(shared: &Shared, queue: &str) -> Result<(Channel, Consumer), QueueError> {
-    let tag = format!("{} events", shared.connection_name);
+    let tag = format!("{} events", shared.link.name());
     shared
         .retrying("follow the job events", None, |channel| {
             let tag = tag.as_str();
