@@ -772,9 +772,14 @@ fn through(port: u16) -> (u16, String) {
 /// The connection is lost and lapin's own recovery never completes (its new connection is
 /// taken by a node that never answers, as a hung broker or a half-dead load balancer does):
 /// the consumer gives that connection up, connects again once the broker answers, and gets
-/// the next message; a publish on the same handle goes through too.
+/// the next message; a publish on the same handle goes through too, and the handle's
+/// follower of the job events hears them again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_whose_recovery_never_completes_is_replaced() {
+    use fleetrun_common::events::Events;
+    use fleetrun_common::ledger::JobState;
+    use fleetrun_common::testing::events::event;
+
     let pool = pool();
     let (broker, _) = through(0);
     let relay = fleetrun_tests::relay::Relay::to(broker);
@@ -786,7 +791,10 @@ async fn a_connection_whose_recovery_never_completes_is_replaced() {
         .await
         .unwrap();
     let direct = queue(&pool, options).await;
-    direct.publish(LANE, b"one".to_vec()).await.unwrap();
+    let mut heard = q.follow().await.unwrap();
+    Queue::publish(&direct, LANE, b"one".to_vec())
+        .await
+        .unwrap();
     let mut c = q.consume(LANE, 1).await.unwrap();
     let d = next(&mut c).await;
     assert!(d.settle(Disposition::Ack).await.unwrap());
@@ -796,7 +804,9 @@ async fn a_connection_whose_recovery_never_completes_is_replaced() {
     // lapin's recovery dials again, into a node that never answers.
     tokio::time::sleep(Duration::from_secs(2)).await;
     relay.swallow(false);
-    direct.publish(LANE, b"two".to_vec()).await.unwrap();
+    Queue::publish(&direct, LANE, b"two".to_vec())
+        .await
+        .unwrap();
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     let d = loop {
@@ -809,10 +819,41 @@ async fn a_connection_whose_recovery_never_completes_is_replaced() {
     };
     assert_eq!(&d.body[..], b"two");
     assert!(d.settle(Disposition::Ack).await.unwrap());
-    tokio::time::timeout(Duration::from_secs(60), q.publish(LANE, b"three".to_vec()))
-        .await
-        .expect("a publish returns")
-        .expect("a publish on the replaced connection");
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        Queue::publish(&q, LANE, b"three".to_vec()),
+    )
+    .await
+    .expect("a publish returns")
+    .expect("a publish on the replaced connection");
     assert_eq!(&next(&mut c).await.body[..], b"three");
+
+    let job = format!("job-{}", random_suffix());
+    let hears_it = async {
+        loop {
+            match heard.recv().await {
+                Ok(event) if event.job_id == job => return,
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(e) => panic!("the follower stopped: {e}"),
+            }
+        }
+    };
+    tokio::pin!(hears_it);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        Events::publish(&direct, &event(&job, JobState::Running))
+            .await
+            .unwrap();
+        if tokio::time::timeout(Duration::from_millis(500), &mut hears_it)
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the follower heard nothing on the replaced connection"
+        );
+    }
     delete_pool(&pool);
 }

@@ -376,7 +376,7 @@ impl AmqpQueue {
 }
 
 /// How often a waiting consumer looks at its connection's health (see [`Link::alive`]).
-const HEALTH_CHECK: Duration = Duration::from_secs(1);
+pub(super) const HEALTH_CHECK: Duration = Duration::from_secs(1);
 
 /// How long a pausing consumer waits for the end of its cancelled subscription (the broker's
 /// cancel-ok has already arrived behind the last message; this bounds a broken connection).

@@ -5,7 +5,8 @@
 //! [`QUEUE_LIMIT`] events (the oldest go first), and is read without acknowledgements: an
 //! event only says that something changed, which the follower reads again from the ledger.
 //! The connection's recovery declares, binds and consumes it again; when a subscription ends
-//! anyway (its channel closed), it is opened again, pausing longer each time it fails. The
+//! anyway (its channel closed, or its connection given up), it is opened again, pausing
+//! longer each time it fails. The
 //! relay stops, and closes its channel, once every receiver is dropped.
 //!
 //! [`Events::follow`]: crate::events::Events::follow
@@ -14,13 +15,14 @@ use std::sync::Arc;
 
 use backon::ExponentialBackoff;
 use futures::StreamExt;
+use lapin::Consumer;
 use lapin::options::{BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Consumer};
 use tokio::sync::broadcast;
 use tracing::debug;
 
-use super::{Shared, long_string, names, reopen_backoff};
+use super::link::Opened;
+use super::{HEALTH_CHECK, Shared, long_string, names, reopen_backoff};
 use crate::events::JobEvent;
 use crate::queue::QueueError;
 
@@ -42,12 +44,13 @@ pub(super) async fn follow(
 }
 
 /// A channel of its own consuming the follow queue, declared and bound first (idempotent).
-async fn subscribe(shared: &Shared, queue: &str) -> Result<(Channel, Consumer), QueueError> {
+async fn subscribe(shared: &Shared, queue: &str) -> Result<(Opened, Consumer), QueueError> {
     let tag = format!("{} events", shared.link.name());
     shared
-        .retrying("follow the job events", None, |channel| {
+        .retrying_on("follow the job events", None, |opened| {
             let tag = tag.as_str();
             async move {
+                let channel = &opened.channel;
                 let mut arguments = FieldTable::default();
                 // Never a quorum queue, whatever the vhost's default: those cannot be
                 // exclusive.
@@ -78,7 +81,7 @@ async fn subscribe(shared: &Shared, queue: &str) -> Result<(Channel, Consumer), 
                 let consumer = channel
                     .basic_consume(queue.into(), tag.into(), options, FieldTable::default())
                     .await?;
-                Ok((channel, consumer))
+                Ok((opened.clone(), consumer))
             }
         })
         .await
@@ -89,7 +92,7 @@ async fn subscribe(shared: &Shared, queue: &str) -> Result<(Channel, Consumer), 
 async fn relay(
     shared: Arc<Shared>,
     queue: String,
-    subscription: (Channel, Consumer),
+    subscription: (Opened, Consumer),
     sender: broadcast::Sender<JobEvent>,
 ) {
     let (mut channel, mut consumer) = subscription;
@@ -98,6 +101,13 @@ async fn relay(
         let next = tokio::select! {
             _ = sender.closed() => break,
             next = consumer.next() => next,
+            // A subscription on a connection given up waits for good.
+            _ = tokio::time::sleep(HEALTH_CHECK) => {
+                if shared.link.alive(&channel) {
+                    continue;
+                }
+                None
+            }
         };
         match next {
             Some(Ok(delivery)) => {
@@ -120,14 +130,14 @@ async fn relay(
             let pause = pauses.get_or_insert_with(reopen_backoff).next();
             tokio::select! {
                 _ = sender.closed() => {
-                    let _ = channel.close(200, "".into()).await;
+                    close(&channel).await;
                     return;
                 }
                 _ = tokio::time::sleep(pause.unwrap_or_default()) => {}
             }
             match subscribe(&shared, &queue).await {
                 Ok((c, s)) => {
-                    let _ = channel.close(200, "".into()).await;
+                    close(&channel).await;
                     (channel, consumer) = (c, s);
                     break;
                 }
@@ -135,5 +145,12 @@ async fn relay(
             }
         }
     }
-    let _ = channel.close(200, "".into()).await;
+    close(&channel).await;
+}
+
+/// Closes the follower's channel; one on a connection given up does not answer, and is not
+/// waited for.
+async fn close(opened: &Opened) {
+    let closing = opened.channel.close(200, "".into());
+    let _ = tokio::time::timeout(HEALTH_CHECK, closing).await;
 }
