@@ -676,6 +676,46 @@ pub struct PrivateRedis {
     tracer: Option<Child>,
     /// The port of the primary it replicates from, if any.
     primary: Option<u16>,
+    /// Its TLS port, if it has one besides its plain port.
+    tls: Option<TlsPort>,
+}
+
+/// The TLS port a private Redis or Sentinel listens on besides its plain port (which stays for
+/// the test's own probes): it shows the test CA's server certificate and wants a client
+/// certificate signed by that CA, and speaks TLS to the primaries, replicas and sentinels it
+/// connects to.
+#[derive(Clone)]
+struct TlsPort {
+    port: u16,
+    /// The folder of `scripts/services.sh`'s certificates ([`services::tls_dir`]).
+    certs: PathBuf,
+}
+
+impl TlsPort {
+    fn new(certs: &Path) -> TlsPort {
+        let [port] = free_ports();
+        TlsPort {
+            port,
+            certs: certs.to_path_buf(),
+        }
+    }
+
+    /// Its settings, as `name value` pairs of a configuration file or command line.
+    fn settings(&self) -> Vec<(&'static str, String)> {
+        let cert = |name: &str| self.certs.join(name).display().to_string();
+        vec![
+            ("tls-port", self.port.to_string()),
+            ("tls-cert-file", cert("server.pem")),
+            ("tls-key-file", cert("server.key")),
+            // What it shows as the client of a primary or sentinel: the server certificate is
+            // for servers only.
+            ("tls-client-cert-file", cert("client.pem")),
+            ("tls-client-key-file", cert("client.key")),
+            ("tls-ca-cert-file", cert("ca.pem")),
+            ("tls-auth-clients", "yes".to_owned()),
+            ("tls-replication", "yes".to_owned()),
+        ]
+    }
 }
 
 impl PrivateRedis {
@@ -700,7 +740,7 @@ impl PrivateRedis {
     /// A replica of the primary on `primary` (the primary's own port, or a relay's to it),
     /// once it holds everything the primary had: asynchronous, as Redis's replicas are.
     pub fn replica_of(primary: u16) -> PrivateRedis {
-        let mut replica = PrivateRedis::start_with_primary(false, None, Some(primary));
+        let mut replica = PrivateRedis::start_with_primary(false, None, Some(primary), None);
         let synced = poll(Duration::from_secs(30), || {
             replica
                 .query(&["INFO", "replication"])
@@ -711,18 +751,46 @@ impl PrivateRedis {
         replica
     }
 
+    /// A server that also speaks TLS, on [`PrivateRedis::tls_port`], with the certificates
+    /// in `certs` (see [`TlsPort`]).
+    pub fn with_tls(certs: &Path) -> PrivateRedis {
+        PrivateRedis::start_with_primary(false, None, None, Some(TlsPort::new(certs)))
+    }
+
+    /// A replica of `primary` (a server [with TLS](PrivateRedis::with_tls)) that replicates
+    /// over TLS and speaks it too, once it holds everything the primary had.
+    pub fn tls_replica_of(primary: &PrivateRedis) -> PrivateRedis {
+        let tls = primary.tls.clone().expect("a primary with TLS");
+        let from = Some(tls.port);
+        let replica =
+            PrivateRedis::start_with_primary(false, None, from, Some(TlsPort::new(&tls.certs)));
+        let synced = poll(Duration::from_secs(30), || {
+            replica
+                .query(&["INFO", "replication"])
+                .contains("master_link_status:up")
+        });
+        assert!(synced, "the replica never synced:\n{}", replica.log());
+        replica
+    }
+
+    /// The port it speaks TLS on (see [`PrivateRedis::with_tls`]).
+    pub fn tls_port(&self) -> u16 {
+        self.tls.as_ref().expect("a server with TLS").port
+    }
+
     fn start_with(persistent: bool, slow_sync: Option<Duration>) -> PrivateRedis {
-        PrivateRedis::start_with_primary(persistent, slow_sync, None)
+        PrivateRedis::start_with_primary(persistent, slow_sync, None, None)
     }
 
     fn start_with_primary(
         persistent: bool,
         slow_sync: Option<Duration>,
         primary: Option<u16>,
+        tls: Option<TlsPort>,
     ) -> PrivateRedis {
         let dir = tempfile::tempdir().expect("temp dir");
         let [port] = free_ports();
-        let server = PrivateRedis::spawn(dir.path(), port, persistent, primary);
+        let server = PrivateRedis::spawn(dir.path(), port, persistent, primary, tls.as_ref());
         let mut redis = PrivateRedis {
             dir,
             server,
@@ -731,13 +799,23 @@ impl PrivateRedis {
             slow_sync,
             tracer: None,
             primary,
+            tls,
         };
         redis.await_answer();
         redis
     }
 
-    fn spawn(dir: &Path, port: u16, persistent: bool, primary: Option<u16>) -> Child {
+    fn spawn(
+        dir: &Path,
+        port: u16,
+        persistent: bool,
+        primary: Option<u16>,
+        tls: Option<&TlsPort>,
+    ) -> Child {
         let mut command = Command::new("redis-server");
+        for (name, value) in tls.map(TlsPort::settings).unwrap_or_default() {
+            command.arg(format!("--{name}")).arg(value);
+        }
         if let Some(primary) = primary {
             command.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
         }
@@ -900,8 +978,13 @@ impl PrivateRedis {
     /// Starts the killed server again on the same port and folder (and, when persistent,
     /// the same data).
     pub fn start_again(&mut self) {
-        self.server =
-            PrivateRedis::spawn(self.dir.path(), self.port, self.persistent, self.primary);
+        self.server = PrivateRedis::spawn(
+            self.dir.path(),
+            self.port,
+            self.persistent,
+            self.primary,
+            self.tls.as_ref(),
+        );
         self.await_answer();
     }
 
@@ -938,27 +1021,44 @@ pub struct PrivateSentinel {
     dir: tempfile::TempDir,
     server: Child,
     port: u16,
+    /// Its TLS port, if it has one besides its plain port.
+    tls: Option<TlsPort>,
 }
 
 impl PrivateSentinel {
     /// One of `quorum` or more sentinels of `master` on `primary`, answering once started.
     pub fn watch(master: &str, primary: u16, quorum: u32) -> PrivateSentinel {
+        PrivateSentinel::start(master, primary, quorum, None)
+    }
+
+    /// One of `quorum` or more sentinels of `master` on the TLS port of `primary` (a server
+    /// [with TLS](PrivateRedis::with_tls)), speaking TLS to it, to its replicas and to the
+    /// other sentinels, and to clients on the port [`PrivateSentinel::address`] names.
+    pub fn watch_tls(master: &str, primary: &PrivateRedis, quorum: u32) -> PrivateSentinel {
+        let certs = &primary.tls.as_ref().expect("a primary with TLS").certs;
+        let tls = TlsPort::new(certs);
+        PrivateSentinel::start(master, primary.tls_port(), quorum, Some(tls))
+    }
+
+    fn start(master: &str, primary: u16, quorum: u32, tls: Option<TlsPort>) -> PrivateSentinel {
         let dir = tempfile::tempdir().expect("temp dir");
         let [port] = free_ports();
         // A sentinel rewrites its configuration file, which must therefore be its own.
         let conf = dir.path().join("sentinel.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {dir}/sentinel.log\n\
-                 sentinel monitor {master} 127.0.0.1 {primary} {quorum}\n\
-                 sentinel down-after-milliseconds {master} 1000\n\
-                 sentinel failover-timeout {master} 3000\n\
-                 sentinel parallel-syncs {master} 1\n",
-                dir = dir.path().display()
-            ),
-        )
-        .unwrap();
+        let mut settings = format!(
+            "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {dir}/sentinel.log\n",
+            dir = dir.path().display()
+        );
+        for (name, value) in tls.as_ref().map(TlsPort::settings).unwrap_or_default() {
+            settings.push_str(&format!("{name} {value}\n"));
+        }
+        settings.push_str(&format!(
+            "sentinel monitor {master} 127.0.0.1 {primary} {quorum}\n\
+             sentinel down-after-milliseconds {master} 1000\n\
+             sentinel failover-timeout {master} 3000\n\
+             sentinel parallel-syncs {master} 1\n"
+        ));
+        std::fs::write(&conf, settings).unwrap();
         let server = Command::new("redis-server")
             .arg(&conf)
             .arg("--sentinel")
@@ -966,7 +1066,12 @@ impl PrivateSentinel {
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server runs (scripts/install-deps.sh installs it)");
-        let mut sentinel = PrivateSentinel { dir, server, port };
+        let mut sentinel = PrivateSentinel {
+            dir,
+            server,
+            port,
+            tls,
+        };
         let answers = poll(Duration::from_secs(30), || {
             if let Some(exit) = sentinel.server.try_wait().unwrap() {
                 panic!("the sentinel exited ({exit}):\n{}", sentinel.log());
@@ -978,9 +1083,11 @@ impl PrivateSentinel {
         sentinel
     }
 
-    /// `host:port` of this sentinel, as a Sentinel URL lists it.
+    /// `host:port` of this sentinel, as a Sentinel URL lists it: its TLS port, when it has
+    /// one.
     pub fn address(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        let port = self.tls.as_ref().map_or(self.port, |tls| tls.port);
+        format!("127.0.0.1:{port}")
     }
 
     /// The port of the primary this sentinel names for `master` now, if it names one.

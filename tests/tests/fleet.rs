@@ -76,6 +76,30 @@ struct Fleet {
 const DEFAULT_POOL: &str = "default";
 
 impl Fleet {
+    /// Gives the fleet's processes, and the test's own connections, the client certificate
+    /// and CA of `scripts/services.sh`'s TLS servers (`FLEETRUN_TLS_*`).
+    fn use_test_certificates(&mut self) {
+        let dir = services::tls_dir();
+        let files = fleetrun_common::tls::TlsFiles {
+            ca_file: Some(dir.join("ca.pem")),
+            cert_file: Some(dir.join("client.pem")),
+            key_file: Some(dir.join("client.key")),
+        };
+        self.tls = files
+            .load()
+            .expect("the test certificates (scripts/services.sh start)");
+        for (name, file) in [
+            ("FLEETRUN_TLS_CA_FILE", "ca.pem"),
+            ("FLEETRUN_TLS_CERT_FILE", "client.pem"),
+            ("FLEETRUN_TLS_KEY_FILE", "client.key"),
+        ] {
+            let path = dir.join(file).display().to_string();
+            self.extra_env.push((name.to_owned(), path));
+        }
+    }
+}
+
+impl Fleet {
     fn new(script: &str) -> Fleet {
         Fleet::on_pool(script, format!("t{}", random_suffix()))
     }

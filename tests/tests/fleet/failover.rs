@@ -15,6 +15,11 @@ const MINI_BATCHES: usize = 200;
 /// `redis_url`, calls `fail_over` a third of the way in, and checks that the job completes
 /// with every line once.
 fn completes_through(redis_url: String, fail_over: impl FnOnce()) {
+    completes_through_on(redis_url, false, fail_over);
+}
+
+/// [`completes_through`], the fleet's processes given the test certificates when `tls`.
+fn completes_through_on(redis_url: String, tls: bool, fail_over: impl FnOnce()) {
     let markers = tempfile::tempdir().unwrap();
     let runs = markers.path().join("runs");
     let script = format!(
@@ -22,6 +27,9 @@ fn completes_through(redis_url: String, fail_over: impl FnOnce()) {
         runs.display().to_string()
     );
     let mut fleet = Fleet::new(&script);
+    if tls {
+        fleet.use_test_certificates();
+    }
     fleet.redis_url = redis_url;
     fleet.know_pool(&fleet.pool);
     let files = MINI_BATCHES * 10;
@@ -95,6 +103,32 @@ fn a_job_completes_when_sentinel_fails_its_redis_over() {
             "the sentinels to promote the replica",
             Duration::from_secs(60),
             || sentinels[0].primary(master) == Some(replica.port()),
+        );
+    });
+}
+
+/// The same over TLS (`rediss+sentinel://`): the primary, its replica and three sentinels all
+/// speak TLS and want the fleet's client certificate, and replicate and watch each other over
+/// TLS; the workers ask the sentinels over TLS and follow the promoted replica.
+#[test]
+fn a_job_completes_when_sentinel_fails_its_redis_over_all_over_tls() {
+    let master = "ledger";
+    let mut primary = PrivateRedis::with_tls(&services::tls_dir());
+    let replica = PrivateRedis::tls_replica_of(&primary);
+    let sentinels: Vec<PrivateSentinel> = (0..3)
+        .map(|_| PrivateSentinel::watch_tls(master, &primary, 2))
+        .collect();
+    let listed: Vec<String> = sentinels.iter().map(PrivateSentinel::address).collect();
+    let url = format!("rediss+sentinel://{}/{master}", listed.join(","));
+    completes_through_on(url, true, || {
+        replica.freeze();
+        std::thread::sleep(Duration::from_millis(1500));
+        primary.kill();
+        replica.thaw();
+        wait_for(
+            "the sentinels to promote the replica",
+            Duration::from_secs(60),
+            || sentinels[0].primary(master) == Some(replica.tls_port()),
         );
     });
 }

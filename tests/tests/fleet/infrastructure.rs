@@ -2,7 +2,6 @@
 //! CA and client certificates, and a RabbitMQ cluster named as a list of URLs, whose lost
 //! node costs a reconnection to the next node of the list, never a line.
 
-use fleetrun_common::tls::TlsFiles;
 use fleetrun_tests::PrivateRabbitCluster;
 
 use super::*;
@@ -55,23 +54,7 @@ fn a_three_node_cluster_losing_its_first_node_mid_job_loses_and_duplicates_nothi
 fn a_job_over_amqps_and_rediss_with_client_certificates_runs_every_line_once_and_shows_no_password()
 {
     let mut fleet = Fleet::new(ECHO);
-    let dir = services::tls_dir();
-    let files = TlsFiles {
-        ca_file: Some(dir.join("ca.pem")),
-        cert_file: Some(dir.join("client.pem")),
-        key_file: Some(dir.join("client.key")),
-    };
-    fleet.tls = files
-        .load()
-        .expect("the test certificates (scripts/services.sh start)");
-    for (name, file) in [
-        ("FLEETRUN_TLS_CA_FILE", "ca.pem"),
-        ("FLEETRUN_TLS_CERT_FILE", "client.pem"),
-        ("FLEETRUN_TLS_KEY_FILE", "client.key"),
-    ] {
-        let path = dir.join(file).display().to_string();
-        fleet.extra_env.push((name.to_owned(), path));
-    }
+    fleet.use_test_certificates();
     fleet.amqp_url = services::amqps_url();
     fleet.redis_url = services::rediss_url();
     fleet.management_url = None;
