@@ -8,6 +8,7 @@
 //!   primary (calls on the old one fail, and are retried, as on any lost connection). The
 //!   user and password are the primary's; the sentinels are asked without them.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
@@ -60,12 +61,17 @@ pub(crate) fn connect_error(
 #[derive(Clone)]
 pub(crate) struct Connection {
     current: Arc<RwLock<Primary>>,
+    /// How many connections to the primary are kept (see [`Connection::open`]).
+    lanes: usize,
+    /// Which connection the next call takes.
+    next: Arc<AtomicUsize>,
 }
 
 struct Primary {
     /// `host:port`, as the sentinels name it (empty for a direct URL).
     address: String,
-    manager: ConnectionManager,
+    /// One per lane.
+    managers: Vec<ConnectionManager>,
 }
 
 /// Where the primary is found.
@@ -86,46 +92,61 @@ struct Sentinel {
 }
 
 impl Connection {
-    /// Connects to the primary `url` names (see the module's URL forms).
+    /// Connects to the primary `url` names (see the module's URL forms) `lanes` times: each
+    /// call takes the next connection in turn. A command that blocks its connection (the
+    /// `WAIT` that follows every replicated write) holds up only the calls behind it on its
+    /// own lane, so concurrent writes wait for the replicas side by side.
     pub(crate) async fn open(
         url: &str,
         tls: &Tls,
         config: ConnectionManagerConfig,
+        lanes: usize,
     ) -> RedisResult<Connection> {
+        let lanes = lanes.max(1);
         let sentinel = match parse(url)? {
             Endpoint::Direct(url) => {
-                let manager = client(&url, tls)?
-                    .get_connection_manager_with_config(config)
-                    .await?;
+                let client = client(&url, tls)?;
+                let mut managers = Vec::with_capacity(lanes);
+                for _ in 0..lanes {
+                    managers.push(
+                        client
+                            .get_connection_manager_with_config(config.clone())
+                            .await?,
+                    );
+                }
                 let primary = Primary {
                     address: String::new(),
-                    manager,
+                    managers,
                 };
-                return Ok(Connection {
-                    current: Arc::new(RwLock::new(primary)),
-                });
+                return Ok(Connection::of(primary, lanes));
             }
             Endpoint::Sentinel(sentinel) => sentinel,
         };
         let address = sentinel.ask(tls).await?;
-        let manager = sentinel.connect(&address, tls, config.clone()).await?;
-        let current = Arc::new(RwLock::new(Primary { address, manager }));
+        let managers = sentinel.connect(&address, tls, &config, lanes).await?;
+        let connection = Connection::of(Primary { address, managers }, lanes);
         tokio::spawn(follow(
             sentinel,
             tls.clone(),
             config,
-            Arc::downgrade(&current),
+            lanes,
+            Arc::downgrade(&connection.current),
         ));
-        Ok(Connection { current })
+        Ok(connection)
     }
 
-    /// The connection to the primary as last known.
+    fn of(primary: Primary, lanes: usize) -> Connection {
+        Connection {
+            current: Arc::new(RwLock::new(primary)),
+            lanes,
+            next: Arc::default(),
+        }
+    }
+
+    /// A connection to the primary as last known: the next lane's.
     pub(crate) fn get(&self) -> ConnectionManager {
-        self.current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .manager
-            .clone()
+        let lane = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes;
+        self.current.read().unwrap_or_else(|p| p.into_inner()).managers[lane].clone()
     }
 }
 
@@ -135,6 +156,7 @@ async fn follow(
     sentinel: Sentinel,
     tls: Tls,
     config: ConnectionManagerConfig,
+    lanes: usize,
     current: Weak<RwLock<Primary>>,
 ) {
     let mut ticks = tokio::time::interval(FOLLOW);
@@ -157,10 +179,10 @@ async fn follow(
                 continue;
             }
         };
-        match sentinel.connect(&address, &tls, config.clone()).await {
-            Ok(manager) => {
+        match sentinel.connect(&address, &tls, &config, lanes).await {
+            Ok(managers) => {
                 info!(master = %sentinel.master, from = %known, to = %address, "The Redis primary moved; following it.");
-                *current.write().unwrap_or_else(|p| p.into_inner()) = Primary { address, manager };
+                *current.write().unwrap_or_else(|p| p.into_inner()) = Primary { address, managers };
             }
             Err(e) => {
                 warn!(master = %sentinel.master, to = %address, error = %e, "The new Redis primary does not answer yet; asking again.");
@@ -209,17 +231,26 @@ impl Sentinel {
         }))
     }
 
+    /// `lanes` connections to the primary at `address`.
     async fn connect(
         &self,
         address: &str,
         tls: &Tls,
-        config: ConnectionManagerConfig,
-    ) -> RedisResult<ConnectionManager> {
+        config: &ConnectionManagerConfig,
+        lanes: usize,
+    ) -> RedisResult<Vec<ConnectionManager>> {
         let scheme = if self.tls { "rediss" } else { "redis" };
         let url = format!("{scheme}://{}{address}/{}", self.credentials, self.db);
-        client(&url, tls)?
-            .get_connection_manager_with_config(config)
-            .await
+        let client = client(&url, tls)?;
+        let mut managers = Vec::with_capacity(lanes);
+        for _ in 0..lanes {
+            managers.push(
+                client
+                    .get_connection_manager_with_config(config.clone())
+                    .await?,
+            );
+        }
+        Ok(managers)
     }
 }
 
