@@ -46,6 +46,7 @@ mod attempt;
 mod context;
 pub mod environment;
 mod finish;
+mod fit;
 mod holder;
 pub(crate) mod holding;
 mod isolate;
