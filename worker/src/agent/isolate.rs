@@ -448,14 +448,14 @@ fn piece_note(found: &Found, why: Why, items: u64, first_cause: &str) -> String 
     } else {
         format!("; the first: {first_cause}")
     };
+    let runs = found.runs;
     let memory = format!(
-        "in pieces of at most {} items, out of GPU memory {} times",
+        "in pieces of at most {} items: {runs} runs, {} out of GPU memory",
         found.largest, found.ran_out
     );
-    let runs = found.runs;
     match why {
         Why::OutOfMemory => {
-            format!("{memory}, {runs} runs; {failed} of {items} items failed alone{first}")
+            format!("{memory}; {failed} of {items} items failed alone{first}")
         }
         Why::Failed if found.ran_out > 0 => {
             format!(

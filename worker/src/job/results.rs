@@ -158,10 +158,10 @@ mod tests {
         let rows: Vec<String> = [
             "0,1,out_of_gpu_memory,10,0,0,0,process000,t,1.0,1.0,CUDA out of memory.",
             "0,1,out_of_gpu_memory,5,0,0,0,process000,t,1.0,1.0,CUDA out of memory.",
-            "0,1,split,10,10,0,0,process000,t,,,\"in pieces of at most 3 items, out of GPU memory 1 times, 5 runs; 0 of 10 items failed alone\"",
+            "0,1,split,10,10,0,0,process000,t,,,\"in pieces of at most 3 items: 5 runs, 1 out of GPU memory; 0 of 10 items failed alone\"",
             "1,1,raised,10,0,0,0,process000,t,1.0,1.0,ValueError: no",
-            "2,1,split,10,10,0,0,process000,t,,,in pieces of at most 4 items, out of GPU memory 0 times",
-            "3,1,split,10,10,0,0,process000,t,,,in pieces of at most 3 items, out of GPU memory 0 times",
+            "2,1,split,10,10,0,0,process000,t,,,in pieces of at most 4 items: 4 runs, 1 out of GPU memory; 0 of 10 items failed alone",
+            "3,1,split,10,10,0,0,process000,t,,,in pieces of at most 3 items: 4 runs, 0 out of GPU memory; 0 of 10 items failed alone",
         ]
         .map(String::from)
         .to_vec();
