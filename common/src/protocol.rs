@@ -204,6 +204,73 @@ pub struct ScriptError {
     pub message: String,
     /// The full traceback text.
     pub traceback: String,
+    /// What the error says of its cause, as the runner read it off the exception.
+    #[serde(default)]
+    pub cause: ErrorCause,
+}
+
+impl ScriptError {
+    /// An error whose cause is the script's, shaped like an exception without traceback.
+    pub fn plain(message: String) -> ScriptError {
+        ScriptError {
+            traceback: format!("{message}\n"),
+            message,
+            cause: ErrorCause::Script,
+        }
+    }
+}
+
+/// Why `run()` raised, as far as fleetrun tells causes apart: the agent splits a mini-batch
+/// that ran out of GPU memory instead of charging it an attempt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCause {
+    /// Anything else: the script's error, charged to the mini-batch.
+    #[default]
+    Script,
+    /// The accelerator's memory ran out (see [`ErrorCause::of`]).
+    OutOfMemory,
+}
+
+/// The exception classes that are a GPU out-of-memory error, by qualified name: PyTorch's
+/// (`torch.cuda.OutOfMemoryError` before 2.5, `torch.OutOfMemoryError` since), CuPy's, and
+/// TensorFlow's `ResourceExhaustedError` (also raised for host memory, which halving helps
+/// just the same).
+const OUT_OF_MEMORY_CLASSES: [&str; 5] = [
+    "torch.OutOfMemoryError",
+    "torch.cuda.OutOfMemoryError",
+    "cupy.cuda.memory.OutOfMemoryError",
+    "tensorflow.python.framework.errors_impl.ResourceExhaustedError",
+    "tensorflow.errors.ResourceExhaustedError",
+];
+
+/// What an out-of-memory error's message says, for the libraries whose class does not tell:
+/// PyTorch before 1.13 (`RuntimeError: CUDA out of memory.`), its ROCm build, a CUDA error
+/// raised from a kernel launch, TensorFlow's op errors, and XLA's (JAX's
+/// `XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate …`).
+const OUT_OF_MEMORY_MESSAGES: [&str; 5] = [
+    "CUDA out of memory",
+    "HIP out of memory",
+    "CUDA error: out of memory",
+    "OOM when allocating tensor",
+    "RESOURCE_EXHAUSTED: Out of memory",
+];
+
+impl ErrorCause {
+    /// The cause of an exception whose class and its bases (its MRO, each qualified as
+    /// `module.QualName`) are `classes` and whose `str()` is `text`: out of memory when
+    /// one of the classes is a known out-of-memory class, or the text holds a known
+    /// out-of-memory message. A script's own `MemoryError` is not: it is host memory,
+    /// and usually a bug rather than a size.
+    pub fn of<'a>(classes: impl IntoIterator<Item = &'a str>, text: &str) -> ErrorCause {
+        let mut classes = classes.into_iter();
+        if classes.any(|class| OUT_OF_MEMORY_CLASSES.contains(&class))
+            || OUT_OF_MEMORY_MESSAGES.iter().any(|m| text.contains(m))
+        {
+            ErrorCause::OutOfMemory
+        } else {
+            ErrorCause::Script
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
@@ -386,5 +453,54 @@ mod tests {
     #[test]
     fn oversized_frames_are_refused() {
         assert!(check_len(u32::MAX).is_err());
+    }
+
+    #[test]
+    fn out_of_memory_is_told_by_class_or_message() {
+        let oom = ErrorCause::OutOfMemory;
+        // PyTorch 2.x: its class, whatever its message.
+        let torch = ["torch.OutOfMemoryError", "builtins.RuntimeError"];
+        assert_eq!(ErrorCause::of(torch, "Tried to allocate 2.00 GiB"), oom);
+        let torch_cuda = ["torch.cuda.OutOfMemoryError", "builtins.RuntimeError"];
+        assert_eq!(ErrorCause::of(torch_cuda, ""), oom);
+        let cupy = ["cupy.cuda.memory.OutOfMemoryError", "builtins.MemoryError"];
+        assert_eq!(
+            ErrorCause::of(cupy, "Out of memory allocating 512 bytes"),
+            oom
+        );
+        let tf = [
+            "tensorflow.python.framework.errors_impl.ResourceExhaustedError",
+            "tensorflow.python.framework.errors_impl.OpError",
+        ];
+        assert_eq!(ErrorCause::of(tf, "{{function_node}}"), oom);
+        // Older PyTorch, JAX/XLA and TensorFlow's op messages: the message.
+        let runtime = ["builtins.RuntimeError", "builtins.Exception"];
+        let old_torch = "CUDA out of memory. Tried to allocate 20.00 MiB";
+        assert_eq!(ErrorCause::of(runtime, old_torch), oom);
+        let xla = [
+            "jaxlib.xla_extension.XlaRuntimeError",
+            "builtins.RuntimeError",
+        ];
+        let xla_text =
+            "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8589934592 bytes.";
+        assert_eq!(ErrorCause::of(xla, xla_text), oom);
+        let op = "OOM when allocating tensor with shape[1024,1024]";
+        assert_eq!(ErrorCause::of(runtime, op), oom);
+    }
+
+    #[test]
+    fn other_errors_are_the_scripts() {
+        let script = ErrorCause::Script;
+        let value = ["builtins.ValueError", "builtins.Exception"];
+        assert_eq!(ErrorCause::of(value, "cannot score 'bad.png'"), script);
+        // Host memory, and a class that only shares the name.
+        let memory = ["builtins.MemoryError", "builtins.Exception"];
+        assert_eq!(ErrorCause::of(memory, ""), script);
+        let own = ["score.OutOfMemoryError", "builtins.RuntimeError"];
+        assert_eq!(ErrorCause::of(own, "my cache is full"), script);
+        // An error from a frame older than the cause: it reads as the script's.
+        let frame = std::collections::BTreeMap::from([("message", "m"), ("traceback", "t")]);
+        let old: ScriptError = decode(&encode(&frame).unwrap()).unwrap();
+        assert_eq!(old.cause, script);
     }
 }

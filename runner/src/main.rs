@@ -63,10 +63,7 @@ fn run() -> i32 {
     match launch(channel, &params) {
         Ok(code) => code,
         Err(Refused { mut channel, why }) => {
-            let error = ScriptError {
-                message: why.clone(),
-                traceback: format!("{why}\n"),
-            };
+            let error = ScriptError::plain(why);
             match write_frame(&mut channel, &Reply::InitFailed(error)) {
                 Ok(()) => EXIT_INIT_FAILED,
                 Err(e) => {

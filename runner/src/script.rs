@@ -9,10 +9,10 @@ use std::time::Instant;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyModule, PyString, PyTraceback};
+use pyo3::types::{PyDict, PyList, PyModule, PyString, PyTraceback, PyType};
 
 use crate::protocol::{
-    InitParams, ReadyInfo, RunContext, ScriptError, StagedTable, TabularInit, Timing,
+    ErrorCause, InitParams, ReadyInfo, RunContext, ScriptError, StagedTable, TabularInit, Timing,
 };
 use crate::rows::{self, Returned};
 
@@ -358,10 +358,7 @@ impl LoadError {
 
 /// A failure that is not a Python exception, shaped like an exception without traceback.
 pub fn plain_error(message: String) -> ScriptError {
-    ScriptError {
-        traceback: format!("{message}\n"),
-        message,
-    }
+    ScriptError::plain(message)
 }
 
 fn install_helpers<'py>(py: Python<'py>, params: &InitParams) -> PyResult<Bound<'py, PyModule>> {
@@ -439,7 +436,38 @@ pub fn script_error(py: Python<'_>, err: &PyErr) -> ScriptError {
         format!("{kind}: {text}")
     };
     let traceback = format_exception(py, err).unwrap_or_else(|_| format!("{message}\n"));
-    ScriptError { message, traceback }
+    let classes = mro_names(py, err);
+    let cause = ErrorCause::of(classes.iter().map(String::as_str), &text);
+    ScriptError {
+        message,
+        traceback,
+        cause,
+    }
+}
+
+/// The qualified names of the exception's class and its bases (`torch.OutOfMemoryError`,
+/// `builtins.RuntimeError`, …), for [`ErrorCause::of`]; empty where they cannot be read.
+fn mro_names(py: Python<'_>, err: &PyErr) -> Vec<String> {
+    let Ok(mro) = err.get_type(py).getattr("__mro__") else {
+        return Vec::new();
+    };
+    let Ok(classes) = mro.try_iter() else {
+        return Vec::new();
+    };
+    classes
+        .flatten()
+        .filter_map(|class| {
+            let class = class.cast_into::<PyType>().ok()?;
+            let name = class.fully_qualified_name().ok()?;
+            let name = name.to_string_lossy().into_owned();
+            // The builtins' names are written bare; the rules name them qualified.
+            Some(if name.contains('.') {
+                name
+            } else {
+                format!("builtins.{name}")
+            })
+        })
+        .collect()
 }
 
 fn format_exception(py: Python<'_>, err: &PyErr) -> PyResult<String> {

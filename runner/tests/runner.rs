@@ -9,7 +9,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use fleetrun_common::protocol::{
-    InitParams, ReadyInfo, Reply, Request, ScriptError, Timing, read_frame, write_frame,
+    ErrorCause, InitParams, ReadyInfo, Reply, Request, ScriptError, Timing, read_frame, write_frame,
 };
 use fleetrun_tests::pyenv_python;
 use tempfile::TempDir;
@@ -538,6 +538,49 @@ fn an_exception_in_run_fails_the_batch_and_the_runner_keeps_serving() {
             .ends_with("ValueError: cannot score 'bad.png'\n")
     );
     assert_eq!(runner.rows(&["good.png"]), strings(&["good.png ok"]));
+    assert!(runner.shutdown().success());
+}
+
+/// The runner tells a GPU out-of-memory error by the exception's classes (its MRO, so a
+/// subclass counts) or its message, and any other error is the script's.
+#[test]
+fn an_out_of_memory_error_is_told_apart_by_its_class_or_message() {
+    let job = Job::new();
+    let script = job.write(
+        "score.py",
+        r#"
+        class OutOfMemoryError(RuntimeError):
+            pass
+
+        # As torch 2.5 and later name it, without torch.
+        OutOfMemoryError.__module__ = "torch"
+
+        class Ours(OutOfMemoryError):
+            pass
+
+        def run(mini_batch):
+            kind = mini_batch[0]
+            if kind == "class":
+                raise Ours("Tried to allocate 2.00 GiB")
+            if kind == "message":
+                raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB")
+            if kind == "xla":
+                raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8 bytes.")
+            raise MemoryError("host memory")
+        "#,
+    );
+    let (mut runner, _) = job.ready(&job.params(&script));
+    for kind in ["class", "message", "xla"] {
+        let error = runner.failure(&[kind]);
+        assert_eq!(
+            error.cause,
+            ErrorCause::OutOfMemory,
+            "{kind}: {}",
+            error.message
+        );
+    }
+    let error = runner.failure(&["host"]);
+    assert_eq!(error.cause, ErrorCause::Script, "{}", error.message);
     assert!(runner.shutdown().success());
 }
 

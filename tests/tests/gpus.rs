@@ -98,3 +98,54 @@ fn two_gpus_four_processes_and_process_0_killed() {
         assert!(started.ends_with(&format!(", {gpu}.")), "{started}");
     }
 }
+
+/// Writes down its `CUDA_VISIBLE_DEVICES` in `init()`; its first `run()` waits (at most a
+/// minute) until both runners have, so both start; echoes.
+const SEEN_DEVICES: &str = r#"
+import os, time
+SEEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seen")
+WAITED = False
+
+def init():
+    os.makedirs(SEEN, exist_ok=True)
+    name = os.environ["FLEETRUN_PROCESS_NAME"]
+    tmp = os.path.join(SEEN, name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(os.environ.get("CUDA_VISIBLE_DEVICES", "none"))
+    os.rename(tmp, os.path.join(SEEN, name))
+
+def run(mini_batch):
+    global WAITED
+    deadline = time.time() + 60
+    while not WAITED and time.time() < deadline:
+        if len([n for n in os.listdir(SEEN) if not n.endswith(".tmp")]) >= 2:
+            break
+        time.sleep(0.02)
+    WAITED = True
+    return [open(p).read() for p in mini_batch]
+"#;
+
+/// A worker started with `CUDA_VISIBLE_DEVICES=2,3` hands its two runners 2 and 3, never a
+/// GPU outside the mask, and counts two GPUs.
+#[test]
+fn an_inherited_mask_is_what_two_runners_are_handed() {
+    let job = JobDir::new(
+        SEEN_DEVICES,
+        "mini_batch_size = 1\nprocess_count_per_node = 2",
+    );
+    job.inputs(20);
+    let mut cmd = job.command(&[]);
+    cmd.env_remove("FLEETRUN_GPU_COUNT")
+        .env("CUDA_VISIBLE_DEVICES", "2,3");
+    let out = output_within(&mut cmd, std::time::Duration::from_secs(240));
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(job.output_lines(), expected_lines(20, |_| false));
+    let seen = |process: &str| std::fs::read_to_string(job.path("seen").join(process)).ok();
+    let main = job.log("sys/node/0/_main.txt");
+    assert_eq!(seen("process000").as_deref(), Some("2"), "{main}");
+    assert_eq!(seen("process001").as_deref(), Some("3"), "{main}");
+    assert!(
+        main.contains("2 GPU(s) (CUDA_VISIBLE_DEVICES=2,3)."),
+        "{main}"
+    );
+}

@@ -222,6 +222,138 @@ fn three_poison_files_among_a_thousand_cost_only_themselves() {
     );
 }
 
+/// Raises a PyTorch-style CUDA out-of-memory error (a `RuntimeError` subclass named as
+/// torch's) whenever a mini-batch holds more than three files, or holds the file `$ALONE`;
+/// records the size of every call.
+const OUT_OF_MEMORY: &str = r#"
+import os
+
+class OutOfMemoryError(RuntimeError):
+    pass
+
+# What `torch.cuda.OutOfMemoryError` reads as, without torch.
+OutOfMemoryError.__module__ = "torch.cuda"
+
+ALONE = os.environ.get("ALONE")
+
+def run(mini_batch):
+    names = [open(p).read() for p in mini_batch]
+    with open(os.environ["CALLS"], "a") as calls:
+        calls.write(f"{len(names)}\n")
+    if len(names) > 3 or ALONE in names:
+        raise OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity)"
+        )
+    return names
+"#;
+
+/// A job whose `run()` runs out of GPU memory above three files, in mini-batches of ten.
+fn out_of_memory_job(calls: &std::path::Path, alone: Option<&str>) -> JobDir {
+    let alone = alone.map_or_else(String::new, |a| format!(", ALONE = \"{a}\""));
+    let settings = format!(
+        "mini_batch_size = 10\nprocess_count_per_node = 1\nenvironment_variables = {{ CALLS = \"{}\"{alone} }}",
+        calls.display()
+    );
+    JobDir::new(OUT_OF_MEMORY, &settings)
+}
+
+/// Issue #31's out-of-memory case: 200 files, `mini_batch_size = 10`, a `run()` that runs out
+/// of GPU memory above 3 items. The job completes with every line once and nothing failed;
+/// no attempt is spent (so no mini-batch tries its full size `run_max_try` times), and the
+/// node remembers the size that fits: `run()` is handed at most 300 items in all (1,000
+/// before), the report shows the size settling at 3, and the runs out of memory are
+/// counted apart from the script's errors.
+#[test]
+fn out_of_gpu_memory_splits_mini_batches_to_the_size_that_fits() {
+    let calls = tempfile::NamedTempFile::new().unwrap();
+    let job = out_of_memory_job(calls.path(), None);
+    job.inputs(200);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(job.output_lines(), expected_lines(200, |_| false));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("200 items succeeded, 0 failed"), "{stdout}");
+    let sizes: Vec<usize> = std::fs::read_to_string(calls.path())
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let handed: usize = sizes.iter().sum();
+    eprintln!("run() was handed {handed} items in {} calls", sizes.len());
+    assert!(handed <= 300, "run() was handed {handed} items: {sizes:?}");
+    assert_full_size_only_before_the_first_piece(&sizes);
+    let report = job.log("sys/job_report/processed_mini-batches.csv");
+    let rows = |result: &str| {
+        let column = format!(",{result},");
+        report.lines().filter(|l| l.contains(&column)).count()
+    };
+    assert_eq!(rows("raised"), 0, "{report}");
+    let ran_out = rows("out_of_gpu_memory");
+    assert_eq!(
+        ran_out,
+        sizes.iter().filter(|s| **s > 3).count(),
+        "{report}"
+    );
+    // Every mini-batch ran in pieces (one row each), the last ones at the size that fits.
+    let split: Vec<&str> = report.lines().filter(|l| l.contains(",split,")).collect();
+    assert_eq!(split.len(), 20, "{report}");
+    assert!(
+        split[10..]
+            .iter()
+            .all(|row| row.contains("in pieces of at most 3 items")),
+        "{report}"
+    );
+    let result = job.log("job_result.txt");
+    assert!(
+        result.contains(&format!(
+            "Out of GPU memory: {ran_out} run() calls (not script errors); 20 mini-batches ran in pieces, the last in pieces of at most 3 items"
+        )),
+        "{result}"
+    );
+    assert!(job.log("job_error.txt").starts_with("Script errors: 0\n"));
+    assert!(
+        !job.path("out/logs/failed_items.csv").exists(),
+        "no item failed"
+    );
+}
+
+/// An item that runs out of GPU memory alone fails as such, and is the only one charged.
+#[test]
+fn an_item_that_runs_out_of_gpu_memory_alone_is_the_only_failure() {
+    let calls = tempfile::NamedTempFile::new().unwrap();
+    let job = out_of_memory_job(calls.path(), Some("f0042"));
+    job.inputs(60);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(job.output_lines(), expected_lines(60, |i| i == 42));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("59 items succeeded, 1 failed"), "{stdout}");
+    let failed = job.log("failed_items.csv");
+    let listed: Vec<&str> = failed.lines().skip(1).collect();
+    assert_eq!(listed.len(), 1, "{failed}");
+    assert!(
+        listed[0].contains("/f0042.txt,4,1,out of GPU memory alone: torch.cuda.OutOfMemoryError: CUDA out of memory."),
+        "{failed}"
+    );
+    // The item's mini-batch spent no attempt: none was tried again whole.
+    let sizes: Vec<usize> = std::fs::read_to_string(calls.path())
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_full_size_only_before_the_first_piece(&sizes);
+}
+
+/// The full size of ten runs only before the first smaller call: those already sent to
+/// the runner when the first one ran out; after it the node remembers the size that fits.
+fn assert_full_size_only_before_the_first_piece(sizes: &[usize]) {
+    let first_piece = sizes.iter().position(|s| *s < 10).unwrap();
+    assert!(
+        !sizes[first_piece..].contains(&10),
+        "the full size ran after the node learned a smaller one: {sizes:?}"
+    );
+}
+
 /// `isolate_failures = false` keeps ParallelRunStep's behaviour: the poisoned mini-batches
 /// fail whole.
 #[test]

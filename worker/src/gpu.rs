@@ -7,6 +7,10 @@
 //! fewest processes share (the lowest on a tie). ParallelRunStep leaves such processes
 //! without `CUDA_VISIBLE_DEVICES`, so they see every GPU and crowd the first one; fleetrun
 //! never lets a process see every GPU by accident (docs/contract.md §3).
+//!
+//! A worker started with `CUDA_VISIBLE_DEVICES` set hands out only what it lists: its
+//! entries are the node's GPUs, in order (indexes such as `2,3`, or the UUIDs of GPUs and
+//! MIG instances), and runner processes get entries, never devices outside them.
 
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -17,6 +21,44 @@ pub const GPU_COUNT_VAR: &str = "FLEETRUN_GPU_COUNT";
 /// ParallelRunStep's name for the node's GPU count, set beside [`GPU_COUNT_VAR`] so that its
 /// scripts read it unchanged.
 pub const AZ_GPU_COUNT_VAR: &str = "AZ_BATCHAI_GPU_COUNT_FOUND";
+
+/// The variable that masks the GPUs a CUDA process sees, inherited by a worker and set for
+/// each runner.
+pub const VISIBLE_DEVICES_VAR: &str = "CUDA_VISIBLE_DEVICES";
+
+/// The entries of the `CUDA_VISIBLE_DEVICES` this worker inherited, when it was set: the
+/// only GPUs its runners may be handed. Read once per process.
+pub fn inherited_mask() -> Option<&'static [String]> {
+    static MASK: OnceLock<Option<Vec<String>>> = OnceLock::new();
+    MASK.get_or_init(|| {
+        std::env::var(VISIBLE_DEVICES_VAR)
+            .ok()
+            .map(|v| mask_entries(&v))
+    })
+    .as_deref()
+}
+
+/// The entries of a `CUDA_VISIBLE_DEVICES` value: `2, 3` is `2` and `3`; empty is none.
+fn mask_entries(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// What each of `count` GPU indexes puts in a runner's `CUDA_VISIBLE_DEVICES`: the entry of
+/// the inherited `mask` at that index (taken round-robin when the configured count exceeds
+/// the mask's entries, so nothing outside the mask is ever handed out), else the index.
+pub fn visible_devices(count: usize, mask: Option<&[String]>) -> Vec<String> {
+    match mask {
+        Some(mask) if !mask.is_empty() => {
+            (0..count).map(|i| mask[i % mask.len()].clone()).collect()
+        }
+        _ => (0..count).map(|i| i.to_string()).collect(),
+    }
+}
 
 /// What a node found out about its GPUs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,7 +97,7 @@ pub fn detect() -> &'static Detected {
     static DETECTED: OnceLock<Detected> = OnceLock::new();
     DETECTED.get_or_init(|| {
         let configured = std::env::var(GPU_COUNT_VAR).ok();
-        detect_with(configured.as_deref(), nvml_gpus)
+        detect_with(configured.as_deref(), inherited_mask(), nvml_gpus)
     })
 }
 
@@ -64,9 +106,10 @@ pub fn detect_gpus() -> usize {
     detect().count
 }
 
-/// [`detect`] with the configured count and the NVML query given.
+/// [`detect`] with the configured count, the inherited mask and the NVML query given.
 fn detect_with(
     configured: Option<&str>,
+    mask: Option<&[String]>,
     nvml: impl FnOnce() -> Result<Vec<String>, String>,
 ) -> Detected {
     if let Some(count) = configured.and_then(|v| v.trim().parse().ok()) {
@@ -74,6 +117,14 @@ fn detect_with(
             count,
             names: Vec::new(),
             source: format!("{GPU_COUNT_VAR}={count}"),
+        };
+    }
+    if let Some(mask) = mask {
+        // NVML counts every GPU of the machine, the mask only this worker's.
+        return Detected {
+            count: mask.len(),
+            names: Vec::new(),
+            source: format!("{VISIBLE_DEVICES_VAR}={}", mask.join(",")),
         };
     }
     match nvml() {
@@ -108,6 +159,8 @@ fn nvml_gpus() -> Result<Vec<String>, String> {
 #[derive(Debug)]
 pub struct GpuPool {
     state: Mutex<Indexes>,
+    /// What each index puts in `CUDA_VISIBLE_DEVICES` (see [`visible_devices`]).
+    devices: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -127,12 +180,20 @@ pub struct GpuLease {
 }
 
 impl GpuPool {
+    /// A pool of `count` GPUs, each index its own device.
     pub fn new(count: usize) -> Arc<GpuPool> {
+        GpuPool::with_devices(visible_devices(count, None))
+    }
+
+    /// A pool of the GPUs `devices` (each an entry of `CUDA_VISIBLE_DEVICES`), by index.
+    pub fn with_devices(devices: Vec<String>) -> Arc<GpuPool> {
+        let count = devices.len();
         Arc::new(GpuPool {
             state: Mutex::new(Indexes {
                 owned: vec![false; count],
                 sharers: vec![0; count],
             }),
+            devices,
         })
     }
 
@@ -173,6 +234,12 @@ impl GpuPool {
 impl GpuLease {
     pub fn index(&self) -> usize {
         self.index
+    }
+
+    /// What the process gets in `CUDA_VISIBLE_DEVICES`: its index, or the inherited mask's
+    /// entry there.
+    pub fn device(&self) -> &str {
+        &self.pool.devices[self.index]
     }
 
     /// Whether other processes may have this index too (more processes than GPUs).
@@ -231,6 +298,35 @@ mod tests {
     }
 
     #[test]
+    fn an_inherited_mask_is_what_the_runners_get() {
+        let mask = mask_entries("2, 3");
+        let pool = GpuPool::with_devices(visible_devices(2, Some(&mask)));
+        let p0 = pool.acquire().unwrap();
+        let p1 = pool.acquire().unwrap();
+        let p2 = pool.acquire().unwrap();
+        assert_eq!([p0.device(), p1.device(), p2.device()], ["2", "3", "2"]);
+        assert!(p2.is_shared());
+        // MIG instances by UUID; a configured count above the mask stays within it.
+        let mig = mask_entries("MIG-8f1c,MIG-77aa");
+        assert_eq!(
+            visible_devices(3, Some(&mig)),
+            ["MIG-8f1c", "MIG-77aa", "MIG-8f1c"]
+        );
+        assert_eq!(visible_devices(2, None), ["0", "1"]);
+        assert_eq!(visible_devices(2, Some(&[])), ["0", "1"]);
+        // The mask is the node's GPUs, unless a count is configured.
+        let unasked = || -> Result<Vec<String>, String> { panic!("NVML asked") };
+        let masked = detect_with(None, Some(&mig), unasked);
+        assert_eq!(masked.count, 2);
+        assert_eq!(
+            masked.describe(),
+            "2 GPU(s) (CUDA_VISIBLE_DEVICES=MIG-8f1c,MIG-77aa)."
+        );
+        assert_eq!(detect_with(None, Some(&[]), unasked).count, 0);
+        assert_eq!(detect_with(Some("4"), Some(&mig), unasked).count, 4);
+    }
+
+    #[test]
     fn no_gpus_means_no_leases() {
         assert!(GpuPool::new(0).acquire().is_none());
     }
@@ -238,18 +334,20 @@ mod tests {
     #[test]
     fn the_configured_count_wins_and_nvml_missing_is_no_gpu() {
         let unasked = || -> Result<Vec<String>, String> { panic!("NVML asked") };
-        let configured = detect_with(Some(" 2 "), unasked);
+        let configured = detect_with(Some(" 2 "), None, unasked);
         assert_eq!(configured.count, 2);
         assert_eq!(configured.describe(), "2 GPU(s) (FLEETRUN_GPU_COUNT=2).");
 
-        let missing = detect_with(None, || Err("libnvidia-ml.so.1: cannot open".into()));
+        let missing = detect_with(None, None, || Err("libnvidia-ml.so.1: cannot open".into()));
         assert_eq!(missing.count, 0);
         assert_eq!(
             missing.describe(),
             "No GPU on this node (NVML: libnvidia-ml.so.1: cannot open)."
         );
 
-        let found = detect_with(Some("many"), || Ok(vec!["A100".into(), "A100".into()]));
+        let found = detect_with(Some("many"), None, || {
+            Ok(vec!["A100".into(), "A100".into()])
+        });
         assert_eq!(found.count, 2);
         assert_eq!(found.describe(), "2 GPU(s) (NVML): 0: A100, 1: A100.");
     }
@@ -257,7 +355,7 @@ mod tests {
     /// NVML answering with no GPU is 0 GPUs, said as NVML's answer.
     #[test]
     fn nvml_finding_no_gpu_is_zero_gpus() {
-        let found = detect_with(None, || Ok(Vec::new()));
+        let found = detect_with(None, None, || Ok(Vec::new()));
         assert_eq!(found.count, 0);
         assert!(found.describe().contains("NVML"), "{}", found.describe());
     }

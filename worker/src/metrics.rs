@@ -23,8 +23,10 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 /// How a `run()` attempt of a mini-batch ended, as its row of the job's report says
 /// (`processed_mini-batches.csv`), and `failed_whole` for a mini-batch recorded failed once
-/// its attempts were spent or lost.
-pub const MINI_BATCH_RESULTS: [&str; 9] = [
+/// its attempts were spent or lost. `out_of_gpu_memory` counts `run()` calls (a mini-batch's
+/// or a piece's) that ran out of GPU memory, apart from `raised`; `split` the mini-batches
+/// then run in pieces.
+pub const MINI_BATCH_RESULTS: [&str; 11] = [
     "succeeded",
     "partial",
     "raised",
@@ -34,6 +36,8 @@ pub const MINI_BATCH_RESULTS: [&str; 9] = [
     "staging_failed",
     "failed_whole",
     "isolated",
+    "out_of_gpu_memory",
+    "split",
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -49,6 +53,7 @@ pub struct Metrics {
     items_succeeded: Counter,
     items_failed: Counter,
     run_seconds: Histogram,
+    split_items: Histogram,
     runner_starts: Counter,
     runner_start_failures: Counter,
     runner_deaths: Counter,
@@ -93,6 +98,13 @@ impl Metrics {
             "Seconds each run() call took (returned or raised).",
             run_seconds.clone(),
         );
+        // 1 to 4096 items.
+        let split_items = Histogram::new(exponential_buckets(1.0, 2.0, 13));
+        registry.register(
+            "split_piece_items",
+            "For each mini-batch run in pieces because it runs out of GPU memory whole, the most items a piece of it held.",
+            split_items.clone(),
+        );
         let mut counter = |name: &str, help: &str| {
             let counter = Counter::default();
             registry.register(name, help, counter.clone());
@@ -132,6 +144,7 @@ impl Metrics {
             items_succeeded,
             items_failed,
             run_seconds,
+            split_items,
             runner_starts,
             runner_start_failures,
             runner_deaths,
@@ -151,6 +164,11 @@ impl Metrics {
             self.registry.register_collector(Box::new(collector));
         }
         self
+    }
+
+    /// Notes the most items a piece of a mini-batch run in pieces for GPU memory held.
+    pub fn split_into(&self, items: usize) {
+        self.split_items.observe(items as f64);
     }
 
     /// Counts an attempt's end by its report row's `result` (one of [`MINI_BATCH_RESULTS`];

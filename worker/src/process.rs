@@ -536,10 +536,7 @@ unsafe fn die_with_agent(agent: libc::pid_t, signal: i32) -> std::io::Result<()>
 
 fn unexpected(reply: &Reply) -> ScriptError {
     let message = format!("runner protocol error: unexpected reply {reply:?}");
-    ScriptError {
-        traceback: message.clone(),
-        message,
-    }
+    ScriptError::plain(message)
 }
 
 /// `-9` for a signal, the code otherwise: how `_main.txt` reports an exit.

@@ -342,5 +342,7 @@ fn script_error(message: &str, function: &str) -> ScriptError {
         traceback: format!(
             "Traceback (most recent call last):\n  File \"score.py\", line 1, in {function}\nException: {message}"
         ),
+        // A scripted message tells the cause as the runner would from a `RuntimeError`.
+        cause: fleetrun_common::protocol::ErrorCause::of([], message),
     }
 }

@@ -485,6 +485,77 @@ async fn one_bad_file_is_isolated_and_its_mini_batch_keeps_the_other_rows() {
     assert_eq!(flow.metric("fleetrun_items_total{result=\"failed\"}"), 1.0);
 }
 
+/// A `run()` that runs out of GPU memory above three files spends no attempt and fails no
+/// file: its mini-batch runs again at once in pieces (halved until they fit), the node
+/// keeps the size, and its next mini-batch starts in pieces of it; the report counts the
+/// runs out of memory apart from `raised`.
+#[tokio::test(start_paused = true)]
+async fn a_mini_batch_that_runs_out_of_gpu_memory_runs_in_pieces_at_the_size_that_fits() {
+    let fake = FakeLauncher::new().run(|call| {
+        if call.items.len() > 3 {
+            Run::Raise("CUDA out of memory. Tried to allocate 2.00 GiB".into())
+        } else {
+            Run::Rows
+        }
+    });
+    let settings = "mini_batch_size = 10\nrun_max_try = 1\nisolate_failures = false";
+    let mut flow = Flow::start(&fake, settings, 80, Options::default()).await;
+    let (status, _) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(counts(&status), (8, 0, 80, 0));
+    let expected: String = (0..80).map(|i| format!("f{i:02}.txt\n")).collect();
+    assert_eq!(flow.output(), expected);
+    // The whole runs out, then its first half; then pieces of 3, the rest cut afresh.
+    let sizes = |index| -> Vec<usize> {
+        let tries = fake.tries(index);
+        tries.iter().map(|t| t.call.items.len()).collect()
+    };
+    assert_eq!(sizes(0), [10, 5, 3, 3, 3, 1]);
+    // The last mini-batch starts at the size that fits (those sent to the runner ahead,
+    // before the first ran out, ran whole once).
+    assert_eq!(sizes(7), [3, 3, 3, 1]);
+    let report = flow.log(logs::REPORT_CSV);
+    // One attempt each, none spent on memory, nothing raised.
+    assert_contains(&report, "\n0,1,out_of_gpu_memory,10,0,0,");
+    assert_contains(&report, "\n0,1,split,10,10,0,");
+    assert_contains(
+        &report,
+        "in pieces of at most 3 items: 5 runs, 1 out of GPU memory;",
+    );
+    assert!(!report.contains(",raised,"), "{report}");
+    let result = |r| format!("fleetrun_mini_batches_total{{result=\"{r}\"}}");
+    assert_eq!(flow.metric(&result("raised")), 0.0);
+    assert_eq!(flow.metric(&result("split")), 8.0);
+    assert!(flow.metric(&result("out_of_gpu_memory")) >= 2.0);
+}
+
+/// A file that runs out of GPU memory alone fails as such, even where the job does not
+/// isolate failures: the other files of its mini-batch keep their rows.
+#[tokio::test(start_paused = true)]
+async fn a_file_that_runs_out_of_gpu_memory_alone_fails_alone() {
+    let fake = FakeLauncher::new().run(|call| {
+        if holds(call, "f04.txt") {
+            Run::Raise("CUDA out of memory. Tried to allocate 80.00 GiB".into())
+        } else {
+            Run::Rows
+        }
+    });
+    let settings = "mini_batch_size = 8\nisolate_failures = false";
+    let mut flow = Flow::start(&fake, settings, 8, Options::default()).await;
+    let (status, _) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Completed, "{status:?}");
+    assert_eq!(counts(&status), (1, 1, 7, 1));
+    assert_eq!(
+        flow.log(logs::FAILED_ITEMS_CSV),
+        format!(
+            "{}\nf04.txt,0,1,out of GPU memory alone: CUDA out of memory. Tried to allocate 80.00 GiB\n",
+            logs::FAILED_ITEMS_HEADER
+        )
+    );
+}
+
 /// A file whose `run()` hangs is isolated as one that raises: each run holding it is killed
 /// at `run_invocation_timeout`, a new runner takes the next piece, and only that file fails.
 #[tokio::test(start_paused = true)]

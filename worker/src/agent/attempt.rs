@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleetrun_common::ledger::{LedgerError, Outcome, Recorded};
-use fleetrun_common::protocol::{ScriptError, Timing};
+use fleetrun_common::protocol::{ErrorCause, ScriptError, Timing};
 use fleetrun_common::queue::{Delivery, Disposition};
 use fleetrun_common::wire::MiniBatch;
 use fleetrun_config::OutputAction;
@@ -24,7 +24,7 @@ use super::settle::{self, AfterFailure, Limits};
 use super::stage::{Staged, Stager};
 use super::stage_error::StageError;
 use super::unavailable::staging_unavailable;
-use super::verdict::{Isolation, Verdict, isolates};
+use super::verdict::{Isolation, Verdict, Why, divisible, isolates};
 use super::{AgentConfig, JobContext, Shared};
 use crate::logs;
 use crate::metrics::InFlight;
@@ -321,6 +321,9 @@ impl Bench {
         // A tabular mini-batch's items are the rows its DataFrame held.
         let items = given.unwrap_or(batch.items.len() as u64);
         let count = rows.len() as u64;
+        if divisible(batch) {
+            ctx.fit.ran_well(batch.items.len());
+        }
         let settled = settle::returned(count, items, spec.error_threshold);
         let outcome = settled.judged.outcome;
         if settled.judged.more {
@@ -380,9 +383,22 @@ impl Bench {
         } = attempt;
         let node = self.config().node_id.clone();
         let metrics = &self.config().metrics;
-        metrics.mini_batch("raised");
+        let out_of_memory = error.cause == ErrorCause::OutOfMemory && divisible(batch);
+        metrics.mini_batch(if out_of_memory {
+            OUT_OF_GPU_MEMORY
+        } else {
+            "raised"
+        });
         metrics.run_took(timing.run_seconds);
-        script_error(&node, ctx, &process, batch, holding.attempt, error);
+        if out_of_memory {
+            let size = ctx.fit.ran_out(batch.items.len());
+            let items = batch.items.len();
+            let log = (node.as_str(), process.as_str());
+            let then = format!("it runs again in pieces of at most {size}, its attempt not spent");
+            out_of_memory_logged(log, ctx, batch, holding.attempt, items, error, &then);
+        } else {
+            script_error(&node, ctx, &process, batch, holding.attempt, error);
+        }
         // What this attempt wrote to the named outputs is never delivered as it is.
         if let Some(before) = self.named_cutoff(ctx, &node, &process) {
             let failed = (batch.index, holding.attempt);
@@ -391,11 +407,25 @@ impl Bench {
         let row = report_row(
             batch,
             &holding,
-            "raised",
+            if out_of_memory {
+                OUT_OF_GPU_MEMORY
+            } else {
+                "raised"
+            },
             Outcome::default(),
             Some((elapsed, timing.run_seconds)),
             &error.message,
         );
+        if out_of_memory {
+            // No attempt spent: the mini-batch runs again at once, in pieces that fit.
+            holding::ended(ctx, batch.index, Some(&row), &holding, false).await;
+            return Verdict::Isolate(Box::new(Isolation {
+                ctx: ctx.clone(),
+                batch: batch.clone(),
+                attempts: holding.attempt,
+                why: Why::OutOfMemory,
+            }));
+        }
         self.failed_attempt(ctx, batch, &holding, row, &error.message)
             .await
     }
@@ -491,7 +521,7 @@ impl Bench {
 
     /// A failed attempt, its report `row` written: another try while attempts remain, else
     /// the mini-batch is isolated or fails whole (see [`settle::after_failure`]).
-    async fn failed_attempt(
+    pub(super) async fn failed_attempt(
         &mut self,
         ctx: &Arc<JobContext>,
         batch: &MiniBatch,
@@ -519,6 +549,7 @@ impl Bench {
                     ctx: ctx.clone(),
                     batch: batch.clone(),
                     attempts: attempt,
+                    why: Why::Failed,
                 }))
             }
             AfterFailure::FailWhole => {
@@ -600,6 +631,42 @@ pub(super) fn lost_logged(
     ctx.logs.log(logs::JobLogs::node_main(node), &line);
     ctx.logs.log(logs::JobLogs::sys_error(node, process), &line);
     (result, cause)
+}
+
+/// The report's result of a `run()` that ran out of GPU memory (a piece's or a whole
+/// mini-batch's), which costs no attempt and counts apart from the script's errors.
+pub(super) const OUT_OF_GPU_MEMORY: &str = "out_of_gpu_memory";
+
+/// Logs a `run()` of `items` items of `batch` (attempt `attempt`) that ran out of GPU memory
+/// on runner `process` of node `node` (`log`): its traceback in the runner's user error
+/// file, one line in its process log saying what happens `then`; not in `user/error.txt`,
+/// which lists the script's errors.
+pub(super) fn out_of_memory_logged(
+    (node, process): (&str, &str),
+    ctx: &JobContext,
+    batch: &MiniBatch,
+    attempt: u32,
+    items: usize,
+    error: &ScriptError,
+    then: &str,
+) {
+    ctx.logs.append_text(
+        logs::JobLogs::user_error(node, process),
+        &format!(
+            "{} mini-batch {} attempt {attempt}, out of GPU memory at {items} items:\n{}",
+            logs::now(),
+            batch.index,
+            error.traceback
+        ),
+    );
+    ctx.logs.log(
+        logs::JobLogs::node_process(node, process),
+        &format!(
+            "mini-batch {} ran out of GPU memory at {items} items: {}; {then}.",
+            batch.index, error.message
+        ),
+    );
+    info!(job = %ctx.job.id(), mini_batch = batch.index, items, "Out of GPU memory; running the mini-batch in pieces.");
 }
 
 /// Logs the script's error in attempt `attempt` of `batch`, by runner `process`.

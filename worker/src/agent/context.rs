@@ -1,5 +1,6 @@
 //! A job as a node sees it ([`JobContext`]): its `Job` handle, its input and logs, and what
-//! this node learned of it (its runners, its seats, its place, its outputs delivered).
+//! this node learned of it (its runners, its seats, its place, its outputs delivered, the
+//! mini-batch size that fits its GPU memory).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use fleetrun_common::python::{Python, PythonError};
 use fleetrun_common::storage::Storage;
 use tokio_util::sync::CancellationToken;
 
+use super::fit::Fit;
 use super::named_outputs::NamedOutputs;
 use super::seats::Seats;
 use crate::job::Job;
@@ -62,6 +64,8 @@ pub struct JobContext {
     /// The job's run this context serves (the ledger's `Status::run`): a mini-batch of a
     /// later run finds the job resumed and a new context; one of an earlier run is dropped.
     pub(super) run: u32,
+    /// The mini-batch size that fits the GPU's memory on this node (see `fit`).
+    pub(super) fit: Fit,
 }
 
 impl JobContext {
@@ -89,6 +93,7 @@ impl JobContext {
             named: Default::default(),
             monitor: Default::default(),
             run: 0,
+            fit: Fit::default(),
         }
     }
 

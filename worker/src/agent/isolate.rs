@@ -1,33 +1,47 @@
+//! A mini-batch run in pieces, for one of two causes ([`Why`]), by one mechanism.
+//!
 //! Bad-item isolation: a mini-batch of several items that failed all its attempts is split
 //! in halves, each run once more, and a half that fails is split again, down to the items
 //! that fail alone. The items of halves that ran keep their rows, in input order; only the
 //! items that failed alone are failed, each with its own error. One bad item among `n`
 //! costs at most `2⌈log₂ n⌉` more `run()` calls.
 //!
-//! The slot isolates a mini-batch itself, on its own runner, once nothing else is queued in
-//! that runner, and records the mini-batch once, with the rows and the failed items it
-//! found: exactly-once holds as for any mini-batch. A worker lost while isolating leaves the
-//! delivery unacknowledged; whoever takes it next isolates it again.
+//! Out of GPU memory: a mini-batch whose `run()` ran out of GPU memory, or that is larger
+//! than the size that fits on this node (`fit`), runs in pieces of that size; a piece that
+//! runs out is halved the same way, and the node keeps the smaller size for its next
+//! mini-batches. No attempt is spent and no item failed, except an item that runs out
+//! alone ("out of GPU memory alone"); a piece that fails otherwise fails the attempt, as a
+//! whole mini-batch's failure would. Under either cause a piece larger than the size that
+//! fits is cut to it before it runs, and a piece that runs out of memory is halved.
+//!
+//! The slot runs a mini-batch's pieces itself, on its own runner, once nothing else is
+//! queued in that runner, and records the mini-batch once, with the rows and the failed
+//! items it found: one part, exactly-once as for any mini-batch. A worker lost meanwhile
+//! leaves the delivery unacknowledged; whoever takes it next runs it again.
 
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleetrun_common::ledger::Outcome;
+use fleetrun_common::protocol::ErrorCause;
 use fleetrun_common::queue::Disposition;
 use fleetrun_common::wire::MiniBatch;
 use fleetrun_config::OutputAction;
 use tracing::info;
 
 use super::JobContext;
-use super::attempt::{Bench, Waited, lost_logged, script_error};
+use super::attempt::{
+    Bench, OUT_OF_GPU_MEMORY, Waited, lost_logged, out_of_memory_logged, script_error,
+};
 use super::finish::{fail_job, record_outcome};
+use super::fit;
 use super::holding::{self, Holding};
 use super::report::{failed_item_line, report_row};
 use super::stage::Staged;
 use super::stage_error::StageError;
 use super::unavailable::staging_unavailable;
-use super::verdict::{Isolation, Verdict};
+use super::verdict::{Isolation, Verdict, Why};
 use crate::logs;
 use crate::parts::{PartError, join_rows};
 use crate::process::RunOutcome;
@@ -40,11 +54,13 @@ enum Piece {
         header: Option<String>,
         succeeded: u64,
     },
-    /// The piece failed, for this cause.
+    /// The piece failed, for this cause (its report row's first line).
     Failed(String),
+    /// The piece ran out of GPU memory, with this message.
+    OutOfMemory(String),
 }
 
-/// What isolating a mini-batch found.
+/// What running a mini-batch in pieces found.
 #[derive(Default)]
 struct Found {
     rows: Vec<String>,
@@ -53,6 +69,10 @@ struct Found {
     /// The items that failed alone (their index in the mini-batch) and their causes.
     failed_alone: Vec<(usize, String)>,
     runs: u32,
+    /// Pieces that ran out of GPU memory.
+    ran_out: u32,
+    /// The largest piece that returned.
+    largest: usize,
 }
 
 /// The two halves of a piece, the first the larger when its length is odd.
@@ -61,12 +81,13 @@ fn halves(piece: Range<usize>) -> [Range<usize>; 2] {
     [piece.start..middle, middle..piece.end]
 }
 
-/// Isolates the failed items of a mini-batch that failed its attempts, and records it.
+/// Runs a mini-batch in pieces, for `isolation.why`, and records it.
 pub(super) async fn isolate(bench: &mut Bench, isolation: Isolation) -> Verdict {
     let Isolation {
         ctx,
         batch,
         attempts,
+        why,
     } = isolation;
     if ctx.stop.is_cancelled() {
         return Verdict::Drop;
@@ -75,18 +96,35 @@ pub(super) async fn isolate(bench: &mut Bench, isolation: Isolation) -> Verdict 
     let node = bench.config().node_id.clone();
     let process = bench.seat.name();
     let mut holding = Holding::new(&node, process, attempts, &batch);
-    // Unnoted, a worker lost while isolating leaves no lost row: the isolation goes on.
+    // Unnoted, a worker lost meanwhile leaves no lost row: the pieces go on.
     let _ = holding::started(&ctx, &batch, &mut holding).await;
-    // The isolation's rows and failed items name the attempts spent whole.
-    holding.attempt = attempts;
-    info!(job = %ctx.job.id(), mini_batch = batch.index, items = batch.items.len(), "Isolating the failed items of a mini-batch.");
-    // Depth first, the first half before the second: pieces run in input order, so the
+    let all = 0..batch.items.len();
+    // Depth first, the first piece before the next: pieces run in input order, so the
     // rows they return are in input order too.
-    let [first, second] = halves(0..batch.items.len());
-    let mut pieces = vec![second, first];
+    let mut pieces: Vec<Range<usize>> = match why {
+        Why::Failed => {
+            // The isolation's rows and failed items name the attempts spent whole.
+            holding.attempt = attempts;
+            info!(job = %ctx.job.id(), mini_batch = batch.index, items = batch.items.len(), "Isolating the failed items of a mini-batch.");
+            halves(all).into_iter().rev().collect()
+        }
+        // Larger than the size that fits (or the size not believed for it): halves.
+        Why::OutOfMemory if !ctx.fit.splits(all.len()) => halves(all).into_iter().rev().collect(),
+        Why::OutOfMemory => vec![all],
+    };
     let mut found = Found::default();
     while let Some(piece) = pieces.pop() {
-        let ran = match run_piece(bench, &ctx, &batch, piece.clone(), &holding).await {
+        if piece.is_empty() {
+            continue;
+        }
+        if let Some(size) = ctx.fit.size()
+            && piece.len() > size
+        {
+            pieces.extend(fit::cut(piece, size).into_iter().rev());
+            continue;
+        }
+        let ran = run_piece(bench, &ctx, &batch, piece.clone(), &holding, why).await;
+        let ran = match ran {
             Ok(ran) => ran,
             Err(verdict) => return verdict,
         };
@@ -97,19 +135,49 @@ pub(super) async fn isolate(bench: &mut Bench, isolation: Isolation) -> Verdict 
                 header,
                 succeeded,
             } => {
+                ctx.fit.ran_well(piece.len());
+                found.largest = found.largest.max(piece.len());
                 found.header = found.header.or(header);
                 found.rows.extend(rows);
                 found.succeeded += succeeded;
             }
+            Piece::OutOfMemory(_) if piece.len() > 1 => {
+                found.ran_out += 1;
+                let size = ctx.fit.ran_out(piece.len());
+                let [first, mut rest] = fit::cut(piece, size);
+                // For memory alone, what follows is cut afresh at the new size.
+                if why == Why::OutOfMemory
+                    && let Some(next) = pieces.pop_if(|next| next.start == rest.end)
+                {
+                    rest = rest.start..next.end;
+                }
+                pieces.extend([rest, first]);
+            }
+            Piece::OutOfMemory(cause) => {
+                // An item that does not fit alone says nothing of the size that fits.
+                found.ran_out += 1;
+                let cause = format!("{OUT_OF_MEMORY_ALONE}: {cause}");
+                found.failed_alone.push((piece.start, cause));
+            }
+            Piece::Failed(cause) if why == Why::OutOfMemory => {
+                // Not memory: the attempt fails as the whole mini-batch's would.
+                let note = format!("in pieces for GPU memory, a piece failed: {cause}");
+                let row = report_row(&batch, &holding, "raised", Outcome::default(), None, &note);
+                return bench
+                    .failed_attempt(&ctx, &batch, &holding, row, &cause)
+                    .await;
+            }
             Piece::Failed(_) if piece.len() > 1 => {
-                let [first, second] = halves(piece);
-                pieces.extend([second, first]);
+                pieces.extend(halves(piece).into_iter().rev());
             }
             Piece::Failed(cause) => found.failed_alone.push((piece.start, cause)),
         }
     }
-    record_isolated(bench, &ctx, &batch, &holding, found).await
+    record_isolated(bench, &ctx, &batch, &holding, found, why).await
 }
+
+/// The cause an item that runs out of GPU memory alone fails with (before the error).
+pub(super) const OUT_OF_MEMORY_ALONE: &str = "out of GPU memory alone";
 
 /// Runs `piece` of the mini-batch once on this slot's runner (started if need be).
 /// `Err` holds what becomes of the delivery when the isolation cannot go on: the job
@@ -120,10 +188,15 @@ async fn run_piece(
     batch: &MiniBatch,
     piece: Range<usize>,
     holding: &Holding,
+    why: Why,
 ) -> Result<Piece, Verdict> {
     let node = bench.config().node_id.clone();
     let of = batch.items.len();
-    let mut note = format!("isolating items {}-{} of {of}", piece.start + 1, piece.end);
+    let (first, last) = (piece.start + 1, piece.end);
+    let mut note = match why {
+        Why::Failed => format!("isolating items {first}-{last} of {of}"),
+        Why::OutOfMemory => format!("in pieces for GPU memory: items {first}-{last} of {of}"),
+    };
     let part = MiniBatch {
         items: batch.items[piece].to_vec(),
         ..batch.clone()
@@ -171,6 +244,24 @@ async fn run_piece(
                 outcome,
                 timing.run_seconds,
                 String::new(),
+            )
+        }
+        RunOutcome::Raised { error, timing } if error.cause == ErrorCause::OutOfMemory => {
+            let items = part.items.len();
+            let then = if items > 1 {
+                "the piece runs again in smaller pieces".to_owned()
+            } else {
+                format!("the item fails: {OUT_OF_MEMORY_ALONE}")
+            };
+            let log = (node.as_str(), process.as_str());
+            out_of_memory_logged(log, ctx, &part, holding.attempt, items, &error, &then);
+            let cause = error.message.clone();
+            (
+                OUT_OF_GPU_MEMORY,
+                Piece::OutOfMemory(cause.clone()),
+                Outcome::default(),
+                timing.run_seconds,
+                cause,
             )
         }
         RunOutcome::Raised { error, timing } => {
@@ -258,6 +349,7 @@ async fn record_isolated(
     batch: &MiniBatch,
     holding: &Holding,
     found: Found,
+    why: Why,
 ) -> Verdict {
     let items = batch.items.len() as u64;
     let outcome = Outcome {
@@ -268,7 +360,10 @@ async fn record_isolated(
     let spec = ctx.job.spec();
     let rows =
         (spec.output_action == OutputAction::AppendRow && !found.rows.is_empty()).then(|| {
-            let header = found.header.filter(|_| spec.append_row_dataframe_header);
+            let header = found
+                .header
+                .clone()
+                .filter(|_| spec.append_row_dataframe_header);
             crate::parts::with_header(
                 header.as_deref(),
                 &found.rows,
@@ -308,22 +403,20 @@ async fn record_isolated(
         .failed_alone
         .first()
         .map_or("", |(_, cause)| cause.as_str());
-    let note = format!(
-        "{} of {items} items failed alone, {} isolation runs{}{first_cause}",
-        found.failed_alone.len(),
-        found.runs,
-        if first_cause.is_empty() {
-            ""
-        } else {
-            "; the first: "
-        },
-    );
+    let note = piece_note(&found, why, items, first_cause);
+    let (result, done) = match why {
+        Why::Failed => ("isolated", "isolated"),
+        Why::OutOfMemory => (SPLIT, "ran in pieces"),
+    };
     ctx.logs.log(
         logs::JobLogs::node_process(&holding.node, &holding.process),
-        &format!("mini-batch {} isolated: {note}", batch.index),
+        &format!("mini-batch {} {done}: {note}", batch.index),
     );
-    bench.config().metrics.mini_batch("isolated");
-    let row = report_row(batch, holding, "isolated", outcome, None, &note);
+    bench.config().metrics.mini_batch(result);
+    if found.largest > 0 && why == Why::OutOfMemory {
+        bench.config().metrics.split_into(found.largest);
+    }
+    let row = report_row(batch, holding, result, outcome, None, &note);
     super::outdir::sync_logged(ctx).await;
     super::named::deliver_logged(ctx, &holding.node, &holding.process, None).await;
     if record_outcome(
@@ -339,6 +432,39 @@ async fn record_isolated(
         Verdict::Settle(Disposition::Ack)
     } else {
         Verdict::Settle(Disposition::Requeue)
+    }
+}
+
+/// The report's result of a mini-batch that ran in pieces for GPU memory.
+pub(super) const SPLIT: &str = "split";
+
+/// The note of a mini-batch's row once its pieces ran: for GPU memory, the size its pieces
+/// held (`in pieces of at most 3 items`, which `job_result.txt` reads back), then the items
+/// that failed alone.
+fn piece_note(found: &Found, why: Why, items: u64, first_cause: &str) -> String {
+    let failed = found.failed_alone.len();
+    let first = if first_cause.is_empty() {
+        String::new()
+    } else {
+        format!("; the first: {first_cause}")
+    };
+    let runs = found.runs;
+    let memory = format!(
+        "in pieces of at most {} items: {runs} runs, {} out of GPU memory",
+        found.largest, found.ran_out
+    );
+    match why {
+        Why::OutOfMemory => {
+            format!("{memory}; {failed} of {items} items failed alone{first}")
+        }
+        Why::Failed if found.ran_out > 0 => {
+            format!(
+                "{failed} of {items} items failed alone, {runs} isolation runs ({memory}){first}"
+            )
+        }
+        Why::Failed => {
+            format!("{failed} of {items} items failed alone, {runs} isolation runs{first}")
+        }
     }
 }
 

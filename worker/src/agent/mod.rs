@@ -46,6 +46,7 @@ mod attempt;
 mod context;
 pub mod environment;
 mod finish;
+mod fit;
 mod holder;
 pub(crate) mod holding;
 mod isolate;
@@ -90,7 +91,9 @@ use slot::Slot;
 pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToken) {
     // Before any runner starts: a runner killed for memory is told by the count growing.
     crate::oom::watch();
-    let gpus = GpuPool::new(agent.config.gpus);
+    // Only what the worker's own CUDA_VISIBLE_DEVICES lists, when it inherited one.
+    let devices = crate::gpu::visible_devices(agent.config.gpus, crate::gpu::inherited_mask());
+    let gpus = GpuPool::with_devices(devices);
     let agent_slots = agent.config.processes.max(1);
     let shared = Arc::new(Shared {
         agent,

@@ -12,7 +12,7 @@ use tracing::{debug, warn};
 
 use super::environment::{RunnerEnv, runner_env};
 use super::{AgentConfig, AgentEvent, JobContext, Shared};
-use crate::gpu::{AZ_GPU_COUNT_VAR, GPU_COUNT_VAR, GpuLease};
+use crate::gpu::{AZ_GPU_COUNT_VAR, GPU_COUNT_VAR, GpuLease, VISIBLE_DEVICES_VAR};
 use crate::logs;
 use crate::monitor::MonitorSettings;
 use crate::process::{InitOutcome, Launch, ProcessError, Runner, returncode};
@@ -167,7 +167,7 @@ async fn launch(
                 } else {
                     "its own"
                 };
-                format!(", GPU {} ({how})", lease.index())
+                format!(", GPU {} ({how})", lease.device())
             });
             ctx.logs.log(
                 &main_log,
@@ -323,8 +323,8 @@ fn launch_of(shared: &Shared, ctx: &JobContext, name: &str, gpu: Option<&GpuLeas
     env.push((GPU_COUNT_VAR.into(), gpu_count.clone()));
     env.push((AZ_GPU_COUNT_VAR.into(), gpu_count));
     match gpu {
-        Some(lease) => env.push(("CUDA_VISIBLE_DEVICES".into(), lease.index().to_string())),
-        None => env_remove.push("CUDA_VISIBLE_DEVICES".to_owned()),
+        Some(lease) => env.push((VISIBLE_DEVICES_VAR.into(), lease.device().to_owned())),
+        None => env_remove.push(VISIBLE_DEVICES_VAR.to_owned()),
     }
     Launch {
         exe: config.runner_exe.clone(),

@@ -16,7 +16,7 @@ use super::finish::settle;
 use super::isolate::isolate;
 use super::runner::StartFailure;
 use super::share::Assignment;
-use super::verdict::{Isolation, Verdict};
+use super::verdict::{Isolation, Verdict, Why, splits};
 use super::{AgentConfig, JobContext, Shared};
 
 /// The job a slot consumes for, and its consumer.
@@ -392,6 +392,15 @@ impl Slot {
                     warn!(job = %job, error = %e, "Cannot note the job started.");
                 }
             });
+        }
+        if splits(&ctx, &batch) {
+            // It would run out of GPU memory whole: it runs in pieces of the size that fits.
+            return Verdict::Isolate(Box::new(Isolation {
+                ctx,
+                batch,
+                attempts: delivery.attempt,
+                why: Why::OutOfMemory,
+            }));
         }
         self.attempt(&ctx, &batch, delivery.attempt, None, consumer)
             .await

@@ -446,7 +446,7 @@ impl Job {
     }
 
     /// Every row of the job's report the ledger kept, in the order they came.
-    async fn report_rows(&self) -> Result<Vec<String>, LedgerError> {
+    pub(super) async fn report_rows(&self) -> Result<Vec<String>, LedgerError> {
         const ROWS_PER_CALL: u64 = 1000;
         let mut rows = Vec::new();
         loop {

@@ -72,6 +72,37 @@ pub fn overview_text(status: &Status) -> String {
     text
 }
 
+/// `job_result.txt`'s line on GPU memory, from the report's `rows` (those of
+/// `processed_mini-batches.csv`): how many `run()` calls ran out of GPU memory (counted
+/// apart from the script's errors), how many mini-batches then ran in pieces, and the most
+/// items a piece held in the last of them (the size that fit). `None` when no call ran out.
+pub fn memory_summary(rows: &[String]) -> Option<String> {
+    // The columns of `logs::REPORT_HEADER`: the result is the third.
+    let result = |row: &String| row.split(',').nth(2).map(str::to_owned);
+    let ran_out = rows
+        .iter()
+        .filter(|row| result(row).as_deref() == Some("out_of_gpu_memory"))
+        .count();
+    if ran_out == 0 {
+        return None;
+    }
+    let split: Vec<&String> = rows
+        .iter()
+        .filter(|row| result(row).as_deref() == Some("split"))
+        .collect();
+    let size = split.last().and_then(|row| {
+        let (_, after) = row.split_once("in pieces of at most ")?;
+        after.split(' ').next()?.parse::<u64>().ok()
+    });
+    let last = size.map_or_else(String::new, |size| {
+        format!(", the last in pieces of at most {size} items")
+    });
+    Some(format!(
+        "Out of GPU memory: {ran_out} run() calls (not script errors); {} mini-batches ran in pieces{last}\n",
+        split.len()
+    ))
+}
+
 /// `job_error.txt`: how many script errors this process saw, and the first of them.
 fn error_summary(logs: Option<&JobLogs>) -> String {
     let errors = logs
@@ -95,8 +126,15 @@ fn error_summary(logs: Option<&JobLogs>) -> String {
 /// Writes an ended job's results into its output's `logs/`; [`Job::write_results`] is the
 /// way in.
 pub(super) async fn write(job: &Job, logs: Option<&JobLogs>, status: &Status) {
+    let mut result = result_text(job, status);
+    match job.report_rows().await {
+        Ok(rows) => result.push_str(&memory_summary(&rows).unwrap_or_default()),
+        Err(e) => {
+            warn!(job = %job.id(), error = %e, "Cannot read the job's report for its result.")
+        }
+    }
     let files = [
-        (logs::JOB_RESULT, result_text(job, status)),
+        (logs::JOB_RESULT, result),
         (logs::PROGRESS_OVERVIEW, overview_text(status)),
         (logs::JOB_ERROR, error_summary(logs)),
     ];
@@ -108,5 +146,31 @@ pub(super) async fn write(job: &Job, logs: Option<&JobLogs>, status: &Status) {
         {
             warn!(job = %job.id(), file = name, error = %e, "Cannot write a result file.");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::memory_summary;
+
+    #[test]
+    fn the_memory_line_counts_runs_out_apart_and_names_the_last_size() {
+        let rows: Vec<String> = [
+            "0,1,out_of_gpu_memory,10,0,0,0,process000,t,1.0,1.0,CUDA out of memory.",
+            "0,1,out_of_gpu_memory,5,0,0,0,process000,t,1.0,1.0,CUDA out of memory.",
+            "0,1,split,10,10,0,0,process000,t,,,\"in pieces of at most 3 items: 5 runs, 1 out of GPU memory; 0 of 10 items failed alone\"",
+            "1,1,raised,10,0,0,0,process000,t,1.0,1.0,ValueError: no",
+            "2,1,split,10,10,0,0,process000,t,,,in pieces of at most 4 items: 4 runs, 1 out of GPU memory; 0 of 10 items failed alone",
+            "3,1,split,10,10,0,0,process000,t,,,in pieces of at most 3 items: 4 runs, 0 out of GPU memory; 0 of 10 items failed alone",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            memory_summary(&rows).as_deref(),
+            Some(
+                "Out of GPU memory: 2 run() calls (not script errors); 3 mini-batches ran in pieces, the last in pieces of at most 3 items\n"
+            )
+        );
+        assert_eq!(memory_summary(&rows[3..4]), None);
     }
 }
