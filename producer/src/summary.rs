@@ -24,7 +24,7 @@ pub struct JobSummary {
     pub name: String,
     /// The pool that serves it.
     pub pool: String,
-    /// Running, Finalizing, Completed, Failed or Canceled.
+    /// Running, Finalizing, Completed, Failed, Canceled or Expired.
     #[schema(value_type = String)]
     pub state: JobState,
     /// Mini-batches (`total_mini_batches`, `completed_mini_batches`, `failed_mini_batches`)
@@ -192,7 +192,7 @@ impl JobSummary {
     }
 
     /// The exit code of `status` and `wait` for this job: 0 Completed, 42 Failed,
-    /// 43 Canceled, 75 not ended yet.
+    /// 43 Canceled, 44 Expired, 75 not ended yet.
     pub fn exit_code(&self) -> u8 {
         exit::of_state(self.state)
     }

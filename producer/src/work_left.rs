@@ -167,6 +167,7 @@ mod tests {
             JobState::Completed,
             JobState::Failed,
             JobState::Canceled,
+            JobState::Expired,
         ] {
             let s = summary(state, Some(100), 40, None);
             let w = WorkLeft::of(&s, 100, Some(1.0), &[], 2000.0);

@@ -382,7 +382,7 @@ impl Ledger for MemoryLedger {
     async fn reopen(&self, job: &str) -> Result<Reopened, LedgerError> {
         self.with_job(job, |j| {
             let state = j.status.state;
-            if !matches!(state, JobState::Failed | JobState::Canceled) {
+            if !state.is_resumable() {
                 return Err(LedgerError::NotResumable {
                     job: job.to_owned(),
                     state,

@@ -108,7 +108,7 @@ const RETRY: ExponentialBuilder = ExponentialBuilder::new()
 fn prelude() -> String {
     format!(
         r#"
-local RUNNING, FINALIZING, FAILED, CANCELED = '{}', '{}', '{}', '{}'
+local RUNNING, FINALIZING, FAILED, CANCELED, EXPIRED = '{}', '{}', '{}', '{}', '{}'
 
 -- Gives ARGV-style `owner` the lease `field` of the job at `key` for `ms` unless another holds
 -- it unexpired: 1 if `owner` holds it after, else 0.
@@ -137,6 +137,7 @@ end
         JobState::Finalizing.as_str(),
         JobState::Failed.as_str(),
         JobState::Canceled.as_str(),
+        JobState::Expired.as_str(),
     )
 }
 
@@ -299,7 +300,7 @@ return 1
 const REOPEN_LUA: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= FAILED and state ~= CANCELED then
+if state ~= FAILED and state ~= CANCELED and state ~= EXPIRED then
   if redis.call('HGET', KEYS[1], 'reopened_by') == ARGV[1] then
     return {1, moved_by(KEYS[1], ARGV[1]), redis.call('HGETALL', KEYS[1]),
       redis.call('HKEYS', KEYS[2])}
