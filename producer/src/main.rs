@@ -55,6 +55,11 @@ enum Command {
         /// Override a job parameter for this run, e.g. `--set mini_batch_size=5`.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
+        /// End the job Expired once this long has passed since it started (`30s`, `90m`,
+        /// `24h`, `7d`), keeping the rows of every mini-batch finished by then (exit 44):
+        /// the job's `deadline`.
+        #[arg(long, value_name = "DURATION")]
+        deadline: Option<String>,
         /// Runner processes (default: the job's process_count_per_node, else the cores).
         #[arg(long, value_parser = fleetrun_worker::node::processes_parser())]
         processes: Option<usize>,
@@ -83,7 +88,13 @@ enum Command {
         /// Override a job parameter, e.g. `--set mini_batch_size=5`.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
-        /// Wait for the job to end; exit 0 when it completed, 42 when it failed.
+        /// End the job Expired once this long has passed since its submission (`30s`,
+        /// `90m`, `24h`, `7d`), keeping the rows of every mini-batch finished by then: the
+        /// job's `deadline`.
+        #[arg(long, value_name = "DURATION")]
+        deadline: Option<String>,
+        /// Wait for the job to end; exit 0 when it completed, 42 when it failed, 44 when it
+        /// expired.
         #[arg(long)]
         wait: bool,
         /// The job's id (default: made from its name and the time). Submitting the same job
@@ -249,6 +260,7 @@ fn main() -> ExitCode {
             job,
             aml_job,
             overrides,
+            deadline,
             processes,
             quiet,
             allow_empty_input,
@@ -257,7 +269,7 @@ fn main() -> ExitCode {
         } => run(
             job,
             aml_job,
-            overrides,
+            with_deadline(overrides, deadline),
             RunOptions {
                 processes,
                 progress: !quiet,
@@ -270,6 +282,7 @@ fn main() -> ExitCode {
             job,
             aml_job,
             overrides,
+            deadline,
             wait,
             job_id,
             quiet,
@@ -279,6 +292,7 @@ fn main() -> ExitCode {
             fleet,
         } => {
             let empty = empty_input(allow_empty_input);
+            let overrides = with_deadline(overrides, deadline);
             let Some(spec) = load_job(&job, aml_job.as_deref(), &overrides) else {
                 return ExitCode::from(exit::REFUSED);
             };
@@ -686,6 +700,13 @@ fn print_report(r: &JobReport) {
             r.log_dir.join("user/error.txt").display()
         );
     }
+}
+
+/// The `--set` overrides with `--deadline`'s after them, as the job's `deadline`: the
+/// flag wins over the job file, and is refused by the same rule.
+fn with_deadline(mut overrides: Vec<String>, deadline: Option<String>) -> Vec<String> {
+    overrides.extend(deadline.map(|d| format!("deadline={d}")));
+    overrides
 }
 
 /// `fleetrun verify`: 0 when the output holds, 1 naming each problem (or why it could not
