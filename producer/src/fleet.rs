@@ -907,8 +907,8 @@ pub async fn wait(
         }
         if let Some(stop) = rules.check(&status, job::serving(fleet, &status).await) {
             let handle = Job::open(fleet, job, record).await?;
-            let reason = handle.stop_reason(stop).await;
-            handle.fail(&reason, None).await?;
+            let input = job::open_input(&record.spec, &fleet.s3).await?;
+            handle.stop(stop, &*input, None).await?;
             continue;
         }
         if let Some(b) = bar.as_mut() {

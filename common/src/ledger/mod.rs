@@ -364,6 +364,13 @@ pub trait Ledger: Send + Sync {
         start: u64,
         count: u64,
     ) -> Result<Vec<String>, LedgerError>;
+    /// Whether each mini-batch of `indices` is recorded, in order: what an expired job
+    /// finished, and what it left.
+    async fn recorded(
+        &self,
+        job: &str,
+        indices: std::ops::Range<u64>,
+    ) -> Result<Vec<bool>, LedgerError>;
     /// The part recorded for each mini-batch of `indices`, in order (`None`: not recorded,
     /// or recorded without a part).
     async fn parts(

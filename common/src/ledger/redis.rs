@@ -812,6 +812,31 @@ impl Ledger for RedisLedger {
         .await
     }
 
+    async fn recorded(&self, job: &str, indices: Range<u64>) -> Result<Vec<bool>, LedgerError> {
+        let keys = self.keys(job);
+        let mut recorded = Vec::with_capacity(indices.end.saturating_sub(indices.start) as usize);
+        let mut start = indices.start;
+        while start < indices.end {
+            let end = indices.end.min(start.saturating_add(PARTS_PER_CALL));
+            let chunk: Vec<u64> = (start..end).collect();
+            let got: Vec<Option<String>> = retrying("recorded", job, || {
+                let mut conn = self.conn.get();
+                let (key, chunk) = (&keys.done, &chunk);
+                async move {
+                    redis::cmd("HMGET")
+                        .arg(key)
+                        .arg(chunk)
+                        .query_async(&mut conn)
+                        .await
+                }
+            })
+            .await?;
+            recorded.extend(got.iter().map(Option::is_some));
+            start = end;
+        }
+        Ok(recorded)
+    }
+
     async fn parts(
         &self,
         job: &str,

@@ -948,6 +948,10 @@ where
         (JobState::Expired, 2, Some("deadline passed"))
     );
     assert!(s.state.is_terminal() && !s.state.accepts_work());
+    assert_eq!(
+        l.recorded(&j, 0..5).await.unwrap(),
+        [true, false, true, false, false]
+    );
     // Whoever else watched the deadline, or would fail or cancel it, moves nothing.
     for to in [JobState::Expired, JobState::Failed, JobState::Canceled] {
         let (moved, s) = l
