@@ -106,6 +106,8 @@ mod tests {
             items_per_second: 0.0,
             eta_seconds: eta,
             stalled_since: None,
+            deadline_at: None,
+            left_at_deadline: None,
             cause: None,
             output: "out".into(),
             failed_items: None,
