@@ -1175,6 +1175,19 @@ fn deadline_is_a_duration_from_a_second_to_a_year() {
     }
     let set = dir.load_with(&minimal(), &["deadline=20s"]).unwrap();
     assert_eq!(set.deadline, Some(20));
+    // As the API sends it: the job's field in its JSON.
+    let json = r#"{"name": "digits", "entry_script": "score.py", "output_action": "append_row",
+        "input": {"files": "data/images"}, "output": {"path": "out"}, "deadline": "24h"}"#;
+    let sent = load_json(json, "request", dir.dir.path()).unwrap();
+    assert_eq!(sent.deadline, Some(24 * 3600));
+    let bad = json.replace("24h", "soon");
+    let refused = load_json(&bad, "request", dir.dir.path()).unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .starts_with("request: deadline: must be a duration"),
+        "{refused}"
+    );
     assert_eq!(dir.load(&minimal()).unwrap().deadline, None);
     for bad in ["0s", "1.5h", "24 hours", "h", "-5s", "366d", "", "1w"] {
         assert_eq!(
