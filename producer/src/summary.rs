@@ -248,7 +248,7 @@ impl JobSummary {
             }
             _ => {}
         }
-        if let (Some(at), false) = (self.deadline_at, self.state.is_terminal()) {
+        if let (Some(at), JobState::Running) = (self.deadline_at, self.state) {
             let expected = match self.left_at_deadline {
                 Some(left) => format!("; expected to expire: {left:.0}% left at the deadline"),
                 None => String::new(),
