@@ -150,7 +150,7 @@ enum Command {
         overrides: Vec<String>,
     },
     /// Show a job's progress (or every job of the pool, without JOB). Exits 0 completed,
-    /// 42 failed, 43 canceled, 75 not ended yet.
+    /// 42 failed, 43 canceled, 44 expired, 75 not ended yet.
     Status {
         job: Option<String>,
         /// Refresh until the job ends (needs JOB).
@@ -171,7 +171,7 @@ enum Command {
         fleet: FleetArgs,
     },
     /// Wait for a job to end, watching its stop rules. Exits 0 completed, 42 failed,
-    /// 43 canceled, 75 when `--timeout` runs out first.
+    /// 43 canceled, 44 expired, 75 when `--timeout` runs out first.
     Wait {
         job: String,
         /// Stop waiting after this many seconds (the job goes on).
@@ -205,8 +205,8 @@ enum Command {
         #[command(flatten)]
         fleet: FleetArgs,
     },
-    /// Continue a job that failed or was canceled, under its id: keep every mini-batch it
-    /// recorded whole and run only the rest (failed ones included). Refused when its input
+    /// Continue a job that failed, was canceled or expired, under its id: keep every
+    /// mini-batch it recorded whole and run only the rest (failed ones included). Refused when its input
     /// changed since it ran, unless --force. Exits as `submit`.
     Resume {
         job: String,
