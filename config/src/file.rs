@@ -138,6 +138,11 @@ pub struct JobFile {
     /// An `http://` or `https://` URL that is POSTed the job's event (JSON) when it ends,
     /// signed with `FLEETRUN_WEBHOOK_SECRET`.
     pub notify_url: Option<String>,
+    /// How long the job may take, counted from its submission: `"30s"`, `"90m"`, `"24h"`,
+    /// `"7d"` (or a number of seconds). Past it the job ends Expired, with the rows of every
+    /// mini-batch finished by then in its output. Unset: no deadline.
+    #[serde(default, deserialize_with = "lenient_option")]
+    pub deadline: Option<String>,
 }
 
 /// `[input]`: `files`, or `tabular` with its `format` and `separator`.
@@ -311,6 +316,10 @@ impl<'de> Deserialize<'de> for LenientString {
         }
         deserializer.deserialize_any(Lenient)
     }
+}
+
+fn lenient_option<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
+    Ok(Option::<LenientString>::deserialize(deserializer)?.map(|item| item.0))
 }
 
 fn lenient_strings<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {

@@ -136,6 +136,11 @@ pub struct JobSpec {
     /// whichever process ends it; retried, and never in the job's way.
     #[serde(default)]
     pub notify_url: Option<String>,
+    /// Seconds from the job's submission after which it ends Expired, keeping what its
+    /// finished mini-batches wrote; `None`: no deadline. A resumed job has none: it runs the
+    /// rest to its end.
+    #[serde(default)]
+    pub deadline: Option<u64>,
     /// ParallelRunStep's settings found in `arguments` (`--allowed_failed_percent 30`), in
     /// their order: taken as the job's keys, or overruled by the job file. Said once when
     /// the job starts.

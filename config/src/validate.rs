@@ -167,10 +167,40 @@ impl JobFile {
             environment,
             profile: self.profile,
             notify_url: self.notify_url.as_deref().map(notify_url).transpose()?,
+            deadline: self.deadline.as_deref().map(deadline).transpose()?,
             settings_from_arguments: Vec::new(),
             mltable: None,
         })
     }
+}
+
+/// The rule of `deadline`, as a refusal says it.
+const DEADLINE_RULE: &str =
+    "must be a duration such as \"30s\", \"90m\", \"24h\" or \"7d\", from 1s to 365d";
+
+/// `deadline`: a whole number of seconds, minutes, hours or days (`30s`, `90m`, `24h`,
+/// `7d`), or of seconds alone, from a second to a year; in seconds.
+fn deadline(text: &str) -> Result<u64, FieldError> {
+    let refused = || FieldError::rule("deadline", DEADLINE_RULE, text);
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let scale: i64 = match unit.trim() {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 60 * 60,
+        "d" => 24 * 60 * 60,
+        _ => return Err(refused()),
+    };
+    let seconds = number
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .filter(|s| (1..=MAX_SECONDS).contains(s))
+        .ok_or_else(refused)?;
+    Ok(seconds as u64)
 }
 
 /// `notify_url`: an `http://` or `https://` URL with a host, and no spaces.

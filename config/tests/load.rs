@@ -117,6 +117,7 @@ allowed_failed_percent = 12.5
 run_max_try = 5
 isolate_failures = false
 run_invocation_timeout = 120
+deadline = "24h"
 node_count = 2
 priority = 3
 process_count_per_node = 8
@@ -204,6 +205,7 @@ path = "./results/../out"
         environment: Some(dir.path(".venv")),
         profile: true,
         notify_url: Some("https://hooks.example.com/fleetrun?team=vision".into()),
+        deadline: Some(24 * 60 * 60),
         task_overhead_timeout: 600,
         settings_from_arguments: vec![],
         mltable: None,
@@ -250,6 +252,7 @@ fn a_minimal_job_file_gets_the_defaults() {
         environment: None,
         profile: false,
         notify_url: None,
+        deadline: None,
         task_overhead_timeout: 600,
         settings_from_arguments: vec![],
         mltable: None,
@@ -1151,6 +1154,49 @@ fn notify_url_must_be_an_http_url_with_a_host() {
         spec.notify_url.as_deref(),
         Some("http://127.0.0.1:9000/hook")
     );
+}
+
+/// `deadline` is a duration from a second to a year: seconds, minutes, hours or days, or a
+/// number of seconds; a `--set` (as `--deadline` passes it) reads the same. Anything else
+/// is refused naming the field and the rule.
+#[test]
+fn deadline_is_a_duration_from_a_second_to_a_year() {
+    let dir = JobDir::new();
+    for (written, seconds) in [
+        ("\"20s\"", 20),
+        ("\"90m\"", 90 * 60),
+        ("\"24h\"", 24 * 3600),
+        ("\"7d\"", 7 * 24 * 3600),
+        ("45", 45),
+        ("\"365d\"", 365 * 24 * 3600),
+    ] {
+        let spec = dir.load(&job(&[("deadline", written)])).unwrap();
+        assert_eq!(spec.deadline, Some(seconds), "{written}");
+    }
+    let set = dir.load_with(&minimal(), &["deadline=20s"]).unwrap();
+    assert_eq!(set.deadline, Some(20));
+    // As the API sends it: the job's field in its JSON.
+    let json = r#"{"name": "digits", "entry_script": "score.py", "output_action": "append_row",
+        "input": {"files": "data/images"}, "output": {"path": "out"}, "deadline": "24h"}"#;
+    let sent = load_json(json, "request", dir.dir.path()).unwrap();
+    assert_eq!(sent.deadline, Some(24 * 3600));
+    let bad = json.replace("24h", "soon");
+    let refused = load_json(&bad, "request", dir.dir.path()).unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .starts_with("request: deadline: must be a duration"),
+        "{refused}"
+    );
+    assert_eq!(dir.load(&minimal()).unwrap().deadline, None);
+    for bad in ["0s", "1.5h", "24 hours", "h", "-5s", "366d", "", "1w"] {
+        assert_eq!(
+            dir.error(&job(&[("deadline", &format!("{bad:?}"))])),
+            format!(
+                "job.toml: deadline: must be a duration such as \"30s\", \"90m\", \"24h\" or \"7d\", from 1s to 365d (got {bad:?})"
+            ),
+        );
+    }
 }
 
 /// ParallelRunStep's settings in `arguments` are the job's settings, the job file and a

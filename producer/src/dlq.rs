@@ -259,7 +259,7 @@ async fn replayable(
         )));
     }
     let refusal = |state: JobState| match state {
-        JobState::Failed | JobState::Canceled => format!(
+        JobState::Failed | JobState::Canceled | JobState::Expired => format!(
             "job {job} is {state}: `fleetrun resume {job}` runs its failed mini-batches again"
         ),
         JobState::Completed => format!(

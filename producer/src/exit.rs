@@ -13,6 +13,9 @@ pub const FAILED: u8 = 42;
 /// `status` and `wait`: the job was canceled (`fleetrun cancel`, or an interrupted
 /// `fleetrun run`).
 pub const CANCELED: u8 = 43;
+/// The job expired: its deadline passed before it finished (`run`, `submit --wait`,
+/// `status`, `wait`, `resume`); its output holds the rows of every finished mini-batch.
+pub const EXPIRED: u8 = 44;
 /// `status` and `wait`: the job has not ended yet (Running or Finalizing; for `wait`, when
 /// its `--timeout` ran out). `EX_TEMPFAIL`: ask again later.
 pub const NOT_ENDED: u8 = 75;
@@ -27,6 +30,7 @@ pub const fn of_state(state: fleetrun_common::ledger::JobState) -> u8 {
         JobState::Completed => COMPLETED,
         JobState::Failed => FAILED,
         JobState::Canceled => CANCELED,
+        JobState::Expired => EXPIRED,
         JobState::Running | JobState::Finalizing => NOT_ENDED,
     }
 }

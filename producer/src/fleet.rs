@@ -597,7 +597,8 @@ pub(crate) async fn cut(
     }
 }
 
-/// Continues a job that failed or was canceled (`fleetrun resume`): under the same id, with
+/// Continues a job that failed, was canceled or expired (`fleetrun resume`): under the same
+/// id, with
 /// the mini-batches it recorded whole kept, it runs again every other one (failed ones
 /// included). Refused when its input would be cut otherwise than when it ran (a file added,
 /// removed or renamed), unless `force`. Returns once the rest is published.
@@ -616,7 +617,7 @@ pub async fn resume(fleet: &Fleet, job: &str, force: bool) -> Result<Submitted, 
         .status(job)
         .await?
         .ok_or_else(|| LedgerError::UnknownJob(job.to_owned()))?;
-    if !matches!(status.state, JobState::Failed | JobState::Canceled) {
+    if !status.state.is_resumable() {
         return Err(LedgerError::NotResumable {
             job: job.to_owned(),
             state: status.state,
@@ -906,8 +907,8 @@ pub async fn wait(
         }
         if let Some(stop) = rules.check(&status, job::serving(fleet, &status).await) {
             let handle = Job::open(fleet, job, record).await?;
-            let reason = handle.stop_reason(stop).await;
-            handle.fail(&reason, None).await?;
+            let input = job::open_input(&record.spec, &fleet.s3).await?;
+            handle.stop(stop, &*input, None).await?;
             continue;
         }
         if let Some(b) = bar.as_mut() {

@@ -122,11 +122,12 @@ pub struct JobReport {
 }
 
 impl JobReport {
-    /// The command's exit code: 0 completed, 42 failed, `128 + signal` canceled by one (130
-    /// by default).
+    /// The command's exit code: 0 completed, 42 failed, 44 expired, `128 + signal` canceled
+    /// by one (130 by default).
     pub fn exit_code(&self) -> u8 {
         match self.status.state {
             JobState::Completed => exit::COMPLETED,
+            JobState::Expired => exit::EXPIRED,
             JobState::Canceled => exit::signaled(self.signal.unwrap_or(exit::SIGINT)),
             _ => exit::FAILED,
         }

@@ -55,6 +55,11 @@ enum Command {
         /// Override a job parameter for this run, e.g. `--set mini_batch_size=5`.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
+        /// End the job Expired once this long has passed since it started (`30s`, `90m`,
+        /// `24h`, `7d`), keeping the rows of every mini-batch finished by then (exit 44):
+        /// the job's `deadline`.
+        #[arg(long, value_name = "DURATION")]
+        deadline: Option<String>,
         /// Runner processes (default: the job's process_count_per_node, else the cores).
         #[arg(long, value_parser = fleetrun_worker::node::processes_parser())]
         processes: Option<usize>,
@@ -83,7 +88,13 @@ enum Command {
         /// Override a job parameter, e.g. `--set mini_batch_size=5`.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
-        /// Wait for the job to end; exit 0 when it completed, 42 when it failed.
+        /// End the job Expired once this long has passed since its submission (`30s`,
+        /// `90m`, `24h`, `7d`), keeping the rows of every mini-batch finished by then: the
+        /// job's `deadline`.
+        #[arg(long, value_name = "DURATION")]
+        deadline: Option<String>,
+        /// Wait for the job to end; exit 0 when it completed, 42 when it failed, 44 when it
+        /// expired.
         #[arg(long)]
         wait: bool,
         /// The job's id (default: made from its name and the time). Submitting the same job
@@ -139,7 +150,7 @@ enum Command {
         overrides: Vec<String>,
     },
     /// Show a job's progress (or every job of the pool, without JOB). Exits 0 completed,
-    /// 42 failed, 43 canceled, 75 not ended yet.
+    /// 42 failed, 43 canceled, 44 expired, 75 not ended yet.
     Status {
         job: Option<String>,
         /// Refresh until the job ends (needs JOB).
@@ -160,7 +171,7 @@ enum Command {
         fleet: FleetArgs,
     },
     /// Wait for a job to end, watching its stop rules. Exits 0 completed, 42 failed,
-    /// 43 canceled, 75 when `--timeout` runs out first.
+    /// 43 canceled, 44 expired, 75 when `--timeout` runs out first.
     Wait {
         job: String,
         /// Stop waiting after this many seconds (the job goes on).
@@ -194,8 +205,8 @@ enum Command {
         #[command(flatten)]
         fleet: FleetArgs,
     },
-    /// Continue a job that failed or was canceled, under its id: keep every mini-batch it
-    /// recorded whole and run only the rest (failed ones included). Refused when its input
+    /// Continue a job that failed, was canceled or expired, under its id: keep every
+    /// mini-batch it recorded whole and run only the rest (failed ones included). Refused when its input
     /// changed since it ran, unless --force. Exits as `submit`.
     Resume {
         job: String,
@@ -249,6 +260,7 @@ fn main() -> ExitCode {
             job,
             aml_job,
             overrides,
+            deadline,
             processes,
             quiet,
             allow_empty_input,
@@ -257,7 +269,7 @@ fn main() -> ExitCode {
         } => run(
             job,
             aml_job,
-            overrides,
+            with_deadline(overrides, deadline),
             RunOptions {
                 processes,
                 progress: !quiet,
@@ -270,6 +282,7 @@ fn main() -> ExitCode {
             job,
             aml_job,
             overrides,
+            deadline,
             wait,
             job_id,
             quiet,
@@ -279,6 +292,7 @@ fn main() -> ExitCode {
             fleet,
         } => {
             let empty = empty_input(allow_empty_input);
+            let overrides = with_deadline(overrides, deadline);
             let Some(spec) = load_job(&job, aml_job.as_deref(), &overrides) else {
                 return ExitCode::from(exit::REFUSED);
             };
@@ -686,6 +700,13 @@ fn print_report(r: &JobReport) {
             r.log_dir.join("user/error.txt").display()
         );
     }
+}
+
+/// The `--set` overrides with `--deadline`'s after them, as the job's `deadline`: the
+/// flag wins over the job file, and is refused by the same rule.
+fn with_deadline(mut overrides: Vec<String>, deadline: Option<String>) -> Vec<String> {
+    overrides.extend(deadline.map(|d| format!("deadline={d}")));
+    overrides
 }
 
 /// `fleetrun verify`: 0 when the output holds, 1 naming each problem (or why it could not

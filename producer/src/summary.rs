@@ -24,7 +24,7 @@ pub struct JobSummary {
     pub name: String,
     /// The pool that serves it.
     pub pool: String,
-    /// Running, Finalizing, Completed, Failed or Canceled.
+    /// Running, Finalizing, Completed, Failed, Canceled or Expired.
     #[schema(value_type = String)]
     pub state: JobState,
     /// Mini-batches (`total_mini_batches`, `completed_mini_batches`, `failed_mini_batches`)
@@ -46,6 +46,15 @@ pub struct JobSummary {
     /// When a running job last moved, once it has not moved for a minute (it has no ETA
     /// then); in seconds since the Unix epoch.
     pub stalled_since: Option<f64>,
+    /// When a job with a deadline expires unless it finished, in seconds since the Unix
+    /// epoch; absent without one (and once resumed: a resumed job has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_at: Option<f64>,
+    /// The share of its mini-batches, in percent, that a running job is expected to have
+    /// left at its deadline at its rate so far: it is expected to expire. Absent when it is
+    /// expected to finish in time, or that cannot be known (see `eta_seconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left_at_deadline: Option<f64>,
     /// Why it failed or was canceled.
     pub cause: Option<String>,
     /// Where its output file is (or its folder, for `summary_only`): a path or an `s3://`
@@ -163,6 +172,20 @@ impl JobSummary {
             }
             _ => None,
         };
+        let deadline_at = spec
+            .deadline
+            .filter(|_| status.run == 0)
+            .map(|deadline| record.submitted_at + deadline as f64);
+        let left_at_deadline = match (deadline_at, eta_seconds, status.total) {
+            (Some(at), Some(eta), Some(total)) if total > 0 && now + eta > at => {
+                // The share of the work left now that the time left until the deadline
+                // does not cover, at the same pace.
+                let left = total.saturating_sub(status.done) as f64 / total as f64;
+                let covered = ((at - now).max(0.0) / eta).min(1.0);
+                Some(100.0 * left * (1.0 - covered))
+            }
+            _ => None,
+        };
         let failed_items = (ended && status.items_failed > 0).then(|| {
             let logs = match spec.output_action {
                 // The output location names the folder itself.
@@ -182,6 +205,8 @@ impl JobSummary {
             items_per_second: processed as f64 / elapsed,
             eta_seconds,
             stalled_since,
+            deadline_at,
+            left_at_deadline,
             cause: status.reason.clone(),
             output: output_location(spec),
             failed_items,
@@ -192,7 +217,7 @@ impl JobSummary {
     }
 
     /// The exit code of `status` and `wait` for this job: 0 Completed, 42 Failed,
-    /// 43 Canceled, 75 not ended yet.
+    /// 43 Canceled, 44 Expired, 75 not ended yet.
     pub fn exit_code(&self) -> u8 {
         exit::of_state(self.state)
     }
@@ -222,6 +247,16 @@ impl JobSummary {
                 ));
             }
             _ => {}
+        }
+        if let (Some(at), JobState::Running) = (self.deadline_at, self.state) {
+            let expected = match self.left_at_deadline {
+                Some(left) => format!("; expected to expire: {left:.0}% left at the deadline"),
+                None => String::new(),
+            };
+            out.push_str(&format!(
+                "deadline:      in {:.0}s{expected}\n",
+                (at - now).max(0.0)
+            ));
         }
         match &self.queue {
             Some(q) => {
@@ -335,6 +370,33 @@ mod tests {
         let text = s.describe(1100.0);
         assert!(text.contains("eta:           300s\n"), "{text}");
         assert!(text.contains("pool gpu:  queue unknown\n"), "{text}");
+    }
+
+    /// 10 of 40 mini-batches done in 100 s: 300 s left, 100 s of them before a deadline at
+    /// 200 s, so two thirds of the 75% left now are left at the deadline.
+    #[test]
+    fn a_job_that_cannot_finish_by_its_deadline_at_its_rate_says_so() {
+        let mut late = record("s3://bkt/out");
+        late.spec.deadline = Some(200);
+        let running = status(JobState::Running, 10, Some(40), 1090.0);
+        let s = JobSummary::new("j", &late, &running, None, 1100.0);
+        assert_eq!(s.deadline_at, Some(1200.0));
+        let left = s.left_at_deadline.expect("expected to expire");
+        assert!((left - 50.0).abs() < 1e-9, "{left}");
+        let text = s.describe(1100.0);
+        assert!(
+            text.contains("deadline:      in 100s; expected to expire: 50% left at the deadline\n"),
+            "{text}"
+        );
+        // In time at its rate: the deadline alone.
+        late.spec.deadline = Some(1000);
+        let s = JobSummary::new("j", &late, &running, None, 1100.0);
+        assert_eq!(s.left_at_deadline, None);
+        assert!(s.describe(1100.0).contains("deadline:      in 900s\n"));
+        // A resumed job has no deadline.
+        let resumed = Status { run: 1, ..running };
+        let s = JobSummary::new("j", &late, &resumed, None, 1100.0);
+        assert_eq!((s.deadline_at, s.left_at_deadline), (None, None));
     }
 
     #[test]

@@ -189,8 +189,18 @@ impl Verified {
             Signature::NotChecked => "signature not checked (no key)",
             Signature::Unsigned => "unsigned",
         };
+        let unfinished = self
+            .manifest
+            .mini_batches
+            .iter()
+            .filter(|e| e.unfinished)
+            .count();
+        let expired = match unfinished {
+            0 => String::new(),
+            n => format!(" ({n} unfinished, listed in logs/unfinished_mini_batches.csv)"),
+        };
         format!(
-            "verified: {} lines, {} mini-batches, {} items ({} succeeded, {} failed), {signature}",
+            "verified: {} lines, {} mini-batches{expired}, {} items ({} succeeded, {} failed), {signature}",
             self.lines,
             self.manifest.mini_batches.len(),
             c.succeeded_items + c.failed_items,
@@ -274,12 +284,20 @@ pub async fn verify(
 }
 
 /// The mini-batches' items: each counted, one after another from the first, adding up to
-/// the job's items.
+/// the job's items. An expired job's unfinished mini-batches hold no items, and where the
+/// items of those after the first of them begin is not known.
 fn check_items(manifest: &Manifest) -> Vec<Problem> {
     let mut problems = Vec::new();
     let mut next = 0;
+    let mut gap = false;
     for entry in &manifest.mini_batches {
+        if entry.unfinished {
+            gap = true;
+            continue;
+        }
         match entry.items {
+            Some([_, end]) if gap => next = end,
+            None if gap => {}
             Some([first, end]) if first == next => next = end,
             Some(_) => problems.push(Problem::Items(format!(
                 "mini-batch {}'s items do not follow the last one's",
@@ -292,7 +310,7 @@ fn check_items(manifest: &Manifest) -> Vec<Problem> {
         }
     }
     let c = &manifest.counts;
-    if problems.is_empty() && next != c.succeeded_items + c.failed_items {
+    if problems.is_empty() && !gap && next != c.succeeded_items + c.failed_items {
         problems.push(Problem::Items(format!(
             "the mini-batches hold {next} items, the job counted {}",
             c.succeeded_items + c.failed_items
@@ -607,6 +625,7 @@ mod tests {
                     failed: 0,
                     rows: n,
                     sha256: Some(hex(Sha256::digest(body.as_bytes()))),
+                    unfinished: false,
                 }
             })
             .collect()
@@ -662,5 +681,53 @@ mod tests {
             check(&e, "a0\na1\na2\nb0\nb1\nc0\nc2\n"),
             ["mini-batch 2 (items 5-7): 1 line(s) missing (its rows are at lines 6-7)"]
         );
+    }
+
+    /// An expired job's manifest: its unfinished mini-batches hold no items and are not
+    /// missing; the finished ones after them are checked for their rows only.
+    #[test]
+    fn an_expired_jobs_unfinished_mini_batches_are_not_missing() {
+        let mut e = entries(&PARTS);
+        e[1] = MiniBatchEntry {
+            items: None,
+            rows: 0,
+            sha256: None,
+            unfinished: true,
+            ..e[1].clone()
+        };
+        e[2].items = None;
+        let manifest = Manifest {
+            version: manifest::MANIFEST_VERSION,
+            job_id: "j".into(),
+            state: fleetrun_common::ledger::JobState::Expired,
+            fingerprint: Default::default(),
+            python: None,
+            input: None,
+            output: None,
+            failed_items: None,
+            counts: fleetrun_common::events::Counts {
+                total_mini_batches: Some(3),
+                completed_mini_batches: 2,
+                failed_mini_batches: 0,
+                succeeded_items: 6,
+                failed_items: 0,
+            },
+            mini_batches: e.clone(),
+            signature: None,
+        };
+        assert_eq!(check_items(&manifest), []);
+        let text: String = [PARTS[0], PARTS[2]]
+            .concat()
+            .iter()
+            .map(|r| format!("{r}\n"))
+            .collect();
+        assert!(check(&e, &text).is_empty(), "{:?}", check(&e, &text));
+        // A finished mini-batch is still one that must be there.
+        let short: String = PARTS[0].iter().map(|r| format!("{r}\n")).collect();
+        assert!(!check(&e, &short).is_empty());
+        // Without the mark, the same manifest misses mini-batch 1's items.
+        let mut whole = manifest.clone();
+        whole.mini_batches[1].unfinished = false;
+        assert!(!check_items(&whole).is_empty());
     }
 }

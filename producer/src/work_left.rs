@@ -106,6 +106,8 @@ mod tests {
             items_per_second: 0.0,
             eta_seconds: eta,
             stalled_since: None,
+            deadline_at: None,
+            left_at_deadline: None,
             cause: None,
             output: "out".into(),
             failed_items: None,
@@ -167,6 +169,7 @@ mod tests {
             JobState::Completed,
             JobState::Failed,
             JobState::Canceled,
+            JobState::Expired,
         ] {
             let s = summary(state, Some(100), 40, None);
             let w = WorkLeft::of(&s, 100, Some(1.0), &[], 2000.0);

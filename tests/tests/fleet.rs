@@ -26,6 +26,8 @@ use futures::TryStreamExt;
 
 #[path = "fleet/chaos.rs"]
 mod chaos;
+#[path = "fleet/deadline.rs"]
+mod deadline;
 #[path = "fleet/dlq.rs"]
 mod dlq;
 #[path = "fleet/failover.rs"]

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use fleetrun_tests::{
-    JobDir, KillOnDrop, POISONED, RUN_LIMIT, assert_failed_alone, code, exit_within,
+    JobDir, KillOnDrop, POISONED, RUN_LIMIT, assert_failed_alone, code, command, exit_within,
     expected_lines, output_within, pyenv_python, wait_for,
 };
 
@@ -1121,4 +1121,40 @@ fn a_runner_killed_for_memory_is_named_so() {
     let report = job.log("sys/job_report/processed_mini-batches.csv");
     assert!(report.contains("out_of_memory"), "{report}");
     assert!(!report.contains(",died,"), "{report}");
+}
+
+/// `fleetrun run --deadline`: a run still going at its deadline ends Expired (exit 44), its
+/// output holding every finished mini-batch's rows once, in input order, the others listed
+/// in `unfinished_mini_batches.csv`, and `fleetrun verify` accepts it.
+#[test]
+fn a_run_past_its_deadline_expires_with_what_it_finished() {
+    let script = "import time\n\ndef run(mini_batch):\n    time.sleep(1)\n    return [open(p).read() for p in mini_batch]\n";
+    let job = JobDir::new(script, "mini_batch_size = 2\nprocess_count_per_node = 1");
+    job.inputs(30);
+    let out = output_within(&mut job.command(&["--deadline", "5s"]), RUN_LIMIT);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        code(&out),
+        44,
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let unfinished: std::collections::BTreeSet<usize> =
+        std::fs::read_to_string(job.path("out/logs/unfinished_mini_batches.csv"))
+            .unwrap()
+            .lines()
+            .skip(1)
+            .map(|index| index.parse().unwrap())
+            .collect();
+    // 15 mini-batches of a second each on one runner: the last is left.
+    assert!(unfinished.contains(&14), "{unfinished:?}");
+    let finished: Vec<String> = expected_lines(30, |i| unfinished.contains(&(i / 2)));
+    assert_eq!(job.output_lines(), finished);
+    let verified = output_within(
+        command("fleetrun").arg("verify").arg(job.path("out")),
+        RUN_LIMIT,
+    );
+    let said = String::from_utf8_lossy(&verified.stdout);
+    assert_eq!(code(&verified), 0, "{said}");
+    assert!(said.contains("unfinished"), "{said}");
 }

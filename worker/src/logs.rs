@@ -14,6 +14,10 @@ pub const REPORT_HEADER: &str = "mini_batch,attempt,result,items,succeeded,faile
 /// The header of `failed_items.csv`.
 pub const FAILED_ITEMS_HEADER: &str = "item,mini_batch,attempts,cause";
 
+/// The mini-batches an expired job left unfinished, one index a line, for a resume to run.
+pub const UNFINISHED_CSV: &str = "unfinished_mini_batches.csv";
+/// The header of [`UNFINISHED_CSV`].
+pub const UNFINISHED_HEADER: &str = "mini_batch";
 /// One file for the job, written when it ends from the rows the ledger kept.
 pub const REPORT_CSV: &str = "sys/job_report/processed_mini-batches.csv";
 /// One file for the job, joined from every node's failed mini-batches when it ends.

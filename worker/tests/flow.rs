@@ -1286,3 +1286,52 @@ async fn an_attempt_lost_with_its_node_gets_a_report_row_from_the_next_holder() 
     assert_eq!(first.len(), 2, "{report}");
     assert!(first.iter().all(|r| !r.contains(",lost,")), "{report}");
 }
+
+/// A job whose deadline passes with work unfinished ends Expired, moved by the watcher of
+/// the node serving it: its own event (`job.expired`, with its manifest's digest), the rows
+/// of the mini-batches it finished in the output, in input order, the others listed in
+/// `unfinished_mini_batches.csv` and marked in the manifest, and its hung run killed.
+#[tokio::test(start_paused = true)]
+async fn a_job_past_its_deadline_expires_with_the_rows_it_finished() {
+    let fake = FakeLauncher::new().run(|call| match call.mini_batch {
+        0 | 1 => Run::Rows,
+        _ => Run::Hang,
+    });
+    let settings = "mini_batch_size = 1\nrun_invocation_timeout = 1000\nprogress_update_timeout = 300\ndeadline = \"60s\"";
+    let mut flow = Flow::start(&fake, settings, 4, Options::default()).await;
+    let (status, ended) = flow.end().await;
+
+    assert_eq!(status.state, JobState::Expired, "{status:?}");
+    let reason = status.reason.clone().unwrap_or_default();
+    assert!(
+        reason.starts_with("deadline passed: 60s after submission (deadline), 2 of 4"),
+        "{reason}"
+    );
+    assert_ended_within(ended, 60, 63);
+    assert_eq!(flow.output(), "f00.txt\nf01.txt\n");
+    assert_eq!(
+        flow.log(logs::UNFINISHED_CSV),
+        format!("{}\n2\n3\n", logs::UNFINISHED_HEADER)
+    );
+    let manifest: serde_json::Value = serde_json::from_str(&flow.log("manifest.json")).unwrap();
+    assert_eq!(manifest["state"], "Expired");
+    let marked: Vec<bool> = manifest["mini_batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| entry["unfinished"] == true)
+        .collect();
+    assert_eq!(marked, [false, false, true, true]);
+    assert_contains(&flow.log(logs::JOB_RESULT), "Result: Expired");
+    assert_contains(&flow.log(logs::JOB_RESULT), logs::UNFINISHED_CSV);
+    let heard = flow.heard().await;
+    let states: Vec<JobState> = heard.iter().map(|e| e.state).collect();
+    assert_eq!(states, [JobState::Running, JobState::Expired]);
+    assert_eq!(heard[1].routing_key(), "job.expired");
+    assert!(heard[1].manifest.is_some(), "{:?}", heard[1]);
+    assert_eq!(
+        fake.kills(),
+        1,
+        "the hung run is killed once the job expires"
+    );
+}

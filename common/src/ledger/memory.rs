@@ -289,6 +289,10 @@ impl Ledger for MemoryLedger {
         self.with_job(job, |j| j.report.range(start, count))
     }
 
+    async fn recorded(&self, job: &str, indices: Range<u64>) -> Result<Vec<bool>, LedgerError> {
+        self.with_job(job, |j| indices.map(|i| j.done.contains(&i)).collect())
+    }
+
     async fn parts(
         &self,
         job: &str,
@@ -382,7 +386,7 @@ impl Ledger for MemoryLedger {
     async fn reopen(&self, job: &str) -> Result<Reopened, LedgerError> {
         self.with_job(job, |j| {
             let state = j.status.state;
-            if !matches!(state, JobState::Failed | JobState::Canceled) {
+            if !state.is_resumable() {
                 return Err(LedgerError::NotResumable {
                     job: job.to_owned(),
                     state,

@@ -4,7 +4,8 @@
 //! thresholds, seal the total, detect completion, flip the state — is one atomic operation
 //! of the implementation (a Lua script on Redis, a mutex in process), so two workers can
 //! never both see "first completion" or both flip the state. The state moves
-//! `Running → Finalizing → Completed`, or to `Failed`/`Canceled`, and never back.
+//! `Running → Finalizing → Completed`, or to `Failed`/`Canceled`/`Expired`, and never back
+//! (but by a resume, which reopens a job that failed, was canceled or expired).
 
 mod endpoint;
 pub mod journal;
@@ -26,7 +27,7 @@ pub enum LedgerError {
     UnknownJob(String),
     #[error("job {0} is already in the ledger")]
     JobExists(String),
-    #[error("job {job} is {state}: only a job that failed or was canceled can be resumed")]
+    #[error("job {job} is {state}: only a job that failed, was canceled or expired can be resumed")]
     NotResumable { job: String, state: JobState },
     #[error("job {0} is Completed: its parts went once its output was written")]
     PartsForgotten(String),
@@ -49,13 +50,25 @@ pub enum JobState {
     Completed,
     Failed,
     Canceled,
+    /// Its deadline passed before it finished: the rows of every finished mini-batch are in
+    /// its output, the others are listed as unfinished, and a resume runs only those.
+    Expired,
 }
 
 impl JobState {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            JobState::Completed | JobState::Failed | JobState::Canceled
+            JobState::Completed | JobState::Failed | JobState::Canceled | JobState::Expired
+        )
+    }
+
+    /// True for an ended job that a resume may continue: one that failed, was canceled or
+    /// expired.
+    pub fn is_resumable(self) -> bool {
+        matches!(
+            self,
+            JobState::Failed | JobState::Canceled | JobState::Expired
         )
     }
 
@@ -71,6 +84,7 @@ impl JobState {
             JobState::Completed => "Completed",
             JobState::Failed => "Failed",
             JobState::Canceled => "Canceled",
+            JobState::Expired => "Expired",
         }
     }
 
@@ -81,6 +95,7 @@ impl JobState {
             JobState::Completed,
             JobState::Failed,
             JobState::Canceled,
+            JobState::Expired,
         ]
         .into_iter()
         .find(|state| state.as_str() == s)
@@ -349,6 +364,13 @@ pub trait Ledger: Send + Sync {
         start: u64,
         count: u64,
     ) -> Result<Vec<String>, LedgerError>;
+    /// Whether each mini-batch of `indices` is recorded, in order: what an expired job
+    /// finished, and what it left.
+    async fn recorded(
+        &self,
+        job: &str,
+        indices: std::ops::Range<u64>,
+    ) -> Result<Vec<bool>, LedgerError>;
     /// The part recorded for each mini-batch of `indices`, in order (`None`: not recorded,
     /// or recorded without a part).
     async fn parts(
@@ -406,7 +428,7 @@ pub trait Ledger: Send + Sync {
         owner: &str,
         lease: std::time::Duration,
     ) -> Result<bool, LedgerError>;
-    /// Reopens a job that failed or was canceled, to continue it: each mini-batch recorded
+    /// Reopens a job that failed, was canceled or expired, to continue it: each mini-batch recorded
     /// whole stays done with its counts, part and report rows; each that failed, whole or in
     /// part, is forgotten with its counts and part, to run again; every attempt's holder
     /// and spent count, the reason and the leases go; the job is Running again in its next
@@ -421,7 +443,7 @@ pub trait Ledger: Send + Sync {
     /// rows stay. Anything else ([`Forgot`]) changes nothing; a retried call answers as the
     /// first did.
     async fn forget_failure(&self, job: &str, index: u64) -> Result<Forgot, LedgerError>;
-    /// Keeps an ended job (Completed, Failed, Canceled) `keep` longer, then forgets it: from
+    /// Keeps an ended job (Completed, Failed, Canceled, Expired) `keep` longer, then forgets it: from
     /// then on the ledger does not know the job. True if the job has ended; a Running or
     /// Finalizing job is left as it is.
     async fn retire(&self, job: &str, keep: std::time::Duration) -> Result<bool, LedgerError>;

@@ -111,7 +111,7 @@ const RETRY: ExponentialBuilder = ExponentialBuilder::new()
 fn prelude() -> String {
     format!(
         r#"
-local RUNNING, FINALIZING, FAILED, CANCELED = '{}', '{}', '{}', '{}'
+local RUNNING, FINALIZING, FAILED, CANCELED, EXPIRED = '{}', '{}', '{}', '{}', '{}'
 
 -- Gives ARGV-style `owner` the lease `field` of the job at `key` for `ms` unless another holds
 -- it unexpired: 1 if `owner` holds it after, else 0.
@@ -140,6 +140,7 @@ end
         JobState::Finalizing.as_str(),
         JobState::Failed.as_str(),
         JobState::Canceled.as_str(),
+        JobState::Expired.as_str(),
     )
 }
 
@@ -302,7 +303,7 @@ return 1
 const REOPEN_LUA: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= FAILED and state ~= CANCELED then
+if state ~= FAILED and state ~= CANCELED and state ~= EXPIRED then
   if redis.call('HGET', KEYS[1], 'reopened_by') == ARGV[1] then
     return {1, moved_by(KEYS[1], ARGV[1]), redis.call('HGETALL', KEYS[1]),
       redis.call('HKEYS', KEYS[2])}
@@ -812,6 +813,31 @@ impl Ledger for RedisLedger {
             }
         })
         .await
+    }
+
+    async fn recorded(&self, job: &str, indices: Range<u64>) -> Result<Vec<bool>, LedgerError> {
+        let keys = self.keys(job);
+        let mut recorded = Vec::with_capacity(indices.end.saturating_sub(indices.start) as usize);
+        let mut start = indices.start;
+        while start < indices.end {
+            let end = indices.end.min(start.saturating_add(PARTS_PER_CALL));
+            let chunk: Vec<u64> = (start..end).collect();
+            let got: Vec<Option<String>> = retrying("recorded", job, || {
+                let mut conn = self.conn.get();
+                let (key, chunk) = (&keys.done, &chunk);
+                async move {
+                    redis::cmd("HMGET")
+                        .arg(key)
+                        .arg(chunk)
+                        .query_async(&mut conn)
+                        .await
+                }
+            })
+            .await?;
+            recorded.extend(got.iter().map(Option::is_some));
+            start = end;
+        }
+        Ok(recorded)
     }
 
     async fn parts(

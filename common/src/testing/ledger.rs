@@ -23,7 +23,8 @@ macro_rules! ledger_conformance {
             creation_and_start_are_noted, a_holder_not_let_go_is_told_to_the_next,
             report_rows_are_kept_in_order, the_last_move_is_timed,
             only_charged_attempts_are_spent, a_stopped_job_reopens_keeping_what_was_done,
-            a_reopened_job_of_all_done_finalizes, a_failure_is_forgotten_to_run_again);
+            a_reopened_job_of_all_done_finalizes, a_failure_is_forgotten_to_run_again,
+            an_expired_job_ends_and_reopens_for_the_rest);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -917,4 +918,69 @@ where
         l.forget_failure("no-such-job", 0).await,
         Err(LedgerError::UnknownJob(_))
     ));
+}
+
+/// A Running job whose deadline passed moves to Expired, once: an ended state no other move
+/// leaves, keeping what was done. A resume reopens it for the rest only.
+pub async fn an_expired_job_ends_and_reopens_for_the_rest<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(&j, Limits::NONE).await.unwrap();
+    l.seal(&j, 4).await.unwrap();
+    l.record(&j, 0, OK, Some("p0")).await.unwrap();
+    l.record(&j, 2, OK, Some("p2")).await.unwrap();
+    let (moved, s) = l
+        .transition(
+            &j,
+            &[JobState::Running],
+            JobState::Expired,
+            Some("deadline passed"),
+        )
+        .await
+        .unwrap();
+    assert!(moved);
+    assert_eq!(
+        (s.state, s.done, s.reason.as_deref()),
+        (JobState::Expired, 2, Some("deadline passed"))
+    );
+    assert!(s.state.is_terminal() && !s.state.accepts_work());
+    assert_eq!(
+        l.recorded(&j, 0..5).await.unwrap(),
+        [true, false, true, false, false]
+    );
+    // Whoever else watched the deadline, or would fail or cancel it, moves nothing.
+    for to in [JobState::Expired, JobState::Failed, JobState::Canceled] {
+        let (moved, s) = l
+            .transition(&j, &[JobState::Running], to, Some("late"))
+            .await
+            .unwrap();
+        assert!(!moved, "{to}");
+        assert_eq!(s.state, JobState::Expired);
+    }
+    assert_eq!(
+        JobState::parse(JobState::Expired.as_str()),
+        Some(JobState::Expired)
+    );
+    let reopened = l.reopen(&j).await.unwrap();
+    assert!(!reopened.recorded.transitioned);
+    let mut done = reopened.done.clone();
+    done.sort_unstable();
+    assert_eq!(done, [0, 2]);
+    let s = reopened.recorded.status;
+    assert_eq!(
+        (s.state, s.run, s.done, s.reason),
+        (JobState::Running, 1, 2, None)
+    );
+    assert_eq!(
+        l.parts(&j, 0..4).await.unwrap(),
+        [Some("p0".to_owned()), None, Some("p2".to_owned()), None]
+    );
+    l.record(&j, 1, OK, None).await.unwrap();
+    let last = l.record(&j, 3, OK, None).await.unwrap();
+    assert!(last.transitioned);
+    assert_eq!(last.status.state, JobState::Finalizing);
 }

@@ -13,7 +13,9 @@
 //! | `fleetrun_job_seconds_since_progress` | job_id, pool | a Running job's time since it last moved |
 //! | `fleetrun_job_error_threshold` | job_id, pool | failed items tolerated (absent for `-1`) |
 //! | `fleetrun_job_allowed_failed_mini_batches` | job_id, pool | failed mini-batches tolerated (absent: no limit) |
-//! | `fleetrun_job_state` | job_id, pool, state | 1 for its state |
+//! | `fleetrun_job_deadline_seconds_left` | job_id, pool | a Running job's time until its deadline, when it has one |
+//! | `fleetrun_job_left_at_deadline_percent` | job_id, pool | the share of its mini-batches it is expected to leave at its deadline, when it cannot finish in time |
+//! | `fleetrun_job_state` | job_id, pool, state | 1 for its state (`Expired` for a job its deadline ended) |
 //! | `fleetrun_pool_work_seconds_left` | pool | the sum over its jobs |
 //! | `fleetrun_pool_jobs_active` | pool | its jobs Running or Finalizing |
 //!
@@ -163,7 +165,7 @@ impl EncodeLabelSet for LabelledJob {
 }
 
 /// The per-job gauges with only the job's labels: name and help.
-const JOB_GAUGES: [(&str, &str); 8] = [
+const JOB_GAUGES: [(&str, &str); 10] = [
     (
         "job_work_seconds_left",
         "Expected seconds until the job's last mini-batch is recorded: backlog × mini-batch seconds ÷ serving runners (0 once it is not Running).",
@@ -195,6 +197,14 @@ const JOB_GAUGES: [(&str, &str); 8] = [
     (
         "job_allowed_failed_mini_batches",
         "Failed mini-batches the job tolerates (its allowed_failed_count; absent for no limit).",
+    ),
+    (
+        "job_deadline_seconds_left",
+        "Seconds until a Running job with a deadline expires unless it finished.",
+    ),
+    (
+        "job_left_at_deadline_percent",
+        "The share of its mini-batches a Running job is expected to have left at its deadline, at its rate so far (absent when it is expected to finish in time).",
     ),
 ];
 
@@ -289,6 +299,12 @@ impl Families {
         }
         if let Some(eta) = summary.eta_seconds {
             self.set("job_eta_seconds", j, eta);
+        }
+        if let (JobState::Running, Some(at)) = (summary.state, summary.deadline_at) {
+            self.set("job_deadline_seconds_left", j, (at - now).max(0.0));
+        }
+        if let Some(left) = summary.left_at_deadline {
+            self.set("job_left_at_deadline_percent", j, left);
         }
         if let (JobState::Running, Some(at)) = (summary.state, summary.updated_at) {
             self.set("job_seconds_since_progress", j, (now - at).max(0.0));

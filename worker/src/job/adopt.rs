@@ -133,8 +133,8 @@ pub(super) async fn look_after(
         .await
 }
 
-/// Checks the stop rules of a Running job this node does not serve, failing it when they
-/// say so (from its record: its spec, its output).
+/// Checks the stop rules of a Running job this node does not serve, ending it when they
+/// say so (from its record: its spec, its input and output).
 pub(super) async fn watch_unserved(
     fleet: &Fleet,
     jobs: &FleetJobs,
@@ -169,8 +169,14 @@ pub(super) async fn watch_unserved(
             return Ok(());
         }
     };
-    let reason = job_handle.stop_reason(stop).await;
-    job_handle.fail(&reason, None).await?;
+    let input = match super::open_input(&record.spec, &fleet.s3).await {
+        Ok(input) => input,
+        Err(e) => {
+            warn!(job = %job, error = %e, "Cannot open the job's input to end it.");
+            return Ok(());
+        }
+    };
+    job_handle.stop(stop, &*input, None).await?;
     jobs.unserved
         .lock()
         .unwrap_or_else(|p| p.into_inner())

@@ -15,6 +15,9 @@
 //!   published (submitting again with the same job id finishes it).
 //! - `progress_update_timeout`: the job has started, work is outstanding, and no mini-batch
 //!   was created or completed for that long.
+//!
+//! One more rule ends a job without failing it: `deadline`, the job's age past its
+//! deadline (a resumed job has none), expires it ([`Ending::Expire`]).
 
 use std::time::Duration;
 
@@ -25,20 +28,30 @@ use tokio::time::Instant;
 /// How long a job runs before init failures across all its nodes can fail it.
 pub const INIT_FAILURE_GRACE: Duration = Duration::from_secs(120);
 
-/// Why the stop rules fail a job.
+/// Why the stop rules end a job, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stop {
     pub reason: String,
-    /// The job stalled with work outstanding: its cause should name what is in flight
+    pub ending: Ending,
+}
+
+/// How the stop rules end a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// It fails.
+    Fail,
+    /// It fails, stalled with work outstanding: its cause names what is in flight
     /// ([`Job::stop_reason`](super::Job::stop_reason)).
-    pub stalled: bool,
+    Stall,
+    /// Its deadline passed: it expires, keeping what its finished mini-batches wrote.
+    Expire,
 }
 
 impl Stop {
     fn because(reason: String) -> Stop {
         Stop {
             reason,
-            stalled: false,
+            ending: Ending::Fail,
         }
     }
 }
@@ -48,6 +61,8 @@ impl Stop {
 pub struct StopRules {
     first_task: Duration,
     progress: Duration,
+    /// The job's deadline, from its submission.
+    deadline: Option<Duration>,
     /// When this watcher first saw the job, and how old the job was then.
     seen: Instant,
     age_when_seen: Duration,
@@ -64,6 +79,7 @@ impl StopRules {
         StopRules {
             first_task: Duration::from_secs(spec.first_task_creation_timeout),
             progress: Duration::from_secs(spec.progress_update_timeout),
+            deadline: spec.deadline.map(Duration::from_secs),
             seen: now,
             age_when_seen: age,
             last_counts: (0, 0),
@@ -76,7 +92,7 @@ impl StopRules {
         self.age_when_seen + self.seen.elapsed()
     }
 
-    /// Looks at the job's status now: the reason to fail it, if a rule says so. `serving` is
+    /// Looks at the job's status now: the reason to end it, if a rule says so. `serving` is
     /// how many nodes serve the job's pool, when the caller could tell (it needs asking only
     /// while the job has not started).
     pub fn check(&mut self, status: &Status, serving: Option<u64>) -> Option<Stop> {
@@ -87,6 +103,22 @@ impl StopRules {
         }
         if status.state != JobState::Running {
             return None;
+        }
+        if let Some(deadline) = self.deadline
+            && status.run == 0
+            && self.age() >= deadline
+        {
+            let total = status
+                .total
+                .map_or_else(|| format!("{} created", status.created), |t| t.to_string());
+            return Some(Stop {
+                reason: format!(
+                    "deadline passed: {}s after submission (deadline), {} of {total} mini-batches done",
+                    deadline.as_secs(),
+                    status.done
+                ),
+                ending: Ending::Expire,
+            });
         }
         let still = self.last_change.elapsed();
         if !status.started && serving == Some(0) && self.age() >= self.first_task {
@@ -116,7 +148,7 @@ impl StopRules {
             );
             return Some(Stop {
                 reason,
-                stalled: true,
+                ending: Ending::Stall,
             });
         }
         None
@@ -145,11 +177,15 @@ mod tests {
     use super::*;
 
     fn spec(first_task: u64, progress: u64) -> JobSpec {
+        spec_with(first_task, progress, "")
+    }
+
+    fn spec_with(first_task: u64, progress: u64, more: &str) -> JobSpec {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("s.py"), "def run(b): return b\n").unwrap();
         std::fs::create_dir(dir.path().join("in")).unwrap();
         let toml = format!(
-            "name = \"rules\"\nentry_script = \"s.py\"\noutput_action = \"append_row\"\nfirst_task_creation_timeout = {first_task}\nprogress_update_timeout = {progress}\n[input]\nfiles = \"in\"\n[output]\npath = \"out\"\n"
+            "name = \"rules\"\nentry_script = \"s.py\"\noutput_action = \"append_row\"\nfirst_task_creation_timeout = {first_task}\nprogress_update_timeout = {progress}\n{more}[input]\nfiles = \"in\"\n[output]\npath = \"out\"\n"
         );
         let path = dir.path().join("job.toml");
         std::fs::write(&path, toml).unwrap();
@@ -234,7 +270,7 @@ mod tests {
         assert_eq!(rules.check(&moved, Some(1)), None);
         advance(1).await;
         let stop = rules.check(&moved, Some(1)).expect("stalled");
-        assert!(stop.stalled);
+        assert_eq!(stop.ending, Ending::Stall);
         let reason = stop.reason;
         assert!(reason.contains("progress_update_timeout"), "{reason}");
         assert!(reason.contains("5 of 10 done"), "{reason}");
@@ -251,6 +287,46 @@ mod tests {
         assert_eq!(rules.check(&finalizing, Some(0)), None);
         let all_done_running = status(2, 2, Some(2), true);
         assert_eq!(rules.check(&all_done_running, Some(0)), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_job_past_its_deadline_expires_before_any_other_rule() {
+        // Submitted 5 s before this watcher saw it, with a deadline of 20 s.
+        let expiring = spec_with(1, 1, "deadline = \"20s\"\n");
+        let mut rules = StopRules::new(&expiring, Duration::from_secs(5));
+        let running = status(10, 4, Some(10), true);
+        assert_eq!(rules.check(&running, Some(1)), None);
+        advance(14).await;
+        // Stalled (progress_update_timeout 1 s), but the deadline has not passed: it fails.
+        assert_eq!(
+            rules.check(&running, Some(1)).unwrap().ending,
+            Ending::Stall
+        );
+        advance(1).await;
+        let stop = rules.check(&running, Some(1)).expect("past the deadline");
+        assert_eq!(stop.ending, Ending::Expire);
+        assert!(
+            stop.reason.contains("20s after submission"),
+            "{}",
+            stop.reason
+        );
+        assert!(stop.reason.contains("4 of 10"), "{}", stop.reason);
+        // Only a Running job expires; a resumed one has no deadline.
+        let finalizing = Status {
+            state: JobState::Finalizing,
+            ..status(10, 10, Some(10), true)
+        };
+        assert_eq!(rules.check(&finalizing, Some(1)), None);
+        let resumed = Status {
+            run: 1,
+            ..status(10, 4, Some(10), true)
+        };
+        let mut rules = StopRules::new(&spec_with(600, 600, "deadline = 20\n"), Duration::ZERO);
+        advance(3600).await;
+        assert_eq!(rules.check(&resumed, Some(1)), None);
+        // A job without a deadline never expires.
+        let mut rules = StopRules::new(&spec(600, 600), Duration::from_secs(86_400));
+        assert_eq!(rules.check(&status(10, 4, Some(10), true), Some(1)), None);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! A job's life: the one handle through which any process moves a job between its states
-//! (Running, Finalizing, Completed, Failed, Canceled) and writes its result files.
+//! (Running, Finalizing, Completed, Failed, Canceled, Expired) and writes its result files.
 //!
 //! Every move is one atomic ledger step, so of all the parties that may end a job (a node
 //! whose recording breaks a limit or does the last mini-batch, a watcher whose stop rule
@@ -20,6 +20,7 @@ use fleetrun_common::storage::Storage;
 use fleetrun_config::{JobSpec, Location, OutputAction};
 use tracing::{info, warn};
 
+use super::driver::{Ending, Stop};
 use super::error::JobError;
 use super::manifest::{self, Manifest, OutputDigests};
 use super::record::{JobRecord, unix_now};
@@ -181,10 +182,34 @@ impl Job {
             .await
     }
 
+    /// Ends a Running job as its stop rules say (`stop`): expires it once its deadline
+    /// passed (its manifest lists `input`), else fails it. `logs` are this process's log
+    /// files of the job, when it has any. Returns the status after.
+    pub async fn stop(
+        &self,
+        stop: Stop,
+        input: &dyn Storage,
+        logs: Option<&JobLogs>,
+    ) -> Result<Status, LedgerError> {
+        if stop.ending == Ending::Expire {
+            return self.expire(&stop.reason, input, logs).await;
+        }
+        let reason = self.stop_reason(stop).await;
+        self.fail(&reason, logs).await
+    }
+
+    /// [`Job::stop`], for callers that can do nothing more when the ledger cannot be told
+    /// than say so: another watcher tries again.
+    pub async fn stop_or_warn(&self, stop: Stop, input: &dyn Storage, logs: Option<&JobLogs>) {
+        if let Err(e) = self.stop(stop, input, logs).await {
+            warn!(job = %self.id, error = %e, "Cannot end the job as its stop rules say.");
+        }
+    }
+
     /// The cause to fail the job with for `stop`: a stall's names the mini-batches in flight
     /// (index, first item, node, process, how long), or says none is.
-    pub async fn stop_reason(&self, stop: super::driver::Stop) -> String {
-        if !stop.stalled {
+    async fn stop_reason(&self, stop: Stop) -> String {
+        if stop.ending != Ending::Stall {
             return stop.reason;
         }
         match self.ledger.in_flight(&self.id).await {
@@ -267,7 +292,80 @@ impl Job {
         Ok(status)
     }
 
-    /// Reopens a job that failed or was canceled, to continue it in its next run (see
+    /// Expires a Running job whose deadline passed, if this call moved it, and writes what it
+    /// finished: the output joined from its finished mini-batches' rows in input order,
+    /// `failed_items.csv`, the mini-batches it left unfinished
+    /// (`logs/unfinished_mini_batches.csv`), and a manifest (over `input`'s listing) that
+    /// says which mini-batch is which; then its results. The parts stay for a resume.
+    /// Returns the status after.
+    pub async fn expire(
+        &self,
+        reason: &str,
+        input: &dyn Storage,
+        logs: Option<&JobLogs>,
+    ) -> Result<Status, LedgerError> {
+        let _ending = self.ending().await;
+        let (moved, status) = self
+            .ledger
+            .transition(
+                &self.id,
+                &[JobState::Running],
+                JobState::Expired,
+                Some(reason),
+            )
+            .await?;
+        if !moved {
+            return Ok(status);
+        }
+        info!(job = %self.id, "Job expired: {reason}.");
+        let manifest = self.write_expired(input).await;
+        // The counts as the output holds them: a mini-batch recorded while it was joined
+        // counts too, and a resume keeps it.
+        let status = self.status().await.ok().flatten().unwrap_or(status);
+        results::write(self, logs, &status).await;
+        self.release_output().await;
+        self.tell(&status, manifest).await;
+        Ok(status)
+    }
+
+    /// Writes what an Expired job finished ([`Job::expire`]); returns its manifest's
+    /// digest, `None` (and a warning) when the output could not be written whole.
+    async fn write_expired(&self, input: &dyn Storage) -> Option<String> {
+        let status = self.status().await.ok().flatten()?;
+        let seen = status.total.unwrap_or(status.created).max(status.done);
+        // Read before the join: a mini-batch recorded meanwhile is in the output too.
+        let recorded = match self.ledger.recorded(&self.id, 0..seen).await {
+            Ok(recorded) => recorded,
+            Err(e) => {
+                warn!(job = %self.id, error = %e, "Cannot tell which mini-batches finished.");
+                return None;
+            }
+        };
+        let digests = match self.join(seen).await {
+            Ok(digests) => digests,
+            Err(e) => {
+                warn!(job = %self.id, error = %e, "Cannot write the expired job's output.");
+                return None;
+            }
+        };
+        let unfinished: Vec<u64> = (0..seen)
+            .filter(|i| !recorded[*i as usize] && !digests.holds(*i))
+            .collect();
+        let mut text = format!("{}\n", logs::UNFINISHED_HEADER);
+        for index in &unfinished {
+            text.push_str(&format!("{index}\n"));
+        }
+        let key = format!("logs/{}", logs::UNFINISHED_CSV);
+        if let Err(e) = self.output.put(&key, Bytes::from(text)).await {
+            warn!(job = %self.id, error = %e, "Cannot write the unfinished mini-batches.");
+        }
+        // The status as joined: the manifest's counts are those of its finished mini-batches.
+        let status = self.status().await.ok().flatten().unwrap_or(status);
+        self.write_manifest_of(input, &status, &digests, &unfinished)
+            .await
+    }
+
+    /// Reopens a job that failed, was canceled or expired, to continue it in its next run (see
     /// [`Ledger::reopen`]): the last run's `failed_items.csv` goes (the job's end writes its
     /// own), and the job's new state is told. The caller publishes what is left to do, or
     /// finalizes the job when nothing is (`transitioned`).
@@ -407,6 +505,17 @@ impl Job {
         status: &Status,
         digests: &OutputDigests,
     ) -> Option<String> {
+        self.write_manifest_of(input, status, digests, &[]).await
+    }
+
+    /// [`Job::write_manifest`] of a job that left the mini-batches `unfinished` (sorted).
+    async fn write_manifest_of(
+        &self,
+        input: &dyn Storage,
+        status: &Status,
+        digests: &OutputDigests,
+        unfinished: &[u64],
+    ) -> Option<String> {
         let fingerprint = manifest::fingerprint(&self.spec).unwrap_or_else(|e| {
             warn!(job = %self.id, error = %e, "Cannot take the job's fingerprint for its manifest.");
             Default::default()
@@ -418,7 +527,10 @@ impl Job {
             warn!(job = %self.id, error = %e, "Cannot read the job's report for its manifest.");
             Vec::new()
         });
-        let total = status.total.unwrap_or(status.done);
+        let total = status
+            .total
+            .unwrap_or(status.done)
+            .max(unfinished.last().map_or(0, |last| last + 1));
         let output = (self.spec.output_action == OutputAction::AppendRow)
             .then(|| digests.file(&self.spec.append_row_file_name));
         let failed_key = format!("logs/{}", logs::FAILED_ITEMS_CSV);
@@ -433,7 +545,12 @@ impl Job {
             output,
             failed_items: failed_items.ok().flatten(),
             counts: Counts::of(status),
-            mini_batches: manifest::entries(total, &manifest::report_items(&report), digests),
+            mini_batches: manifest::entries(
+                total,
+                &manifest::report_items(&report),
+                digests,
+                unfinished,
+            ),
             signature: None,
         };
         match manifest::write(&*self.output, written).await {

@@ -4,7 +4,8 @@
 //! user can check an output against it (`fleetrun verify`) and hand it on as evidence.
 //!
 //! The finalizer writes it last, once the job is Completed, in one atomic put beside the
-//! output. With a key (`FLEETRUN_MANIFEST_KEY`, else the webhook secret) it is signed: its
+//! output; the watcher that expires a job writes it the same way, its unfinished
+//! mini-batches marked `unfinished`. With a key (`FLEETRUN_MANIFEST_KEY`, else the webhook secret) it is signed: its
 //! `signature` is the HMAC-SHA256 of the manifest's JSON without the signature. Its digest,
 //! the SHA-256 of the file as written, goes in the job's end event and webhook, and
 //! `status --json` and the API read it back, so a receiver can tell the file it fetches is
@@ -118,6 +119,10 @@ pub struct MiniBatchEntry {
     pub rows: u64,
     /// SHA-256 of those lines; `None` when it holds none.
     pub sha256: Option<String>,
+    /// It had not finished when the job expired: its items are not in the output, and a
+    /// resume runs it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unfinished: bool,
 }
 
 /// Why a manifest cannot be read, written or trusted.
@@ -308,6 +313,11 @@ impl OutputDigests {
         self.lines += count_lines(body);
     }
 
+    /// Whether the join wrote rows of mini-batch `index`.
+    pub fn holds(&self, index: u64) -> bool {
+        self.parts.contains_key(&index)
+    }
+
     /// The output file `file`'s digest.
     pub fn file(&self, file: &str) -> FileDigest {
         FileDigest {
@@ -369,16 +379,19 @@ pub fn report_items(rows: &[String]) -> HashMap<u64, (u64, u64)> {
 }
 
 /// The mini-batch entries of a job of `total` mini-batches: their items from the report
-/// (`report_items`), their lines from the join (`parts`).
+/// (`report_items`), their lines from the join (`parts`); those of `unfinished` (sorted, of
+/// an expired job) are marked so, with no items.
 pub fn entries(
     total: u64,
     report: &HashMap<u64, (u64, u64)>,
     parts: &OutputDigests,
+    unfinished: &[u64],
 ) -> Vec<MiniBatchEntry> {
     let mut first = Some(0u64);
     (0..total)
         .map(|index| {
-            let counted = report.get(&index);
+            let left = unfinished.binary_search(&index).is_ok();
+            let counted = report.get(&index).filter(|_| !left);
             let items = match (first, counted) {
                 (Some(start), Some((n, _))) => {
                     first = Some(start + n);
@@ -399,6 +412,7 @@ pub fn entries(
                 failed: counted.map_or(0, |c| c.1),
                 rows,
                 sha256,
+                unfinished: left,
             }
         })
         .collect()
@@ -468,7 +482,7 @@ mod tests {
             index: 0,
             rows: b"a\nb\n",
         });
-        let entries = entries(3, &report, &parts);
+        let entries = entries(3, &report, &parts, &[]);
         assert_eq!(entries[0].items, Some([0, 2]));
         assert_eq!((entries[0].rows, entries[0].failed), (2, 0));
         assert_eq!(entries[1].items, Some([2, 5]));

@@ -46,7 +46,7 @@ mod side;
 mod watch;
 
 pub use code::{CODE_PREFIX, code_digest, ship_code};
-pub use driver::{INIT_FAILURE_GRACE, Stop, StopRules, init_failures_fail_job};
+pub use driver::{Ending, INIT_FAILURE_GRACE, Stop, StopRules, init_failures_fail_job};
 pub use error::{JobError, SettingsError};
 pub use finalize::conclude;
 pub use lifecycle::{Job, output_location};

@@ -39,6 +39,12 @@ pub fn result_text(job: &Job, status: &Status) -> String {
         .is_some_and(|r| r.starts_with("system error"));
     if status.state == JobState::Failed && system {
         text.push_str("Where to look: the cause above; it is the node's, not the script's.\n");
+    } else if status.state == JobState::Expired {
+        text.push_str(&format!(
+            "Where to look: the output holds the rows of every finished mini-batch; {} lists the unfinished ones, and `fleetrun resume {}` runs only those.\n",
+            logs::UNFINISHED_CSV,
+            job.id()
+        ));
     } else if status.state == JobState::Failed {
         text.push_str("Where to look: user/error.txt (script errors), user/error/ (full tracebacks), sys/node/*/_main.txt (processes), failed_items.csv.\n");
     }

@@ -43,8 +43,8 @@ pub async fn serving(fleet: &Fleet, status: &Status) -> Option<u64> {
 }
 
 /// Follows a job's state in the ledger: stops its running attempts on this node as soon as
-/// it no longer runs, takes its finalization over when whoever held it is gone, fails it
-/// when a stop rule says so (every node that serves the job watches them, so the job ends
+/// it no longer runs, takes its finalization over when whoever held it is gone, fails or
+/// expires it when a stop rule says so (every node that serves the job watches them, so the job ends
 /// whichever nodes are left), keeps its overview and flushes its logs now and then, and
 /// uploads them at the end.
 pub(super) async fn watch_job(
@@ -97,8 +97,9 @@ pub(super) async fn watch_job(
         }
         note_changes(&ctx, &node, &mut seen, &status);
         if let Some(stop) = rules.check(&status, serving(&fleet, &status).await) {
-            let reason = ctx.job.stop_reason(stop).await;
-            ctx.job.fail_or_warn(&reason, Some(&ctx.logs)).await;
+            ctx.job
+                .stop_or_warn(stop, &*ctx.input, Some(&ctx.logs))
+                .await;
             continue;
         }
         if !status.state.is_terminal() && ctx.job.spec().output.as_local().is_some() {
