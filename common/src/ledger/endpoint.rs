@@ -146,7 +146,11 @@ impl Connection {
     /// A connection to the primary as last known: the next lane's.
     pub(crate) fn get(&self) -> ConnectionManager {
         let lane = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes;
-        self.current.read().unwrap_or_else(|p| p.into_inner()).managers[lane].clone()
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .managers[lane]
+            .clone()
     }
 }
 
