@@ -17,10 +17,11 @@ def init():
     os.makedirs(SEEN, exist_ok=True)
     tmp = os.path.join(SEEN, NAME + ".tmp")
     with open(tmp, "w") as f:
-        f.write("%s %s %s" % (
+        f.write("%s %s %s %s" % (
             os.environ.get("CUDA_VISIBLE_DEVICES", "none"),
             os.environ.get("AZ_BATCHAI_GPU_COUNT_FOUND", "unset"),
             os.environ.get("FLEETRUN_GPU_COUNT", "unset"),
+            os.environ.get("FLEETRUN_RUNNERS_PER_GPU", "unset"),
         ))
     os.rename(tmp, os.path.join(SEEN, NAME))
 
@@ -38,7 +39,8 @@ def run(mini_batch):
 
 /// 2 GPUs, 4 processes: processes 0 and 1 get indexes 0 and 1 of their own, 2 and 3 share
 /// them round-robin (never all GPUs); process 0 dies and the next process started, 4, gets
-/// index 0 of its own. Every process has the node's GPU count in both variables.
+/// index 0 of its own. Every process has the node's GPU count in both variables, and is told
+/// that two runners share each GPU (to take half its memory).
 #[test]
 fn two_gpus_four_processes_and_process_0_killed() {
     let job = JobDir::new(SCRIPT, "mini_batch_size = 1\nprocess_count_per_node = 4");
@@ -71,11 +73,11 @@ fn two_gpus_four_processes_and_process_0_killed() {
     assert_eq!(
         first,
         [
-            ("process000", "0 2 2"),
-            ("process001", "1 2 2"),
-            ("process002", "0 2 2"),
-            ("process003", "1 2 2"),
-            ("process004", "0 2 2"),
+            ("process000", "0 2 2 2"),
+            ("process001", "1 2 2 2"),
+            ("process002", "0 2 2 2"),
+            ("process003", "1 2 2 2"),
+            ("process004", "0 2 2 2"),
         ],
         "{seen:?}"
     );

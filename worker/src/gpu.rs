@@ -11,6 +11,9 @@
 //! A worker started with `CUDA_VISIBLE_DEVICES` set hands out only what it lists: its
 //! entries are the node's GPUs, in order (indexes such as `2,3`, or the UUIDs of GPUs and
 //! MIG instances), and runner processes get entries, never devices outside them.
+//!
+//! A GPU in MIG mode is used through its instances only (CUDA sees one instance per
+//! process): NVML lists them, and each is one of the node's GPUs, handed out by its UUID.
 
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -21,6 +24,11 @@ pub const GPU_COUNT_VAR: &str = "FLEETRUN_GPU_COUNT";
 /// ParallelRunStep's name for the node's GPU count, set beside [`GPU_COUNT_VAR`] so that its
 /// scripts read it unchanged.
 pub const AZ_GPU_COUNT_VAR: &str = "AZ_BATCHAI_GPU_COUNT_FOUND";
+
+/// The variable that tells a runner how many of its job's runners on the node share its GPU
+/// (the job's process count over the node's GPUs, rounded up): a script loading a model on
+/// a GPU it shares takes that share of its memory.
+pub const RUNNERS_PER_GPU_VAR: &str = "FLEETRUN_RUNNERS_PER_GPU";
 
 /// The variable that masks the GPUs a CUDA process sees, inherited by a worker and set for
 /// each runner.
@@ -67,8 +75,58 @@ pub struct Detected {
     pub count: usize,
     /// Their names, by index, when NVML told them.
     pub names: Vec<String>,
+    /// What each puts in a runner's `CUDA_VISIBLE_DEVICES`, when NVML told them (see
+    /// [`Device::entry`]); empty otherwise, and the indexes are handed out.
+    pub devices: Vec<String>,
     /// Where the count came from, for the node's log.
     pub source: String,
+}
+
+/// A physical GPU as NVML describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    pub name: String,
+    /// Its MIG instances when MIG mode is on (`None` when it is off or not supported).
+    pub mig: Option<Vec<MigInstance>>,
+}
+
+/// One MIG instance of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigInstance {
+    pub name: String,
+    /// Its UUID as NVML gives it (`MIG-…`), which `CUDA_VISIBLE_DEVICES` takes.
+    pub uuid: String,
+}
+
+/// One device a runner can be handed: a GPU, or a MIG instance of one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    pub name: String,
+    /// What a runner's `CUDA_VISIBLE_DEVICES` holds to see this device alone: a GPU's
+    /// index, or a MIG instance's UUID.
+    pub entry: String,
+}
+
+/// The devices runners are handed on a machine whose GPUs are `gpus`, in NVML's order: each
+/// GPU by its index, or, in MIG mode, each of its instances by UUID (a GPU in MIG mode
+/// serves CUDA only through its instances; one with none serves nothing).
+pub fn devices(gpus: &[Gpu]) -> Vec<Device> {
+    gpus.iter()
+        .enumerate()
+        .flat_map(|(index, gpu)| match &gpu.mig {
+            None => vec![Device {
+                name: gpu.name.clone(),
+                entry: index.to_string(),
+            }],
+            Some(instances) => instances
+                .iter()
+                .map(|mig| Device {
+                    name: format!("{} {}", gpu.name, mig.name),
+                    entry: mig.uuid.clone(),
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 impl Detected {
@@ -82,7 +140,12 @@ impl Detected {
                     .names
                     .iter()
                     .enumerate()
-                    .map(|(i, name)| format!("{i}: {name}"))
+                    .map(|(i, name)| match self.devices.get(i) {
+                        Some(entry) if *entry != i.to_string() => {
+                            format!("{i}: {name} ({entry})")
+                        }
+                        _ => format!("{i}: {name}"),
+                    })
                     .collect();
                 format!("{n} GPU(s) ({}): {}.", self.source, names.join(", "))
             }
@@ -110,47 +173,94 @@ pub fn detect_gpus() -> usize {
 fn detect_with(
     configured: Option<&str>,
     mask: Option<&[String]>,
-    nvml: impl FnOnce() -> Result<Vec<String>, String>,
+    nvml: impl FnOnce() -> Result<Vec<Gpu>, String>,
 ) -> Detected {
+    let unnamed = |count, source| Detected {
+        count,
+        names: Vec::new(),
+        devices: Vec::new(),
+        source,
+    };
     if let Some(count) = configured.and_then(|v| v.trim().parse().ok()) {
-        return Detected {
-            count,
-            names: Vec::new(),
-            source: format!("{GPU_COUNT_VAR}={count}"),
-        };
+        return unnamed(count, format!("{GPU_COUNT_VAR}={count}"));
     }
     if let Some(mask) = mask {
         // NVML counts every GPU of the machine, the mask only this worker's.
-        return Detected {
-            count: mask.len(),
-            names: Vec::new(),
-            source: format!("{VISIBLE_DEVICES_VAR}={}", mask.join(",")),
-        };
+        let source = format!("{VISIBLE_DEVICES_VAR}={}", mask.join(","));
+        return unnamed(mask.len(), source);
     }
     match nvml() {
-        Ok(names) => Detected {
-            count: names.len(),
-            names,
-            source: "NVML".to_owned(),
-        },
-        Err(why) => Detected {
-            count: 0,
-            names: Vec::new(),
-            source: format!("NVML: {why}"),
-        },
+        Ok(gpus) => {
+            let (names, devices) = devices(&gpus)
+                .into_iter()
+                .map(|device| (device.name, device.entry))
+                .unzip();
+            Detected {
+                count: gpus_count(&gpus),
+                names,
+                devices,
+                source: "NVML".to_owned(),
+            }
+        }
+        Err(why) => unnamed(0, format!("NVML: {why}")),
     }
 }
 
-/// The GPUs' names by index, from NVML.
-fn nvml_gpus() -> Result<Vec<String>, String> {
+/// How many devices runners are handed among `gpus` (see [`devices`]).
+fn gpus_count(gpus: &[Gpu]) -> usize {
+    gpus.iter()
+        .map(|gpu| gpu.mig.as_ref().map_or(1, Vec::len))
+        .sum()
+}
+
+/// What each of a node's `count` GPU indexes hands a runner: the inherited mask's entries
+/// (see [`visible_devices`]), else the devices NVML listed (MIG instances by UUID) when
+/// they are the count, else the indexes.
+pub fn node_devices(count: usize) -> Vec<String> {
+    let mask = inherited_mask();
+    let detected = detect();
+    if mask.is_none() && detected.count == count && detected.devices.len() == count {
+        return detected.devices.clone();
+    }
+    visible_devices(count, mask)
+}
+
+/// NVML's `current` MIG mode value when MIG is on (`NVML_DEVICE_MIG_ENABLE`).
+const MIG_ENABLED: u32 = 1;
+/// The most MIG instances a GPU holds (seven on an A100 or H100); NVML numbers them
+/// from 0, not necessarily without gaps.
+const MIG_INSTANCES: u32 = 7;
+
+/// The machine's GPUs, from NVML.
+fn nvml_gpus() -> Result<Vec<Gpu>, String> {
     use nvml_wrapper::Nvml;
     let nvml = Nvml::init().map_err(|e| e.to_string())?;
     let count = nvml.device_count().map_err(|e| e.to_string())?;
     Ok((0..count)
-        .map(|i| {
-            nvml.device_by_index(i)
-                .and_then(|d| d.name())
-                .unwrap_or_else(|e| format!("unnamed ({e})"))
+        .map(|i| match nvml.device_by_index(i) {
+            Ok(device) => {
+                let mig_on = device
+                    .mig_mode()
+                    .is_ok_and(|mode| mode.current == MIG_ENABLED);
+                let mig = mig_on.then(|| {
+                    (0..MIG_INSTANCES)
+                        .filter_map(|m| {
+                            let mig = device.mig_device_by_index(m).ok()?;
+                            let uuid = mig.uuid().ok()?;
+                            let name = mig.name().unwrap_or_else(|_| format!("MIG {m}"));
+                            Some(MigInstance { name, uuid })
+                        })
+                        .collect()
+                });
+                Gpu {
+                    name: device.name().unwrap_or_else(|e| format!("unnamed ({e})")),
+                    mig,
+                }
+            }
+            Err(e) => Gpu {
+                name: format!("unnamed ({e})"),
+                mig: None,
+            },
         })
         .collect())
 }
@@ -267,6 +377,65 @@ mod tests {
         (lease.index(), lease.is_shared())
     }
 
+    fn gpu(name: &str) -> Gpu {
+        Gpu {
+            name: name.to_owned(),
+            mig: None,
+        }
+    }
+
+    /// A GPU in MIG mode is its instances: two instances are two of the node's GPUs, each
+    /// handed to a runner by its UUID, beside a GPU without MIG handed out by its index.
+    #[test]
+    fn mig_instances_are_handed_out_by_uuid() {
+        let instance = |name: &str, uuid: &str| MigInstance {
+            name: name.to_owned(),
+            uuid: uuid.to_owned(),
+        };
+        let machine = vec![
+            Gpu {
+                name: "NVIDIA A100-SXM4-40GB".to_owned(),
+                mig: Some(vec![
+                    instance("MIG 3g.20gb", "MIG-5b2c1a0e-0000-4000-8000-000000000001"),
+                    instance("MIG 3g.20gb", "MIG-5b2c1a0e-0000-4000-8000-000000000002"),
+                ]),
+            },
+            gpu("NVIDIA A10"),
+            // MIG on, no instance made yet: it serves nothing.
+            Gpu {
+                name: "NVIDIA A100-SXM4-40GB".to_owned(),
+                mig: Some(Vec::new()),
+            },
+        ];
+        let found = detect_with(None, None, || Ok(machine));
+        assert_eq!(found.count, 3);
+        assert_eq!(
+            found.devices,
+            [
+                "MIG-5b2c1a0e-0000-4000-8000-000000000001",
+                "MIG-5b2c1a0e-0000-4000-8000-000000000002",
+                "1",
+            ]
+        );
+        assert_eq!(
+            found.describe(),
+            "3 GPU(s) (NVML): 0: NVIDIA A100-SXM4-40GB MIG 3g.20gb \
+             (MIG-5b2c1a0e-0000-4000-8000-000000000001), 1: NVIDIA A100-SXM4-40GB MIG 3g.20gb \
+             (MIG-5b2c1a0e-0000-4000-8000-000000000002), 2: NVIDIA A10 (1)."
+        );
+        let pool = GpuPool::with_devices(found.devices.clone());
+        let (p0, p1, p2) = (
+            pool.acquire().unwrap(),
+            pool.acquire().unwrap(),
+            pool.acquire().unwrap(),
+        );
+        assert_eq!(
+            [p0.device(), p1.device(), p2.device()],
+            [found.devices[0].as_str(), &found.devices[1], "1"]
+        );
+        assert!(![&p0, &p1, &p2].iter().any(|p| p.is_shared()));
+    }
+
     #[test]
     fn processes_beyond_the_count_share_the_gpus_round_robin() {
         let pool = GpuPool::new(2);
@@ -315,7 +484,7 @@ mod tests {
         assert_eq!(visible_devices(2, None), ["0", "1"]);
         assert_eq!(visible_devices(2, Some(&[])), ["0", "1"]);
         // The mask is the node's GPUs, unless a count is configured.
-        let unasked = || -> Result<Vec<String>, String> { panic!("NVML asked") };
+        let unasked = || -> Result<Vec<Gpu>, String> { panic!("NVML asked") };
         let masked = detect_with(None, Some(&mig), unasked);
         assert_eq!(masked.count, 2);
         assert_eq!(
@@ -333,7 +502,7 @@ mod tests {
 
     #[test]
     fn the_configured_count_wins_and_nvml_missing_is_no_gpu() {
-        let unasked = || -> Result<Vec<String>, String> { panic!("NVML asked") };
+        let unasked = || -> Result<Vec<Gpu>, String> { panic!("NVML asked") };
         let configured = detect_with(Some(" 2 "), None, unasked);
         assert_eq!(configured.count, 2);
         assert_eq!(configured.describe(), "2 GPU(s) (FLEETRUN_GPU_COUNT=2).");
@@ -345,9 +514,7 @@ mod tests {
             "No GPU on this node (NVML: libnvidia-ml.so.1: cannot open)."
         );
 
-        let found = detect_with(Some("many"), None, || {
-            Ok(vec!["A100".into(), "A100".into()])
-        });
+        let found = detect_with(Some("many"), None, || Ok(vec![gpu("A100"), gpu("A100")]));
         assert_eq!(found.count, 2);
         assert_eq!(found.describe(), "2 GPU(s) (NVML): 0: A100, 1: A100.");
     }

@@ -91,8 +91,9 @@ use slot::Slot;
 pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToken) {
     // Before any runner starts: a runner killed for memory is told by the count growing.
     crate::oom::watch();
-    // Only what the worker's own CUDA_VISIBLE_DEVICES lists, when it inherited one.
-    let devices = crate::gpu::visible_devices(agent.config.gpus, crate::gpu::inherited_mask());
+    // Only what the worker's own CUDA_VISIBLE_DEVICES lists, when it inherited one; MIG
+    // instances by UUID.
+    let devices = crate::gpu::node_devices(agent.config.gpus);
     let gpus = GpuPool::with_devices(devices);
     let agent_slots = agent.config.processes.max(1);
     let shared = Arc::new(Shared {

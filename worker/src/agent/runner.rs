@@ -12,7 +12,9 @@ use tracing::{debug, warn};
 
 use super::environment::{RunnerEnv, runner_env};
 use super::{AgentConfig, AgentEvent, JobContext, Shared};
-use crate::gpu::{AZ_GPU_COUNT_VAR, GPU_COUNT_VAR, GpuLease, VISIBLE_DEVICES_VAR};
+use crate::gpu::{
+    AZ_GPU_COUNT_VAR, GPU_COUNT_VAR, GpuLease, RUNNERS_PER_GPU_VAR, VISIBLE_DEVICES_VAR,
+};
 use crate::logs;
 use crate::monitor::MonitorSettings;
 use crate::process::{InitOutcome, Launch, ProcessError, Runner, returncode};
@@ -323,7 +325,11 @@ fn launch_of(shared: &Shared, ctx: &JobContext, name: &str, gpu: Option<&GpuLeas
     env.push((GPU_COUNT_VAR.into(), gpu_count.clone()));
     env.push((AZ_GPU_COUNT_VAR.into(), gpu_count));
     match gpu {
-        Some(lease) => env.push((VISIBLE_DEVICES_VAR.into(), lease.device().to_owned())),
+        Some(lease) => {
+            env.push((VISIBLE_DEVICES_VAR.into(), lease.device().to_owned()));
+            let per_gpu = ctx.seats.cap().div_ceil(shared.gpus.count().max(1));
+            env.push((RUNNERS_PER_GPU_VAR.into(), per_gpu.to_string()));
+        }
         None => env_remove.push(VISIBLE_DEVICES_VAR.to_owned()),
     }
     Launch {
@@ -466,6 +472,7 @@ fn gpu_line(count: usize) -> String {
     crate::gpu::Detected {
         count,
         names: Vec::new(),
+        devices: Vec::new(),
         source: "as configured".to_owned(),
     }
     .describe()
