@@ -8,7 +8,6 @@
 //!   primary (calls on the old one fail, and are retried, as on any lost connection). The
 //!   user and password are the primary's; the sentinels are asked without them.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
@@ -61,17 +60,12 @@ pub(crate) fn connect_error(
 #[derive(Clone)]
 pub(crate) struct Connection {
     current: Arc<RwLock<Primary>>,
-    /// How many connections to the primary are kept (see [`Connection::open`]).
-    lanes: usize,
-    /// Which connection the next call takes.
-    next: Arc<AtomicUsize>,
 }
 
 struct Primary {
     /// `host:port`, as the sentinels name it (empty for a direct URL).
     address: String,
-    /// One per lane.
-    managers: Vec<ConnectionManager>,
+    manager: ConnectionManager,
 }
 
 /// Where the primary is found.
@@ -92,64 +86,45 @@ struct Sentinel {
 }
 
 impl Connection {
-    /// Connects to the primary `url` names (see the module's URL forms) `lanes` times: each
-    /// call takes the next connection in turn. A command that blocks its connection (the
-    /// `WAIT` that follows every replicated write) holds up only the calls behind it on its
-    /// own lane, so concurrent writes wait for the replicas side by side.
+    /// Connects to the primary `url` names (see the module's URL forms).
     pub(crate) async fn open(
         url: &str,
         tls: &Tls,
         config: ConnectionManagerConfig,
-        lanes: usize,
     ) -> RedisResult<Connection> {
-        let lanes = lanes.max(1);
         let sentinel = match parse(url)? {
             Endpoint::Direct(url) => {
-                let client = client(&url, tls)?;
-                let mut managers = Vec::with_capacity(lanes);
-                for _ in 0..lanes {
-                    managers.push(
-                        client
-                            .get_connection_manager_with_config(config.clone())
-                            .await?,
-                    );
-                }
+                let manager = client(&url, tls)?
+                    .get_connection_manager_with_config(config)
+                    .await?;
                 let primary = Primary {
                     address: String::new(),
-                    managers,
+                    manager,
                 };
-                return Ok(Connection::of(primary, lanes));
+                return Ok(Connection {
+                    current: Arc::new(RwLock::new(primary)),
+                });
             }
             Endpoint::Sentinel(sentinel) => sentinel,
         };
         let address = sentinel.ask(tls).await?;
-        let managers = sentinel.connect(&address, tls, &config, lanes).await?;
-        let connection = Connection::of(Primary { address, managers }, lanes);
+        let manager = sentinel.connect(&address, tls, config.clone()).await?;
+        let current = Arc::new(RwLock::new(Primary { address, manager }));
         tokio::spawn(follow(
             sentinel,
             tls.clone(),
             config,
-            lanes,
-            Arc::downgrade(&connection.current),
+            Arc::downgrade(&current),
         ));
-        Ok(connection)
+        Ok(Connection { current })
     }
 
-    fn of(primary: Primary, lanes: usize) -> Connection {
-        Connection {
-            current: Arc::new(RwLock::new(primary)),
-            lanes,
-            next: Arc::default(),
-        }
-    }
-
-    /// A connection to the primary as last known: the next lane's.
+    /// The connection to the primary as last known.
     pub(crate) fn get(&self) -> ConnectionManager {
-        let lane = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes;
         self.current
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .managers[lane]
+            .manager
             .clone()
     }
 }
@@ -160,7 +135,6 @@ async fn follow(
     sentinel: Sentinel,
     tls: Tls,
     config: ConnectionManagerConfig,
-    lanes: usize,
     current: Weak<RwLock<Primary>>,
 ) {
     let mut ticks = tokio::time::interval(FOLLOW);
@@ -183,10 +157,10 @@ async fn follow(
                 continue;
             }
         };
-        match sentinel.connect(&address, &tls, &config, lanes).await {
-            Ok(managers) => {
+        match sentinel.connect(&address, &tls, config.clone()).await {
+            Ok(manager) => {
                 info!(master = %sentinel.master, from = %known, to = %address, "The Redis primary moved; following it.");
-                *current.write().unwrap_or_else(|p| p.into_inner()) = Primary { address, managers };
+                *current.write().unwrap_or_else(|p| p.into_inner()) = Primary { address, manager };
             }
             Err(e) => {
                 warn!(master = %sentinel.master, to = %address, error = %e, "The new Redis primary does not answer yet; asking again.");
@@ -235,26 +209,17 @@ impl Sentinel {
         }))
     }
 
-    /// `lanes` connections to the primary at `address`.
     async fn connect(
         &self,
         address: &str,
         tls: &Tls,
-        config: &ConnectionManagerConfig,
-        lanes: usize,
-    ) -> RedisResult<Vec<ConnectionManager>> {
+        config: ConnectionManagerConfig,
+    ) -> RedisResult<ConnectionManager> {
         let scheme = if self.tls { "rediss" } else { "redis" };
         let url = format!("{scheme}://{}{address}/{}", self.credentials, self.db);
-        let client = client(&url, tls)?;
-        let mut managers = Vec::with_capacity(lanes);
-        for _ in 0..lanes {
-            managers.push(
-                client
-                    .get_connection_manager_with_config(config.clone())
-                    .await?,
-            );
-        }
-        Ok(managers)
+        client(&url, tls)?
+            .get_connection_manager_with_config(config)
+            .await
     }
 }
 

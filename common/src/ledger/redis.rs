@@ -94,9 +94,6 @@ use super::{
 /// server still executes, and a busy server can take longer.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections a ledger keeps to its Redis, each call taking the next: a write's `WAIT` for
-/// the replicas blocks its connection, and the agent records several mini-batches at once.
-const LANES: usize = 4;
 /// Mini-batches whose parts one `HMGET` asks for.
 const PARTS_PER_CALL: u64 = 1000;
 
@@ -495,7 +492,7 @@ impl RedisLedger {
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_connection_timeout(Some(CONNECTION_TIMEOUT));
-        let conn = Connection::open(url, tls, config, LANES)
+        let conn = Connection::open(url, tls, config)
             .await
             .map_err(|e| super::endpoint::connect_error(url, tls, e, |e| backend("connect", &e)))?;
         Ok(RedisLedger {
@@ -1105,7 +1102,7 @@ pub async fn durability_gap(url: &str, tls: &Tls) -> Option<String> {
     let settings = async {
         let config =
             ConnectionManagerConfig::new().set_connection_timeout(Some(CONNECTION_TIMEOUT));
-        let mut conn = Connection::open(url, tls, config, 1).await?.get();
+        let mut conn = Connection::open(url, tls, config).await?.get();
         let (_, appendonly): (String, String) = redis::cmd("CONFIG")
             .arg("GET")
             .arg("appendonly")

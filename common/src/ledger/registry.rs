@@ -417,7 +417,7 @@ impl RedisRegistry {
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
             .set_response_timeout(Some(std::time::Duration::from_secs(10)));
-        let conn = super::endpoint::Connection::open(url, tls, config, 1)
+        let conn = super::endpoint::Connection::open(url, tls, config)
             .await
             .map_err(|e| super::endpoint::connect_error(url, tls, e, backend))?;
         Ok(RedisRegistry {
