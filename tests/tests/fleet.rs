@@ -2978,7 +2978,7 @@ fn a_job_answered_201_is_published_whole_though_its_serve_dies() {
 
 /// A webhook receiver, in Python: checks each POST's signature with the secret, answers 503
 /// to the first POST of each job (so the fleet must retry), 204 after, and notes each in a
-/// file: `<verified|FORGED|refused> <event> <job name> <state>`.
+/// file: `<verified|FORGED|refused> <event> <job name> <state> <manifest digest or ->`.
 const WEBHOOK_RECEIVER: &str = r#"
 import hashlib, hmac, http.server, json, sys
 secret, out = sys.argv[1].encode(), sys.argv[2]
@@ -2994,7 +2994,8 @@ class Hook(http.server.BaseHTTPRequestHandler):
         seen.add(event["name"])
         word = "refused" if first else ("verified" if signed else "FORGED")
         with open(out, "a") as f:
-            f.write(f"{word} {self.headers['X-Fleetrun-Event']} {event['name']} {event['state']}\n")
+            manifest = event.get("manifest") or "-"
+            f.write(f"{word} {self.headers['X-Fleetrun-Event']} {event['name']} {event['state']} {manifest}\n")
         self.send_response(503 if first else 204)
         self.end_headers()
 
@@ -3008,6 +3009,8 @@ server.serve_forever()
 
 /// A job's `notify_url` gets a POST of its end, signed with `FLEETRUN_WEBHOOK_SECRET`, and
 /// retried when the receiver fails: once for a job that completes, once for one that fails.
+/// The completed job's POST carries the digest of the manifest it wrote, which the receiver
+/// checks against the manifest it fetches.
 #[test]
 fn a_webhook_receiver_gets_a_signed_post_of_each_end() {
     let mut fleet = Fleet::new(RAISES_ON_F0003);
@@ -3037,6 +3040,7 @@ fn a_webhook_receiver_gets_a_signed_post_of_each_end() {
     let completes = fleet.s3_job(&format!("{settings}\nerror_threshold = -1"));
     let fails = fleet.s3_job(&format!("{settings}\nerror_threshold = 0"));
     assert_eq!(code(&fleet.submit(&completes, &["--wait"])), 0);
+    let manifest = proof::digest(&fleet.output("out/logs/manifest.json"));
     assert_eq!(code(&fleet.submit(&fails, &["--wait"])), 42);
 
     let name = |job: &Path| {
@@ -3057,7 +3061,11 @@ fn a_webhook_receiver_gets_a_signed_post_of_each_end() {
         (&fails, "job.failed", "Failed"),
     ] {
         let name = name(job);
-        let lines: Vec<&str> = heard.lines().filter(|l| l.contains(&name)).collect();
+        let lines: Vec<&str> = heard
+            .lines()
+            .filter(|l| l.contains(&name))
+            .map(|l| l.rsplit_once(' ').unwrap().0)
+            .collect();
         assert_eq!(
             lines,
             [
@@ -3067,6 +3075,14 @@ fn a_webhook_receiver_gets_a_signed_post_of_each_end() {
             "{heard}"
         );
     }
+    let completed = heard
+        .lines()
+        .find(|l| l.starts_with("verified job.completed"))
+        .unwrap();
+    assert!(
+        completed.ends_with(&format!(" {manifest}")),
+        "the POST carries the manifest's digest {manifest}: {completed}"
+    );
     assert!(!heard.contains("FORGED"), "{heard}");
 }
 
