@@ -86,25 +86,7 @@ fn a_job_completes_when_its_redis_fails_over_losing_unreplicated_writes() {
 /// the primary killed, and the sentinels promote the replica; the workers follow it.
 #[test]
 fn a_job_completes_when_sentinel_fails_its_redis_over() {
-    let master = "ledger";
-    let mut primary = PrivateRedis::start();
-    let replica = PrivateRedis::replica_of(primary.port());
-    let sentinels: Vec<PrivateSentinel> = (0..3)
-        .map(|_| PrivateSentinel::watch(master, primary.port(), 2))
-        .collect();
-    let listed: Vec<String> = sentinels.iter().map(PrivateSentinel::address).collect();
-    let url = format!("redis+sentinel://{}/{master}", listed.join(","));
-    completes_through(url, || {
-        replica.freeze();
-        std::thread::sleep(Duration::from_millis(1500));
-        primary.kill();
-        replica.thaw();
-        wait_for(
-            "the sentinels to promote the replica",
-            Duration::from_secs(60),
-            || sentinels[0].primary(master) == Some(replica.port()),
-        );
-    });
+    sentinel_fails_over(false);
 }
 
 /// The same over TLS (`rediss+sentinel://`): the primary, its replica and three sentinels all
@@ -112,15 +94,40 @@ fn a_job_completes_when_sentinel_fails_its_redis_over() {
 /// TLS; the workers ask the sentinels over TLS and follow the promoted replica.
 #[test]
 fn a_job_completes_when_sentinel_fails_its_redis_over_all_over_tls() {
+    sentinel_fails_over(true);
+}
+
+/// A job through a Sentinel failover (see the two tests above), all of it over TLS if `tls`.
+fn sentinel_fails_over(tls: bool) {
     let master = "ledger";
-    let mut primary = PrivateRedis::with_tls(&services::tls_dir());
-    let replica = PrivateRedis::tls_replica_of(&primary);
+    let (mut primary, replica) = if tls {
+        let primary = PrivateRedis::with_tls(&services::tls_dir());
+        let replica = PrivateRedis::tls_replica_of(&primary);
+        (primary, replica)
+    } else {
+        let primary = PrivateRedis::start();
+        let replica = PrivateRedis::replica_of(primary.port());
+        (primary, replica)
+    };
     let sentinels: Vec<PrivateSentinel> = (0..3)
-        .map(|_| PrivateSentinel::watch_tls(master, &primary, 2))
+        .map(|_| match tls {
+            true => PrivateSentinel::watch_tls(master, &primary, 2),
+            false => PrivateSentinel::watch(master, primary.port(), 2),
+        })
         .collect();
+    let promoted = if tls {
+        replica.tls_port()
+    } else {
+        replica.port()
+    };
     let listed: Vec<String> = sentinels.iter().map(PrivateSentinel::address).collect();
-    let url = format!("rediss+sentinel://{}/{master}", listed.join(","));
-    completes_through_on(url, true, || {
+    let scheme = if tls {
+        "rediss+sentinel"
+    } else {
+        "redis+sentinel"
+    };
+    let url = format!("{scheme}://{}/{master}", listed.join(","));
+    completes_through_on(url, tls, || {
         replica.freeze();
         std::thread::sleep(Duration::from_millis(1500));
         primary.kill();
@@ -128,7 +135,7 @@ fn a_job_completes_when_sentinel_fails_its_redis_over_all_over_tls() {
         wait_for(
             "the sentinels to promote the replica",
             Duration::from_secs(60),
-            || sentinels[0].primary(master) == Some(replica.tls_port()),
+            || sentinels[0].primary(master) == Some(promoted),
         );
     });
 }
