@@ -120,11 +120,22 @@ try:
 except fleetrun.JobEnded as e:
     assert e.status.state == fleetrun.JobState.CANCELED and "Canceled" in str(e), e
 
+# --- a deadline: wait() raises JobEnded with EXPIRED -----------------------------------------
+late = client.submit(dict(job("py-late", "slow.py", "out-late"), deadline="4s"))
+try:
+    late.wait(timeout=90, poll=0.5)
+    raise AssertionError("wait() on an expired job returned")
+except fleetrun.JobEnded as e:
+    assert e.status.state == fleetrun.JobState.EXPIRED and "Expired" in str(e), e
+    assert e.status.ended and not e.status.completed, e.status
+    assert e.status.counts.succeeded_items < 20, e.status.counts
+
 # --- the webhooks -------------------------------------------------------------------------
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline and {json.loads(b)["job_id"] for b, _, _ in received} < {
     first_id,
     slow.id,
+    late.id,
 }:
     time.sleep(0.2)
 events = {json.loads(b)["job_id"]: (b, h, ok) for b, h, ok in received}
@@ -134,6 +145,9 @@ assert ok, "the completed job's webhook verifies"
 assert json.loads(body)["state"] == "Completed", body
 assert headers.get(fleetrun.EVENT_HEADER) == "job.completed", headers
 assert events[slow.id][2], "the canceled job's webhook verifies"
+late_body, late_headers, late_ok = events[late.id]
+assert late_ok and json.loads(late_body)["state"] == "Expired", late_body
+assert late_headers.get(fleetrun.EVENT_HEADER) == "job.expired", late_headers
 assert not fleetrun.verify_webhook(body.replace(b"Completed", b"Failed"), headers, secret)
 assert not fleetrun.verify_webhook(body, headers, "another secret")
 assert not fleetrun.verify_webhook(body, {}, secret)

@@ -166,9 +166,10 @@ mod fleet {
     /// A Python service on 3.10 (`python/tests/drive_serve.py`) drives the wheel's
     /// `fleetrun serve` through `fleetrun.Client`, a worker of the wheel's serving the pool:
     /// it submits with its own id, again (attached), waits to Completed, gets `BadJob` with
-    /// the message, `NotFound`, `Conflict` and `Unauthorized`, cancels a job, and its webhook
-    /// receiver verifies both jobs' signed webhooks with `fleetrun.verify_webhook` and
-    /// refuses a tampered body.
+    /// the message, `NotFound`, `Conflict` and `Unauthorized`, cancels a job, sees a job past
+    /// its `deadline` end Expired (`wait` raises `JobEnded`), and its webhook receiver
+    /// verifies the three jobs' signed webhooks with `fleetrun.verify_webhook` and refuses a
+    /// tampered body.
     #[test]
     fn a_python_service_drives_serve_through_the_client() {
         let venv = Venv::with_wheel("3.10");
