@@ -19,7 +19,7 @@ use fleetrun_common::storage::s3::S3Settings;
 use fleetrun_common::storage::{LocalStorage, Storage};
 use fleetrun_config::{Input, JobSpec, Location, OutputAction};
 use fleetrun_worker::agent;
-use fleetrun_worker::job::{self, Fleet, Job, Publication, WorkerConfig};
+use fleetrun_worker::job::{self, Fleet, Job, JobRecord, Publication, WorkerConfig};
 use fleetrun_worker::logs::JobLogs;
 use fleetrun_worker::node;
 use fleetrun_worker::output::{OutputError, OutputGuard};
@@ -27,7 +27,7 @@ use fleetrun_worker::process::find_runner_exe;
 use tokio_util::sync::CancellationToken;
 
 use crate::exit;
-use crate::fleet::{self as fleet_cmd, FleetError};
+use crate::fleet::{self as fleet_cmd, FleetError, Registered};
 use crate::partition::Produced;
 
 /// Deliveries each slot of a local run may hold: beside the one running and two being
@@ -159,6 +159,100 @@ pub async fn run_local(
     interrupt: Interrupt,
 ) -> Result<JobReport, RunError> {
     let started = Instant::now();
+    let output_dir = check_folders(&mut spec, &options).await?;
+    let runner_exe = find_runner_exe().map_err(RunError::Runner)?;
+    // Held to the end: the output folder is this run's alone, and what it writes there is
+    // recorded as fleetrun's.
+    let mut guard = if options.resume {
+        OutputGuard::claim_to_resume(&output_dir, &spec)?
+    } else {
+        OutputGuard::claim(&output_dir, &spec)?
+    };
+    let Resumed {
+        job_id,
+        journal,
+        entries,
+    } = open_journal(&guard, &spec, &options).await?;
+    guard.runs_job(&job_id)?;
+    let temp = std::env::temp_dir();
+    node::sweep_stale_scratch(&temp);
+    let gpus = fleetrun_worker::gpu::detect_gpus();
+    let processes = options
+        .processes
+        .or(spec.process_count_per_node.map(|n| n as usize))
+        .unwrap_or_else(|| node::default_process_count(gpus));
+    let ledger = Arc::new(MemoryLedger::journaled(journal.clone()));
+    let fleet = embedded_fleet(ledger.clone(), processes);
+    let registered = fleet_cmd::register(
+        spec,
+        &fleet,
+        Some(&job_id),
+        fleet_cmd::OutputHold::Caller,
+        Publication::Input,
+    )
+    .await?;
+    let publishing = keep_recorded(&fleet, &ledger, &output_dir, &job_id, entries).await?;
+    let scratch = node::scratch_dir(&temp, &format!("run-{job_id}"));
+    let worker = LocalWorker::start(
+        WorkerConfig {
+            node_id: LOCAL_NODE.to_owned(),
+            processes,
+            prefetch: LOCAL_PREFETCH,
+            runner_exe,
+            launcher: fleetrun_worker::process::ProcessLauncher::shared(),
+            cache_dir: scratch.clone(),
+            gpus,
+            warm_job: Some(job_id.clone()),
+            sole_node: true,
+            metrics: Default::default(),
+        },
+        &fleet,
+    );
+    // The journal notes how far the input is cut as it goes: a resume checks its own cut.
+    let produced = Arc::new(Produced::noting_cuts({
+        let journal = journal.clone();
+        move |cut| journal.note_cut(&cut)
+    }));
+    let publisher = publish(publishing, registered.clone(), produced.clone());
+    let record = &registered.record;
+    let handle = Job::new(
+        &job_id,
+        record.spec.clone(),
+        record.submitted_at,
+        &fleet,
+        Arc::new(LocalStorage::new(&output_dir)),
+        &fleetrun_worker::parts::writer_name("run"),
+    );
+    let status = follow(&fleet, &handle, record, &produced, &options, &interrupt).await?;
+    // Stop the work: a completed job's runners call shutdown(); anything else is cut short.
+    worker.stop(status.state == JobState::Completed).await;
+    publisher.abort();
+    let _ = std::fs::remove_dir_all(&scratch);
+    let status = fleet
+        .ledger
+        .status(&job_id)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(status);
+    let log_dir = leave_output(guard, &handle, &status, &journal, &output_dir, &job_id).await;
+    let output_file = (status.state == JobState::Completed
+        && record.spec.output_action == OutputAction::AppendRow)
+        .then(|| output_dir.join(&record.spec.append_row_file_name));
+    Ok(JobReport {
+        job_id,
+        status,
+        output_file,
+        log_dir,
+        elapsed: started.elapsed(),
+        signal: interrupt.signal(),
+    })
+}
+
+/// The job's input and output are local folders and its input is there (a tabular one's
+/// format settled; one that lists no item refused unless asked): its output folder, not
+/// claimed yet.
+async fn check_folders(spec: &mut JobSpec, options: &RunOptions) -> Result<PathBuf, RunError> {
     let (input_field, input_found) = match &spec.input {
         Input::Files(_) => ("input.files", Path::is_dir as fn(&Path) -> bool),
         Input::Tabular(_) => ("input.tabular", Path::exists as fn(&Path) -> bool),
@@ -178,197 +272,172 @@ pub async fn run_local(
     let output_dir = local_dir(&spec.output, "output.path")?;
     // Before the output folder is claimed: a tabular input whose format cannot be told is
     // refused as the job file is.
-    fleet_cmd::settle_input(&mut spec, &S3Settings::default())
+    fleet_cmd::settle_input(spec, &S3Settings::default())
         .await
         .map_err(|e| RunError::Setup(e.to_string()))?;
-    fleet_cmd::check_input(&spec, &S3Settings::default(), options.empty_input)
+    fleet_cmd::check_input(spec, &S3Settings::default(), options.empty_input)
         .await
         .map_err(|e| RunError::Setup(e.to_string()))?;
-    let runner_exe = find_runner_exe().map_err(RunError::Runner)?;
-    // Held to the end: the output folder is this run's alone, and what it writes there is
-    // recorded as fleetrun's.
-    let mut guard = if options.resume {
-        OutputGuard::claim_to_resume(&output_dir, &spec)?
-    } else {
-        OutputGuard::claim(&output_dir, &spec)?
-    };
-    let resumed = open_journal(&guard, &spec, &options).await?;
-    let temp = std::env::temp_dir();
-    node::sweep_stale_scratch(&temp);
+    Ok(output_dir)
+}
 
-    let gpus = fleetrun_worker::gpu::detect_gpus();
-    let processes = options
-        .processes
-        .or(spec.process_count_per_node.map(|n| n as usize))
-        .unwrap_or_else(|| node::default_process_count(gpus));
-    let Resumed {
-        job_id,
-        journal,
-        entries,
-    } = resumed;
-    guard.runs_job(&job_id)?;
-    let ledger = Arc::new(MemoryLedger::journaled(journal.clone()));
-    let scratch = node::scratch_dir(&temp, &format!("run-{job_id}"));
-    let fleet = Fleet {
-        // Enough ready mini-batches that no runner waits, few enough that memory stays flat.
+/// The fleet on the embedded seams: an in-process queue, `ledger`, an in-memory registry
+/// and events.
+fn embedded_fleet(ledger: Arc<MemoryLedger>, processes: usize) -> Fleet {
+    Fleet {
         events: Arc::new(fleetrun_common::events::MemoryEvents::new()),
+        // Enough ready mini-batches that no runner waits, few enough that memory stays flat.
         queue: Arc::new(MemoryQueue::bounded(
             QueueOptions::default(),
             4 * processes + 16,
         )),
-        ledger: ledger.clone(),
+        ledger,
         registry: Arc::new(MemoryRegistry::new()),
         s3: S3Settings::default(),
         pool: LOCAL_POOL.to_owned(),
-    };
-    let registered = fleet_cmd::register(
-        spec,
-        &fleet,
-        Some(&job_id),
-        fleet_cmd::OutputHold::Caller,
-        Publication::Input,
-    )
-    .await?;
-    // What the last run recorded is done, as far as its rows are still as they were
-    // written: its mini-batches are not published again.
+    }
+}
+
+/// Takes back what the last run recorded, as far as its rows are still as they were
+/// written: those mini-batches are not published again. The fleet to publish through.
+async fn keep_recorded(
+    fleet: &Fleet,
+    ledger: &Arc<MemoryLedger>,
+    output_dir: &Path,
+    job_id: &str,
+    entries: Vec<Entry>,
+) -> Result<Fleet, RunError> {
     let entries = {
-        let output: Arc<dyn Storage> = Arc::new(LocalStorage::new(&output_dir));
+        let output: Arc<dyn Storage> = Arc::new(LocalStorage::new(output_dir));
         let writer = fleetrun_worker::parts::writer_name("resume");
-        let parts = fleetrun_worker::parts::for_job(output, ledger.clone(), &job_id, &writer);
-        crate::resume::kept_intact(&*parts, &job_id, entries).await
+        let parts = fleetrun_worker::parts::for_job(output, ledger.clone(), job_id, &writer);
+        crate::resume::kept_intact(&*parts, job_id, entries).await
     };
     let done: std::collections::HashSet<u64> = entries
         .iter()
         .filter(|e| !e.batch_failed && e.failed == 0)
         .map(|e| e.index)
         .collect();
-    if !done.is_empty() {
-        ledger.replay(&job_id, &entries).map_err(FleetError::from)?;
-        tracing::info!(job = %job_id, done = done.len(), "Resuming: mini-batches the last run recorded are kept.");
-    }
     // Only a resumed run has mini-batches to leave out: a new one publishes straight to the
     // queue, with no message decoded again on the way.
-    let publishing = if done.is_empty() {
-        fleet.clone()
-    } else {
-        Fleet {
-            queue: Arc::new(crate::resume::Unfinished {
-                queue: fleet.queue.clone(),
-                done,
-                run: 0,
-            }),
-            ..fleet.clone()
-        }
-    };
-    let config = WorkerConfig {
-        node_id: LOCAL_NODE.to_owned(),
-        processes,
-        prefetch: LOCAL_PREFETCH,
-        runner_exe,
-        launcher: fleetrun_worker::process::ProcessLauncher::shared(),
-        cache_dir: scratch.clone(),
-        gpus,
-        warm_job: Some(job_id.clone()),
-        sole_node: true,
-        metrics: Default::default(),
-    };
-    let drain = CancellationToken::new();
-    let abort = CancellationToken::new();
-    let worker = tokio::spawn(job::serve(
-        config,
-        fleet.clone(),
-        drain.clone(),
-        abort.clone(),
-    ));
-    // The journal notes how far the input is cut as it goes: a resume checks its own cut.
-    let produced = Arc::new(Produced::noting_cuts({
-        let journal = journal.clone();
-        move |cut| journal.note_cut(&cut)
-    }));
-    let publisher = {
-        let (fleet, produced) = (publishing, produced.clone());
-        let registered = registered.clone();
-        tokio::spawn(async move {
-            if let Err(e) = fleet_cmd::publish(&fleet, &registered, &produced).await {
-                tracing::warn!(job = %registered.job, error = %e, "Publishing stopped.");
-            }
-        })
-    };
+    if done.is_empty() {
+        return Ok(fleet.clone());
+    }
+    ledger.replay(job_id, &entries).map_err(FleetError::from)?;
+    tracing::info!(job = %job_id, done = done.len(), "Resuming: mini-batches the last run recorded are kept.");
+    Ok(Fleet {
+        queue: Arc::new(crate::resume::Unfinished {
+            queue: fleet.queue.clone(),
+            done,
+            run: 0,
+        }),
+        ..fleet.clone()
+    })
+}
 
-    let record = &registered.record;
-    let output: Arc<dyn Storage> = Arc::new(LocalStorage::new(&output_dir));
-    let handle = Job::new(
-        &job_id,
-        record.spec.clone(),
-        record.submitted_at,
-        &fleet,
-        output,
-        &fleetrun_worker::parts::writer_name("run"),
-    );
-    let mut status = fleet_cmd::wait(
-        &fleet,
-        &job_id,
+/// The run's worker: [`job::serve`] on the embedded fleet, and the two ways it stops.
+struct LocalWorker {
+    task: tokio::task::JoinHandle<()>,
+    drain: CancellationToken,
+    abort: CancellationToken,
+}
+
+impl LocalWorker {
+    fn start(config: WorkerConfig, fleet: &Fleet) -> LocalWorker {
+        let (drain, abort) = (CancellationToken::new(), CancellationToken::new());
+        let task = tokio::spawn(job::serve(
+            config,
+            fleet.clone(),
+            drain.clone(),
+            abort.clone(),
+        ));
+        LocalWorker { task, drain, abort }
+    }
+
+    /// Stops it, drained (its runners call `shutdown()`) when the job completed, else cut
+    /// short; returns once it stopped.
+    async fn stop(self, completed: bool) {
+        if completed {
+            self.drain.cancel();
+        } else {
+            self.abort.cancel();
+        }
+        let _ = self.task.await;
+    }
+}
+
+/// Publishes the job's mini-batches while its input is listed, in the background.
+fn publish(
+    fleet: Fleet,
+    registered: Registered,
+    produced: Arc<Produced>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Err(e) = fleet_cmd::publish(&fleet, &registered, &produced).await {
+            tracing::warn!(job = %registered.job, error = %e, "Publishing stopped.");
+        }
+    })
+}
+
+/// Follows the job to its end; a signal first cancels it, naming the signal.
+async fn follow(
+    fleet: &Fleet,
+    handle: &Job,
+    record: &JobRecord,
+    produced: &Arc<Produced>,
+    options: &RunOptions,
+    interrupt: &Interrupt,
+) -> Result<Status, RunError> {
+    let job_id = handle.id();
+    let status = fleet_cmd::wait(
+        fleet,
+        job_id,
         record,
-        Some(&produced),
+        Some(produced),
         options.progress,
         &interrupt.token,
     )
     .await?;
-    if !status.state.is_terminal() {
-        let signal = interrupt.signal().unwrap_or(exit::SIGINT);
-        let reason = format!("interrupted by {}", signal_name(signal));
-        status = handle.cancel(&reason).await.map_err(FleetError::from)?;
+    if status.state.is_terminal() {
+        return Ok(status);
     }
+    let signal = interrupt.signal().unwrap_or(exit::SIGINT);
+    let reason = format!("interrupted by {}", signal_name(signal));
+    Ok(handle.cancel(&reason).await.map_err(FleetError::from)?)
+}
 
-    // Stop the work: a completed job's runners call shutdown(); anything else is cut short.
-    if status.state == JobState::Completed {
-        drain.cancel();
-    } else {
-        abort.cancel();
-    }
-    publisher.abort();
-    let _ = worker.await;
-    let _ = std::fs::remove_dir_all(&scratch);
-    let status = fleet
-        .ledger
-        .status(&job_id)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or(status);
+/// Leaves the output folder as the job's end asks, and gives it up: the logs folder.
+async fn leave_output(
+    mut guard: OutputGuard,
+    handle: &Job,
+    status: &Status,
+    journal: &Journal,
+    output_dir: &Path,
+    job_id: &str,
+) -> PathBuf {
     if status.state != JobState::Completed {
         // The worker was stopped at once: make sure the results it may have been writing
         // are whole (failed_items.csv is joined from the parts, so before they go).
         let logs = JobLogs::new(guard.log_dir());
-        handle.write_results(Some(&logs), &status).await;
+        handle.write_results(Some(&logs), status).await;
     }
     // A completed job has removed its parts, and its journal goes; another's are kept for
     // `--resume`, until the next run on the folder that does not resume.
     if status.state == JobState::Completed {
         let parts = output_dir.join(fleetrun_worker::output::PARTS_DIR);
-        let _ = std::fs::remove_dir_all(parts.join(&job_id));
+        let _ = std::fs::remove_dir_all(parts.join(job_id));
         let _ = std::fs::remove_dir(&parts);
         if let Err(e) = journal.discard() {
             tracing::warn!(error = %e, "Cannot remove the run's journal.");
         }
     } else {
-        guard.keep_for_resume(&job_id);
+        guard.keep_for_resume(job_id);
     }
     let log_dir = guard.log_dir();
     if let Err(e) = guard.finish() {
         tracing::warn!(error = %e, "Cannot record what the job wrote in its output folder.");
     }
-    let output_file = (status.state == JobState::Completed
-        && record.spec.output_action == OutputAction::AppendRow)
-        .then(|| output_dir.join(&record.spec.append_row_file_name));
-    Ok(JobReport {
-        job_id,
-        status,
-        output_file,
-        log_dir,
-        elapsed: started.elapsed(),
-        signal: interrupt.signal(),
-    })
+    log_dir
 }
 
 /// The job a run runs: a new one, or the last run's when resuming it (its id, its journal
