@@ -466,54 +466,7 @@ async fn publish_to(
     // Stop publishing as soon as the job stops (threshold, cancel); meanwhile tell the
     // ledger how far publication has come.
     let stop = CancellationToken::new();
-    let watcher = {
-        let (ledger, registry, job, stop, produced) = (
-            fleet.ledger.clone(),
-            fleet.registry.clone(),
-            job.clone(),
-            stop.clone(),
-            produced.clone(),
-        );
-        tokio::spawn(async move {
-            let mut beat = tokio::time::interval(CREATED_EVERY);
-            let mut noted = None;
-            loop {
-                beat.tick().await;
-                // The claim first: a slow note below must not let the lease run out.
-                if let Some(owner) = &owner
-                    && let Ok(false) = ledger.claim_publication(&job, owner, PUBLISH_LEASE).await
-                {
-                    // Another submitter took over (this one stood still past its lease), or
-                    // the job ended: it publishes, this one stops.
-                    stop.cancel();
-                    return;
-                }
-                let created = produced.mini_batches.load(Ordering::Relaxed);
-                if let Err(e) = ledger.created(&job, created).await {
-                    tracing::warn!(job = %job, error = %e, "Cannot note the mini-batches created.");
-                }
-                // How far the input is cut, as `<mini-batches>:<digest>`, for a resume of
-                // a job stopped before it is all published (the whole cut replaces it).
-                if let Some(cut) = produced.last_cut()
-                    && noted != Some(cut.batches)
-                {
-                    let partial = format!("{}:{}", cut.batches, cut.listing);
-                    match registry.note_listing(&job, &partial).await {
-                        Ok(()) => noted = Some(cut.batches),
-                        Err(e) => {
-                            tracing::warn!(job = %job, error = %e, "Cannot note how far the input is cut.");
-                        }
-                    }
-                }
-                if let Ok(Some(s)) = ledger.status(&job).await
-                    && !s.state.accepts_work()
-                {
-                    stop.cancel();
-                    return;
-                }
-            }
-        })
-    };
+    let watcher = watch_publication(fleet, job, owner, produced, &stop);
     let published = match items {
         Some(items) => {
             let size = match spec.mini_batch_size {
@@ -541,19 +494,89 @@ async fn publish_to(
             let partial = format!("{}:{}", cut.batches, cut.listing);
             fleet.registry.note_listing(job, &partial).await?;
         }
-    } else {
-        let listing = produced.finished(total);
-        fleet.registry.note_listing(job, &listing).await?;
-        let handle = registered.job(fleet).await?;
-        let sealed = handle.seal(total).await?;
-        if sealed.status.total != Some(total) {
-            tracing::warn!(job = %job, sealed = ?sealed.status.total, now = total, "The input was cut into another number of mini-batches than the job was sealed with.");
+        return Ok(());
+    }
+    seal(fleet, registered, produced, total).await
+}
+
+/// While a publisher cuts the job's input: renews its claim (`owner`), notes in the ledger
+/// how many mini-batches are made and in the registry how far the input is cut, and
+/// cancels `stop` once the job stops taking work or another publisher took over.
+fn watch_publication(
+    fleet: &Fleet,
+    job: &str,
+    owner: Option<String>,
+    produced: &Arc<Produced>,
+    stop: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let (ledger, registry, job, stop, produced) = (
+        fleet.ledger.clone(),
+        fleet.registry.clone(),
+        job.to_owned(),
+        stop.clone(),
+        produced.clone(),
+    );
+    tokio::spawn(async move {
+        let mut beat = tokio::time::interval(CREATED_EVERY);
+        let mut noted = None;
+        loop {
+            beat.tick().await;
+            // The claim first: a slow note below must not let the lease run out.
+            if let Some(owner) = &owner
+                && let Ok(false) = ledger.claim_publication(&job, owner, PUBLISH_LEASE).await
+            {
+                // Another submitter took over (this one stood still past its lease), or
+                // the job ended: it publishes, this one stops.
+                stop.cancel();
+                return;
+            }
+            let created = produced.mini_batches.load(Ordering::Relaxed);
+            if let Err(e) = ledger.created(&job, created).await {
+                tracing::warn!(job = %job, error = %e, "Cannot note the mini-batches created.");
+            }
+            // How far the input is cut, as `<mini-batches>:<digest>`, for a resume of
+            // a job stopped before it is all published (the whole cut replaces it).
+            if let Some(cut) = produced.last_cut()
+                && noted != Some(cut.batches)
+            {
+                let partial = format!("{}:{}", cut.batches, cut.listing);
+                match registry.note_listing(&job, &partial).await {
+                    Ok(()) => noted = Some(cut.batches),
+                    Err(e) => {
+                        tracing::warn!(job = %job, error = %e, "Cannot note how far the input is cut.");
+                    }
+                }
+            }
+            if let Ok(Some(s)) = ledger.status(&job).await
+                && !s.state.accepts_work()
+            {
+                stop.cancel();
+                return;
+            }
         }
-        if sealed.transitioned && sealed.status.state == JobState::Finalizing {
-            // Every mini-batch was done before the seal (or there were none): finalize here.
-            let ctx = context(fleet, handle).await?;
-            job::conclude(&*fleet.ledger, &ctx, sealed.status).await;
-        }
+    })
+}
+
+/// Seals a job whose input is all cut into `total` mini-batches, noting the whole
+/// listing's digest; finalizes it here when every mini-batch was done before the seal.
+async fn seal(
+    fleet: &Fleet,
+    registered: &Registered,
+    produced: &Produced,
+    total: u64,
+) -> Result<(), FleetError> {
+    let job = &registered.job;
+    let listing = produced.finished(total);
+    fleet.registry.note_listing(job, &listing).await?;
+    let handle = registered.job(fleet).await?;
+    let sealed = handle.seal(total).await?;
+    if sealed.status.total != Some(total) {
+        tracing::warn!(job = %job, sealed = ?sealed.status.total, now = total, "The input was cut into another number of mini-batches than the job was sealed with.");
+    }
+    if sealed.transitioned && sealed.status.state == JobState::Finalizing {
+        // Every mini-batch was done before the seal (or there were none): finalize here.
+        let ctx = context(fleet, handle).await?;
+        job::conclude(&*fleet.ledger, &ctx, sealed.status).await;
     }
     Ok(())
 }
