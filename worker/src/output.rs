@@ -168,7 +168,6 @@ impl OutputGuard {
         spec: &JobSpec,
         claim: Claim<'_>,
     ) -> Result<OutputGuard, OutputError> {
-        let resume = matches!(claim, Claim::Resume);
         let output = (spec.output_action == OutputAction::AppendRow)
             .then(|| spec.append_row_file_name.clone());
         if let Some(name) = &output
@@ -177,17 +176,7 @@ impl OutputGuard {
             return Err(OutputError::Reserved { name: name.clone() });
         }
         fs::create_dir_all(dir).map_err(io_at(dir))?;
-        let state = dir.join(STATE_DIR);
-        match lstat(&state)? {
-            None => match fs::create_dir(&state) {
-                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
-                    return Err(io_at(&state)(e));
-                }
-                _ => {}
-            },
-            Some(meta) if meta.is_dir() => {}
-            Some(_) => return Err(OutputError::NotOurs { path: state }),
-        }
+        let state = state_dir(dir)?;
         let (lock, since) = lock(dir, &state.join(LOCK_FILE))?;
         let mut manifest = Manifest::load(&state.join(MANIFEST_FILE))?;
         if let Claim::Fleet(job) = claim
@@ -201,39 +190,7 @@ impl OutputGuard {
                 _lock: lock,
             });
         }
-        if let Some(last) = manifest.run.take()
-            && !last.ended
-        {
-            if last.fleet {
-                tracing::info!(
-                    folder = %dir.display(),
-                    job = last.job.as_deref().unwrap_or_default(),
-                    "The fleet job on this output folder did not say it ended; recording what it wrote."
-                );
-            } else {
-                tracing::warn!(
-                    folder = %dir.display(),
-                    pid = last.pid,
-                    "The last job on this output folder did not finish; settling what it wrote."
-                );
-            }
-            manifest.settle(dir, &last)?;
-            // A fleet job's parts are its finalizer's to remove, and `fleetrun resume`'s.
-            if last.job.is_some() && !last.fleet {
-                manifest.resumable = last.job;
-            }
-        }
-        if !resume && let Some(job) = manifest.resumable.take() {
-            // A new run: the last one's parts and journal are of no use any more.
-            manifest.remove_parts(dir, &job)?;
-            let journal = state.join(JOURNAL_FILE);
-            match fs::remove_file(&journal) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_at(&journal)(e)),
-                _ => {}
-            }
-        }
-        manifest.forget_replaced(dir)?;
-
+        manifest.settle_last_run(dir, matches!(claim, Claim::Resume))?;
         // Every refusal comes before anything is removed.
         if let Some(name) = &output {
             let path = dir.join(name);
@@ -243,35 +200,7 @@ impl OutputGuard {
                 return Err(OutputError::NotOurs { path });
             }
         }
-        let old_logs = manifest.own_folder(dir, LOGS_DIR)?;
-        manifest.own_folder(dir, PARTS_DIR)?;
-
-        for found in old_logs.iter().rev() {
-            let removed = if found.meta.is_dir() {
-                fs::remove_dir(&found.path)
-            } else {
-                fs::remove_file(&found.path)
-            };
-            match removed {
-                Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty => {
-                    tracing::warn!(path = %found.path.display(), "Keeping a log folder that is not empty.");
-                }
-                Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                    return Err(io_at(&found.path)(e));
-                }
-                _ => {
-                    if let Some(rel) = &found.rel {
-                        manifest.entries.remove(rel);
-                    }
-                }
-            }
-        }
-        let logs = dir.join(LOGS_DIR);
-        if lstat(&logs)?.is_none() {
-            fs::create_dir(&logs).map_err(io_at(&logs))?;
-            let meta = fs::symlink_metadata(&logs).map_err(io_at(&logs))?;
-            manifest.record(LOGS_DIR, &meta);
-        }
+        manifest.fresh_logs(dir)?;
         let fleet_job = match claim {
             Claim::Fleet(job) => Some(job.to_owned()),
             Claim::Run | Claim::Resume => None,
@@ -389,6 +318,23 @@ enum Claim<'a> {
     Fleet(&'a str),
 }
 
+/// The output folder's own state folder, made when it is not there yet; refused when
+/// something else has its name.
+fn state_dir(dir: &Path) -> Result<PathBuf, OutputError> {
+    let state = dir.join(STATE_DIR);
+    match lstat(&state)? {
+        None => match fs::create_dir(&state) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                return Err(io_at(&state)(e));
+            }
+            _ => {}
+        },
+        Some(meta) if meta.is_dir() => {}
+        Some(_) => return Err(OutputError::NotOurs { path: state }),
+    }
+    Ok(state)
+}
+
 /// Opens and locks `path` for the folder `dir`, and writes this process's id in it. Returns
 /// the lock and the file system's time at locking: whatever is created after it has a birth
 /// time (or modification time) no earlier.
@@ -481,6 +427,78 @@ struct Found {
 }
 
 impl Manifest {
+    /// Settles the last run on the folder `dir` if it did not say it ended (what it wrote
+    /// becomes fleetrun's); unless this claim `resume`s it, the last run's parts and journal
+    /// go. Forgets files replaced since they were recorded.
+    fn settle_last_run(&mut self, dir: &Path, resume: bool) -> Result<(), OutputError> {
+        if let Some(last) = self.run.take()
+            && !last.ended
+        {
+            if last.fleet {
+                tracing::info!(
+                    folder = %dir.display(),
+                    job = last.job.as_deref().unwrap_or_default(),
+                    "The fleet job on this output folder did not say it ended; recording what it wrote."
+                );
+            } else {
+                tracing::warn!(
+                    folder = %dir.display(),
+                    pid = last.pid,
+                    "The last job on this output folder did not finish; settling what it wrote."
+                );
+            }
+            self.settle(dir, &last)?;
+            // A fleet job's parts are its finalizer's to remove, and `fleetrun resume`'s.
+            if last.job.is_some() && !last.fleet {
+                self.resumable = last.job;
+            }
+        }
+        if !resume && let Some(job) = self.resumable.take() {
+            // A new run: the last one's parts and journal are of no use any more.
+            self.remove_parts(dir, &job)?;
+            let journal = dir.join(STATE_DIR).join(JOURNAL_FILE);
+            match fs::remove_file(&journal) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_at(&journal)(e)),
+                _ => {}
+            }
+        }
+        self.forget_replaced(dir)
+    }
+
+    /// Removes the last run's logs (what fleetrun wrote of them; a folder something else
+    /// was put in is kept, with a warning) and makes the `logs` folder anew.
+    fn fresh_logs(&mut self, dir: &Path) -> Result<(), OutputError> {
+        let old_logs = self.own_folder(dir, LOGS_DIR)?;
+        self.own_folder(dir, PARTS_DIR)?;
+        for found in old_logs.iter().rev() {
+            let removed = if found.meta.is_dir() {
+                fs::remove_dir(&found.path)
+            } else {
+                fs::remove_file(&found.path)
+            };
+            match removed {
+                Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty => {
+                    tracing::warn!(path = %found.path.display(), "Keeping a log folder that is not empty.");
+                }
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(io_at(&found.path)(e));
+                }
+                _ => {
+                    if let Some(rel) = &found.rel {
+                        self.entries.remove(rel);
+                    }
+                }
+            }
+        }
+        let logs = dir.join(LOGS_DIR);
+        if lstat(&logs)?.is_none() {
+            fs::create_dir(&logs).map_err(io_at(&logs))?;
+            let meta = fs::symlink_metadata(&logs).map_err(io_at(&logs))?;
+            self.record(LOGS_DIR, &meta);
+        }
+        Ok(())
+    }
+
     /// Whether the folder is handed to fleet job `job` ([`OutputGuard::hand_to_fleet`]).
     fn handed_to(&self, job: &str) -> bool {
         self.run
