@@ -279,6 +279,11 @@ pub struct Timing {
     pub run_seconds: f64,
     /// Process CPU seconds spent during `run()`.
     pub cpu_seconds: f64,
+    /// Wall seconds the runner waited for this request, ready with nothing to run, since its
+    /// `init()` or its previous `run()` returned: the agent's time to take and stage it, less
+    /// what overlapped the previous run (its look-ahead).
+    #[serde(default)]
+    pub waited_seconds: f64,
 }
 
 /// Serializes paths as their bytes.

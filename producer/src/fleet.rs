@@ -27,7 +27,7 @@ use crate::partition::{
     PartitionError, Produced, publish_files, publish_items, publish_partitioned_files,
 };
 use crate::progress::{Figures, Progress};
-use crate::summary::{InFlightBatch, JobSummary, StorageFaults};
+use crate::summary::{InFlightBatch, JobSummary, StorageFaults, TimeSplit};
 use crate::tabular::{publish_tabular, settle_format};
 
 /// How often a waiting submitter or `status --watch` reads the ledger (at once, too, when
@@ -1026,6 +1026,10 @@ pub async fn summary(fleet: &Fleet, job: &str) -> Result<Option<JobSummary>, Fle
         None
     };
     let mut summary = JobSummary::new(job, &record, &status, depth, job::unix_now());
+    match fleet.ledger.runner_times(job).await {
+        Ok(times) => summary.time = TimeSplit::of(&times),
+        Err(e) => tracing::warn!(job, error = %e, "Cannot read the job's runner times."),
+    }
     if status.state.is_terminal() {
         summary.manifest = manifest_digest(fleet, &record).await;
     } else {

@@ -3,11 +3,11 @@
 //! door says the same of a job, and says "unknown" of what it cannot know.
 
 use fleetrun_common::events::Counts;
-use fleetrun_common::ledger::{FaultNote, JobState, Status};
+use fleetrun_common::ledger::{FaultNote, JobState, JobTimes, Status};
 use fleetrun_common::queue::Depth;
 use fleetrun_config::OutputAction;
 use fleetrun_worker::agent::HeldAttempt;
-use fleetrun_worker::job::{JobRecord, output_location};
+use fleetrun_worker::job::{JobRecord, output_location, time_line};
 use serde::{Deserialize, Serialize};
 
 use crate::exit;
@@ -72,6 +72,58 @@ pub struct JobSummary {
     /// each, the latest first; absent when they met none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub storage_faults: Vec<StorageFaults>,
+    /// Where its runners' time went so far, over every node (as each flushed it, every few
+    /// seconds); absent before any runner's time reached the ledger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<TimeSplit>,
+}
+
+/// Where a job's runners' time went: seconds by phase over all its runners, and each
+/// phase's share of their total in percent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct TimeSplit {
+    /// The runners (one per node and slot) whose time is counted.
+    pub runners: usize,
+    /// Their seconds on the job in all.
+    pub total_s: f64,
+    /// Starting runners: the process, the interpreter, the script's `init()`.
+    pub init_s: f64,
+    /// Inside the script's `run()`.
+    pub run_s: f64,
+    /// Ready with nothing to run: waiting for the queue, or for inputs to be staged.
+    pub input_wait_s: f64,
+    /// The rest (results recorded, the job's tail).
+    pub idle_s: f64,
+    pub init_pct: f64,
+    pub run_pct: f64,
+    pub input_wait_pct: f64,
+    pub idle_pct: f64,
+    /// `job_result.txt`'s line, e.g. `Runners busy 78%: compute 78%, waiting for input
+    /// 15%, init 4%, idle 3% (2 runners, 100.0 s)`.
+    pub line: String,
+}
+
+impl TimeSplit {
+    /// The split of `times` (the ledger's, by runner); `None` when they hold no time.
+    pub fn of(times: &JobTimes) -> Option<TimeSplit> {
+        let line = time_line(times)?;
+        let all = fleetrun_common::ledger::times::sum(times);
+        let total_s = all.total();
+        let pct = |s: f64| 100.0 * s / total_s;
+        Some(TimeSplit {
+            runners: times.len(),
+            total_s,
+            init_s: all.init_s,
+            run_s: all.run_s,
+            input_wait_s: all.input_wait_s,
+            idle_s: all.idle_s,
+            init_pct: pct(all.init_s),
+            run_pct: pct(all.run_s),
+            input_wait_pct: pct(all.input_wait_s),
+            idle_pct: pct(all.idle_s),
+            line,
+        })
+    }
 }
 
 /// One kind of storage fault a pool's nodes met lately: S3 throttled them, failed on its
@@ -213,6 +265,7 @@ impl JobSummary {
             queue: depth.map(|d| QueueSummary::of(&record.pool, d)),
             manifest: None,
             storage_faults: Vec::new(),
+            time: None,
         }
     }
 
@@ -272,6 +325,9 @@ impl JobSummary {
         }
         for faults in &self.storage_faults {
             out.push_str(&format!("storage:       {}\n", faults.describe()));
+        }
+        if let Some(time) = &self.time {
+            out.push_str(&format!("time:          {}\n", time.line));
         }
         if let Some(cause) = &self.cause {
             out.push_str(&format!("cause:         {cause}\n"));

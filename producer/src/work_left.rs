@@ -114,6 +114,7 @@ mod tests {
             queue: None,
             manifest: None,
             storage_faults: Vec::new(),
+            time: None,
         }
     }
 

@@ -34,6 +34,7 @@ use std::os::fd::FromRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::time::Instant;
 
 use pyo3::Python;
 
@@ -152,6 +153,8 @@ fn serve_script(
         }
     };
     let outbox = Outbox::new(channel, progress.is_some())?;
+    // Since when the runner has had nothing to run: its wait for each request is reported.
+    let mut free = Instant::now();
     loop {
         if outbox.held() && !request_in_hand(&requests) {
             // Nothing to run next: what is held goes now, not HOLD_LIMIT later.
@@ -171,6 +174,7 @@ fn serve_script(
                 tables,
                 context,
             }) => {
+                let waited_seconds = free.elapsed().as_secs_f64();
                 if let Some(progress) = progress.as_mut() {
                     progress.begin();
                 }
@@ -179,6 +183,10 @@ fn serve_script(
                     (rows, timing, None)
                 } else {
                     script.run_tables(py, &tables, mini_batch, &context)
+                };
+                let timing = Timing {
+                    waited_seconds,
+                    ..timing
                 };
                 script::flush_stdio(py);
                 let reply = match rows {
@@ -197,6 +205,7 @@ fn serve_script(
                 } else {
                     py.detach(|| outbox.send(&whole))?;
                 }
+                free = Instant::now();
             }
             Some(Request::Shutdown) => {
                 py.detach(|| outbox.flush())?;

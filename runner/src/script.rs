@@ -219,6 +219,7 @@ impl EntryScript {
         let timing = Timing {
             run_seconds: wall.elapsed().as_secs_f64(),
             cpu_seconds: (process_cpu_seconds() - cpu).max(0.0),
+            waited_seconds: 0.0,
         };
         let rows = result
             .and_then(|r| rows::rows(&r, self.separator))

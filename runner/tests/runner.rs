@@ -774,6 +774,7 @@ fn timing_measures_wall_and_cpu_time_in_run() {
         timing: Timing {
             run_seconds,
             cpu_seconds,
+            ..
         },
         ..
     } = runner.run(&["a"])

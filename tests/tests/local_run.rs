@@ -1158,3 +1158,72 @@ fn a_run_past_its_deadline_expires_with_what_it_finished() {
     assert_eq!(code(&verified), 0, "{said}");
     assert!(said.contains("unfinished"), "{said}");
 }
+
+/// Sleeps known times: 1 s in `init()`, 0.2 s in each `run()`.
+const TIMED: &str = r#"
+import time
+
+def init():
+    time.sleep(1.0)
+
+def run(mini_batch):
+    time.sleep(0.2)
+    return [open(p).read() for p in mini_batch]
+"#;
+
+/// A job whose script sleeps known times in `init()` and `run()` reports where its runner's
+/// time went: `job_result.txt`'s line and `logs/perf/runners.csv`, within 10% of the
+/// sleeps (init also holds the process's and the interpreter's start).
+#[test]
+fn the_runners_time_splits_into_init_run_input_wait_and_idle() {
+    let job = JobDir::new(TIMED, "mini_batch_size = 1\nprocess_count_per_node = 1");
+    job.inputs(20);
+    let out = job.run(&[]);
+    assert_eq!(code(&out), 0);
+    let result = job.log("job_result.txt");
+    let line = result
+        .lines()
+        .find(|l| l.starts_with("Runners busy "))
+        .unwrap_or_else(|| panic!("no time line in:\n{result}"));
+    assert!(line.contains("(1 runner, "), "{line}");
+    let csv = job.log("perf/runners.csv");
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some("node,runner,gpu,init_s,run_s,input_wait_s,idle_s,total_s")
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 1, "one runner: {csv}");
+    let seconds = |i: usize| rows[0][i].parse::<f64>().unwrap();
+    let (init, run, wait, idle, total) =
+        (seconds(3), seconds(4), seconds(5), seconds(6), seconds(7));
+    let within = |got: f64, want: f64| (got - want).abs() <= 0.1 * want;
+    assert!(within(run, 4.0), "run() 20 × 0.2 s: {csv}");
+    assert!(
+        (1.0..=1.6).contains(&init),
+        "init() 1 s and the start: {csv}"
+    );
+    assert!(wait < 0.1 * total && idle < 0.2 * total, "{csv}");
+    // The line's shares are of the same seconds.
+    let share = |name: &str| -> f64 {
+        let at = line
+            .find(name)
+            .unwrap_or_else(|| panic!("{name} in {line}"))
+            + name.len();
+        line[at..]
+            .split('%')
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(
+        (share("compute ") - 100.0 * run / total).abs() <= 1.0,
+        "{line} {csv}"
+    );
+    assert!(
+        (share("init ") - 100.0 * init / total).abs() <= 1.0,
+        "{line} {csv}"
+    );
+}

@@ -6,6 +6,9 @@
 //! no lookup and no lock. The GPUs' series (`fleetrun_gpu_…{gpu}`) are read from NVML at
 //! each scrape, on a node that has it ([`Metrics::with_gpus`]).
 
+use std::sync::atomic::AtomicU64;
+
+use fleetrun_common::ledger::RunnerTimes;
 use fleetrun_common::storage::Fault;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
@@ -41,6 +44,11 @@ pub const MINI_BATCH_RESULTS: [&str; 11] = [
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabel {
+    phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: &'static str,
 }
@@ -61,6 +69,7 @@ pub struct Metrics {
     ledger_errors: Counter,
     broker_errors: Counter,
     storage_hand_backs: Counter,
+    runner_seconds: [Counter<f64, AtomicU64>; 4],
 }
 
 impl Default for Metrics {
@@ -131,6 +140,14 @@ impl Metrics {
             "storage_hand_backs",
             "Mini-batches handed back untried, no attempt spent, because storage (S3) did not take a request within its retries: staging an input or writing a part.",
         );
+        let runner_family = Family::<PhaseLabel, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "runner_seconds",
+            "Seconds this node's runners spent on their jobs, by phase: init (starting, the script's init()), run (inside run()), input_wait (ready with nothing to run: the queue, staging), idle (the rest: results recorded, a job's tail). Counted as the node flushes them to the ledger, every few seconds.",
+            runner_family.clone(),
+        );
+        let runner_seconds = RunnerTimes::PHASES
+            .map(|phase| runner_family.get_or_create(&PhaseLabel { phase }).clone());
         registry.register_collector(Box::new(StorageFaults));
         let in_flight = Gauge::default();
         registry.register(
@@ -152,6 +169,16 @@ impl Metrics {
             ledger_errors,
             broker_errors,
             storage_hand_backs,
+            runner_seconds,
+        }
+    }
+
+    /// Counts the seconds of `times` (a runner's, since its last flush) by phase.
+    pub fn runner_seconds(&self, times: &RunnerTimes) {
+        for (counter, seconds) in self.runner_seconds.iter().zip(times.seconds()) {
+            if seconds > 0.0 {
+                counter.inc_by(seconds);
+            }
         }
     }
 

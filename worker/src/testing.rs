@@ -307,6 +307,7 @@ async fn play(mut behaviour: Run, items: &[PathBuf]) -> RunOutcome {
     let timing = Timing {
         run_seconds: started.elapsed().as_secs_f64(),
         cpu_seconds: 0.0,
+        waited_seconds: 0.0,
     };
     match behaviour {
         Run::Rows => RunOutcome::Done {

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 
 use super::journal::{Entry, Journal};
 use super::{
-    Forgot, InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Reopened, Started,
-    Status, unix_now,
+    Forgot, InFlight, JobState, JobTimes, Ledger, LedgerError, Limits, Outcome, Recorded, Reopened,
+    RunnerId, RunnerTimes, Started, Status, unix_now,
 };
 
 #[derive(Default)]
@@ -44,6 +44,8 @@ struct Job {
     publisher: Option<(String, Instant)>,
     /// When the ledger forgets the job (set once it has ended and is retired).
     forget_at: Option<Instant>,
+    /// Each runner's times on the job ([`Ledger::add_runner_times`]).
+    times: std::collections::BTreeMap<RunnerId, RunnerTimes>,
 }
 
 impl MemoryLedger {
@@ -151,6 +153,7 @@ impl Ledger for MemoryLedger {
                 finalizer: None,
                 publisher: None,
                 forget_at: None,
+                times: Default::default(),
             },
         );
         Ok(())
@@ -448,6 +451,23 @@ impl Ledger for MemoryLedger {
             s.batches_failed -= u64::from(outcome.batch_failed);
             s.updated_at = Some(unix_now());
             Forgot::Forgotten(j.status.clone())
+        })
+    }
+
+    async fn add_runner_times(
+        &self,
+        job: &str,
+        runner: &RunnerId,
+        times: &RunnerTimes,
+    ) -> Result<(), LedgerError> {
+        self.with_job(job, |j| {
+            j.times.entry(runner.clone()).or_default().add_all(times);
+        })
+    }
+
+    async fn runner_times(&self, job: &str) -> Result<JobTimes, LedgerError> {
+        self.with_job(job, |j| {
+            j.times.iter().map(|(id, t)| (id.clone(), *t)).collect()
         })
     }
 

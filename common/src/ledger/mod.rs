@@ -13,6 +13,7 @@ mod memory;
 pub mod redis;
 mod registry;
 mod replicas;
+pub mod times;
 
 pub use registry::{FaultNote, JobRegistry, MemoryRegistry, RedisRegistry};
 
@@ -20,6 +21,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use memory::MemoryLedger;
+pub use times::{JobTimes, RunnerId, RunnerTimes};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
@@ -447,4 +449,16 @@ pub trait Ledger: Send + Sync {
     /// then on the ledger does not know the job. True if the job has ended; a Running or
     /// Finalizing job is left as it is.
     async fn retire(&self, job: &str, keep: std::time::Duration) -> Result<bool, LedgerError>;
+    /// Adds `times` (seconds a runner spent since its node's last flush, by phase) to
+    /// `runner`'s times on the job. Nodes flush what their runners accumulate every few
+    /// seconds, never per mini-batch; the times go with the job when it is retired. Not
+    /// idempotent: a retried call may count twice, which costs a flush's seconds at most.
+    async fn add_runner_times(
+        &self,
+        job: &str,
+        runner: &RunnerId,
+        times: &RunnerTimes,
+    ) -> Result<(), LedgerError>;
+    /// Every runner's times on the job, by runner (empty before any flush).
+    async fn runner_times(&self, job: &str) -> Result<JobTimes, LedgerError>;
 }

@@ -86,8 +86,8 @@ use super::endpoint::Connection;
 use super::replicas::{Replicas, Replicated};
 
 use super::{
-    Forgot, InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Recorded, Reopened, Started,
-    Status,
+    Forgot, InFlight, JobState, JobTimes, Ledger, LedgerError, Limits, Outcome, Recorded, Reopened,
+    RunnerId, RunnerTimes, Started, Status,
 };
 
 /// How long a command may wait for its reply. The crate's default (500 ms) fails calls the
@@ -282,14 +282,25 @@ end
 return {moved_by(KEYS[1], ARGV[1]), redis.call('HGETALL', KEYS[1])}
 "#;
 
-/// KEYS: state, done, parts, holders, report, spent, failed. ARGV: keep (ms). Returns nil for
-/// an unknown job, else 1 if it has ended (its keys now expire), 0 if it still runs or
+/// KEYS: state, done, parts, holders, report, spent, failed, times. ARGV: keep (ms). Returns
+/// nil for an unknown job, else 1 if it has ended (its keys now expire), 0 if it still runs or
 /// finalizes.
 const RETIRE_LUA: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == RUNNING or state == FINALIZING then return 0 end
 for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ARGV[1]) end
+return 1
+"#;
+
+/// KEYS: state, times. ARGV: field, seconds, field, seconds, ... Returns nil for an unknown
+/// job, else 1: each field of the job's times hash is increased by its seconds, and the hash
+/// expires with a retired job's state.
+const ADD_TIMES_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+for i = 1, #ARGV, 2 do redis.call('HINCRBYFLOAT', KEYS[2], ARGV[i], ARGV[i + 1]) end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 return 1
 "#;
 
@@ -428,6 +439,7 @@ static TRANSITION: LazyLock<Script> = LazyLock::new(|| script(TRANSITION_LUA));
 static CLAIM: LazyLock<Script> = LazyLock::new(|| script(CLAIM_LUA));
 static PUBLISH_CLAIM: LazyLock<Script> = LazyLock::new(|| script(PUBLISH_CLAIM_LUA));
 static RETIRE: LazyLock<Script> = LazyLock::new(|| script(RETIRE_LUA));
+static ADD_TIMES: LazyLock<Script> = LazyLock::new(|| script(ADD_TIMES_LUA));
 static REOPEN: LazyLock<Script> = LazyLock::new(|| script(REOPEN_LUA));
 static FORGET_FAILURE: LazyLock<Script> = LazyLock::new(|| script(FORGET_FAILURE_LUA));
 static CREATED: LazyLock<Script> = LazyLock::new(|| script(CREATED_LUA));
@@ -463,6 +475,8 @@ struct JobKeys {
     spent: String,
     /// The counts of each mini-batch recorded with failures.
     failed: String,
+    /// Each runner's seconds by phase (a hash, see `times::field`).
+    times: String,
 }
 
 impl JobKeys {
@@ -544,6 +558,7 @@ impl RedisLedger {
             spent: format!("{base}:spent"),
             report: format!("{base}:report"),
             failed: format!("{base}:failed"),
+            times: format!("{base}:times"),
         }
     }
 
@@ -1039,6 +1054,7 @@ impl Ledger for RedisLedger {
             async move {
                 RETIRE
                     .key(&keys.all()[..])
+                    .key(&keys.times)
                     .arg(keep_ms)
                     .replicated(&mut conn, &self.replicas)
                     .await
@@ -1049,6 +1065,52 @@ impl Ledger for RedisLedger {
             Some(ended) => Ok(ended == 1),
             None => Err(LedgerError::UnknownJob(job.to_owned())),
         }
+    }
+
+    async fn add_runner_times(
+        &self,
+        job: &str,
+        runner: &RunnerId,
+        times: &RunnerTimes,
+    ) -> Result<(), LedgerError> {
+        let keys = self.keys(job);
+        let phases = RunnerTimes::PHASES.iter().zip(times.seconds());
+        let added: Vec<(String, f64)> = phases
+            .filter(|(_, seconds)| *seconds != 0.0)
+            .map(|(phase, seconds)| (super::times::field(runner, phase), seconds))
+            .collect();
+        if added.is_empty() {
+            return Ok(());
+        }
+        // Not retried: a retry after a lost answer would add the seconds twice.
+        let mut conn = self.conn.get();
+        let mut call = ADD_TIMES.key(&keys.state);
+        call.key(&keys.times);
+        for (field, seconds) in &added {
+            call.arg(field).arg(seconds);
+        }
+        let known: Option<i64> = call
+            .replicated(&mut conn, &self.replicas)
+            .await
+            .map_err(|e| backend("add_runner_times", &e))?;
+        known.map(drop).ok_or_else(|| unknown(job))
+    }
+
+    async fn runner_times(&self, job: &str) -> Result<JobTimes, LedgerError> {
+        let keys = self.keys(job);
+        let fields: Vec<(String, f64)> = retrying("runner_times", job, || {
+            let mut conn = self.conn.get();
+            let key = &keys.times;
+            async move { redis::cmd("HGETALL").arg(key).query_async(&mut conn).await }
+        })
+        .await?;
+        let mut by_runner = std::collections::BTreeMap::<RunnerId, RunnerTimes>::new();
+        for (field, seconds) in fields {
+            if let Some((id, phase)) = super::times::parse_field(&field) {
+                by_runner.entry(id).or_default().add(phase, seconds);
+            }
+        }
+        Ok(by_runner.into_iter().collect())
     }
 
     async fn created(&self, job: &str, mini_batches: u64) -> Result<(), LedgerError> {

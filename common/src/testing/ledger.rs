@@ -3,7 +3,10 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::ledger::{Forgot, InFlight, JobState, Ledger, LedgerError, Limits, Outcome, Started};
+use crate::ledger::{
+    Forgot, InFlight, JobState, Ledger, LedgerError, Limits, Outcome, RunnerId, RunnerTimes,
+    Started,
+};
 
 /// Generates one `#[tokio::test]` per case for the ledger built by `$make`, an async closure
 /// returning `Arc<dyn Ledger>`.
@@ -24,7 +27,8 @@ macro_rules! ledger_conformance {
             report_rows_are_kept_in_order, the_last_move_is_timed,
             only_charged_attempts_are_spent, a_stopped_job_reopens_keeping_what_was_done,
             a_reopened_job_of_all_done_finalizes, a_failure_is_forgotten_to_run_again,
-            an_expired_job_ends_and_reopens_for_the_rest);
+            an_expired_job_ends_and_reopens_for_the_rest,
+            runner_times_add_up_and_go_with_the_job);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -983,4 +987,86 @@ where
     let last = l.record(&j, 3, OK, None).await.unwrap();
     assert!(last.transitioned);
     assert_eq!(last.status.state, JobState::Finalizing);
+}
+
+/// Each runner's seconds by phase add up over flushes, apart from other runners', and go
+/// with the job when it is retired.
+pub async fn runner_times_add_up_and_go_with_the_job<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(&j, Limits::NONE).await.unwrap();
+    assert!(l.runner_times(&j).await.unwrap().is_empty());
+    let runner = |node: &str, gpu: &str| RunnerId {
+        node: node.into(),
+        runner: "process001".into(),
+        gpu: gpu.into(),
+    };
+    let (a, b) = (runner("node-a", "0"), runner("node-b", ""));
+    let first = RunnerTimes {
+        init_s: 1.5,
+        run_s: 2.0,
+        input_wait_s: 0.25,
+        idle_s: 0.0,
+    };
+    l.add_runner_times(&j, &a, &first).await.unwrap();
+    l.add_runner_times(
+        &j,
+        &a,
+        &RunnerTimes {
+            run_s: 3.0,
+            idle_s: 0.5,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    l.add_runner_times(
+        &j,
+        &b,
+        &RunnerTimes {
+            input_wait_s: 4.0,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let times = l.runner_times(&j).await.unwrap();
+    assert_eq!(times.len(), 2, "{times:?}");
+    let of = |id: &RunnerId| times.iter().find(|(r, _)| r == id).unwrap().1;
+    let close = |x: f64, y: f64| (x - y).abs() < 1e-9;
+    let ta = of(&a);
+    assert!(close(ta.init_s, 1.5) && close(ta.run_s, 5.0), "{ta:?}");
+    assert!(
+        close(ta.input_wait_s, 0.25) && close(ta.idle_s, 0.5),
+        "{ta:?}"
+    );
+    let tb = of(&b);
+    assert!(
+        close(tb.input_wait_s, 4.0) && close(tb.total(), 4.0),
+        "{tb:?}"
+    );
+    assert!(matches!(
+        l.add_runner_times("never-entered", &a, &first).await,
+        Err(LedgerError::UnknownJob(_))
+    ));
+    l.transition(&j, &[JobState::Running], JobState::Canceled, None)
+        .await
+        .unwrap();
+    assert!(
+        l.retire(&j, std::time::Duration::from_millis(300))
+            .await
+            .unwrap()
+    );
+    // A late flush (a runner that let the job go after it ended) goes with the job too.
+    l.add_runner_times(&j, &b, &first).await.unwrap();
+    super::eventually("the retired job to be forgotten", || async {
+        l.status(&j).await.unwrap().is_none()
+    })
+    .await;
+    let left = l.runner_times(&j).await;
+    assert!(left.as_ref().map_or(true, Vec::is_empty), "{left:?}");
 }

@@ -29,7 +29,7 @@ use utoipa::{OpenApi, ToSchema};
 use super::Served;
 use crate::fleet::{self as fleet_cmd, EmptyInput, FleetError};
 use crate::partition::Produced;
-use crate::summary::{InFlightBatch, JobSummary, QueueSummary, StorageFaults};
+use crate::summary::{InFlightBatch, JobSummary, QueueSummary, StorageFaults, TimeSplit};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -45,7 +45,8 @@ use crate::summary::{InFlightBatch, JobSummary, QueueSummary, StorageFaults};
         JobSummary,
         InFlightBatch,
         QueueSummary,
-        StorageFaults
+        StorageFaults,
+        TimeSplit
     ))
 )]
 pub struct ApiDoc;

@@ -260,6 +260,9 @@ impl Bench {
             staged.clean().await;
             return Waited::Stopped;
         };
+        if let RunOutcome::Done { timing, .. } | RunOutcome::Raised { timing, .. } = &outcome {
+            active.times.ran(timing);
+        }
         let elapsed = started.elapsed().as_secs_f64();
         staged.clean().await;
         Waited::Ran { outcome, elapsed }

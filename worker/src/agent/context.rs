@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::fit::Fit;
 use super::named_outputs::NamedOutputs;
 use super::seats::Seats;
+use super::times::TimesBook;
 use crate::job::Job;
 use crate::logs::JobLogs;
 
@@ -66,6 +67,8 @@ pub struct JobContext {
     pub(super) run: u32,
     /// The mini-batch size that fits the GPU's memory on this node (see `fit`).
     pub(super) fit: Fit,
+    /// Where this node's runners' time on the job went (see `times`).
+    pub times: Arc<TimesBook>,
 }
 
 impl JobContext {
@@ -94,7 +97,14 @@ impl JobContext {
             monitor: Default::default(),
             run: 0,
             fit: Fit::default(),
+            times: Arc::default(),
         }
+    }
+
+    /// Counts its runners' flushed times in `metrics` (see `times`).
+    pub fn counted_in(mut self, metrics: Arc<crate::metrics::Metrics>) -> JobContext {
+        self.times = Arc::new(TimesBook::counted_in(metrics));
+        self
     }
 
     /// Delivers the job's named outputs, and keeps what runners leave in their working

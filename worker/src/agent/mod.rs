@@ -65,6 +65,7 @@ mod slot;
 mod stage;
 mod stage_error;
 mod tabular;
+pub mod times;
 mod unavailable;
 mod verdict;
 pub mod workdir;

@@ -5,12 +5,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use fleetrun_common::ledger::RunnerId;
 use fleetrun_common::protocol::{InitParams, ScriptError, TabularInit};
 use fleetrun_common::python::Python;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::environment::{RunnerEnv, runner_env};
+use super::times::TimesMark;
 use super::{AgentConfig, AgentEvent, JobContext, Shared};
 use crate::gpu::{
     AZ_GPU_COUNT_VAR, GPU_COUNT_VAR, GpuLease, RUNNERS_PER_GPU_VAR, VISIBLE_DEVICES_VAR,
@@ -31,6 +33,8 @@ pub(super) struct Active {
     _ready: ReadyMark,
     /// Its place among the job's runners on this node.
     _seat: super::seats::Seat,
+    /// Its time on the job, by phase, until it is dropped.
+    pub(super) times: TimesMark,
 }
 
 /// One ready runner in its job's count of them; taken off when dropped.
@@ -146,6 +150,14 @@ async fn launch(
     if ctx.first_gpu_note() {
         ctx.logs.log(&main_log, &gpu_line(config.gpus));
     }
+    let times_id = RunnerId {
+        node: node.clone(),
+        runner: name.clone(),
+        gpu: gpu
+            .as_ref()
+            .map_or_else(String::new, |g| g.device().to_owned()),
+    };
+    let born = tokio::time::Instant::now();
     let launch = launch_of(shared, ctx, &name, gpu.as_ref());
     let params = init_params(config, ctx, &name, python);
     let spec = ctx.job.spec();
@@ -191,6 +203,7 @@ async fn launch(
                 _gpu: gpu,
                 _ready: ReadyMark::new(&ctx.ready_runners),
                 _seat: seat,
+                times: TimesMark::new(ctx, times_id, born),
             });
         }
         Ok((_, InitOutcome::Failed(error))) => {
@@ -226,6 +239,7 @@ async fn launch(
         Ok((None, InitOutcome::Ready(_))) => unreachable!("a ready runner is returned"),
         Err(e) => InitFailure::Launch(e),
     };
+    ctx.times.failed_start(&times_id, born);
     start_failed(shared, ctx, &name, &failure);
     Err(StartFailure::Failed)
 }

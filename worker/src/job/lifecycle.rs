@@ -14,7 +14,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use fleetrun_common::events::{Counts, Events, JobEvent};
 use fleetrun_common::ledger::{
-    JobState, Ledger, LedgerError, Outcome, Recorded, Reopened, Started, Status,
+    JobState, JobTimes, Ledger, LedgerError, Outcome, Recorded, Reopened, RunnerId, RunnerTimes,
+    Started, Status,
 };
 use fleetrun_common::storage::Storage;
 use fleetrun_config::{JobSpec, Location, OutputAction};
@@ -560,6 +561,20 @@ impl Job {
                 None
             }
         }
+    }
+
+    /// Adds `times`, what runner `runner` spent since its node's last flush, to the job's.
+    pub async fn add_runner_times(
+        &self,
+        runner: &RunnerId,
+        times: &RunnerTimes,
+    ) -> Result<(), LedgerError> {
+        self.ledger.add_runner_times(&self.id, runner, times).await
+    }
+
+    /// Where the time of every runner of the job went, as the nodes flushed it.
+    pub async fn runner_times(&self) -> Result<JobTimes, LedgerError> {
+        self.ledger.runner_times(&self.id).await
     }
 
     /// Every row of the job's report the ledger kept, in the order they came.

@@ -150,7 +150,8 @@ impl FleetJobs {
                 .with_named(named)
                 // `fleetrun run` is the job's one node; fleet nodes take one of its places.
                 .with_seats(processes, !self.config.sole_node)
-                .for_run(run),
+                .for_run(run)
+                .counted_in(self.config.metrics.clone()),
         );
         tokio::spawn(watch_job(
             self.fleet.clone(),

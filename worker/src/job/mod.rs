@@ -51,7 +51,7 @@ pub use error::{JobError, SettingsError};
 pub use finalize::conclude;
 pub use lifecycle::{Job, output_location};
 pub use record::{JobRecord, Publication, unix_now};
-pub use results::{overview_text, result_text};
+pub use results::{RUNNERS_CSV, overview_text, result_text, time_line};
 pub use serve::serve;
 pub use settings::{
     DEFAULT_POOL, Fleet, FleetArgs, KEEP_ENDED_JOBS, KEY_PREFIX, NewPool, POOL_DELIVERY_LIMIT,

@@ -3,7 +3,7 @@
 //! the job's handle ([`Job::write_results`]) by whichever process ends it.
 
 use bytes::Bytes;
-use fleetrun_common::ledger::{JobState, Status};
+use fleetrun_common::ledger::{JobState, JobTimes, Status, times};
 use tracing::warn;
 
 use super::lifecycle::Job;
@@ -109,6 +109,56 @@ pub fn memory_summary(rows: &[String]) -> Option<String> {
     ))
 }
 
+/// Where a job's runners' times are written, under its `logs/`: one row per runner.
+pub const RUNNERS_CSV: &str = "perf/runners.csv";
+
+/// `job_result.txt`'s line of where the runners' time went, as shares of all their time:
+/// `GPU busy 78%: compute 78%, waiting for input 15%, init 4%, idle 3% (2 runners, 61.0 s)`
+/// ("Runners busy" when no runner had a GPU; busy is the share in `run()`). `None` before
+/// any runner's time was flushed.
+pub fn time_line(times: &JobTimes) -> Option<String> {
+    let all = times::sum(times);
+    let total = all.total();
+    if total <= 0.0 {
+        return None;
+    }
+    let share = |s: f64| (100.0 * s / total).round();
+    let who = if times.iter().any(|(id, _)| !id.gpu.is_empty()) {
+        "GPU"
+    } else {
+        "Runners"
+    };
+    Some(format!(
+        "{who} busy {:.0}%: compute {:.0}%, waiting for input {:.0}%, init {:.0}%, idle {:.0}% ({} runner{}, {total:.1} s)",
+        share(all.run_s),
+        share(all.run_s),
+        share(all.input_wait_s),
+        share(all.init_s),
+        share(all.idle_s),
+        times.len(),
+        if times.len() == 1 { "" } else { "s" },
+    ))
+}
+
+/// `logs/perf/runners.csv`: each runner's seconds by phase.
+pub fn runners_csv(times: &JobTimes) -> String {
+    let mut csv = String::from("node,runner,gpu,init_s,run_s,input_wait_s,idle_s,total_s\n");
+    for (id, t) in times {
+        csv.push_str(&format!(
+            "{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3}\n",
+            crate::logs::csv_field(&id.node),
+            crate::logs::csv_field(&id.runner),
+            crate::logs::csv_field(&id.gpu),
+            t.init_s,
+            t.run_s,
+            t.input_wait_s,
+            t.idle_s,
+            t.total()
+        ));
+    }
+    csv
+}
+
 /// `job_error.txt`: how many script errors this process saw, and the first of them.
 fn error_summary(logs: Option<&JobLogs>) -> String {
     let errors = logs
@@ -139,6 +189,28 @@ pub(super) async fn write(job: &Job, logs: Option<&JobLogs>, status: &Status) {
             warn!(job = %job.id(), error = %e, "Cannot read the job's report for its result.")
         }
     }
+    let times = match job.runner_times().await {
+        Ok(times) => times,
+        Err(e) => {
+            warn!(job = %job.id(), error = %e, "Cannot read the job's runner times for its result.");
+            Vec::new()
+        }
+    };
+    if let Some(line) = time_line(&times) {
+        result.push_str(&line);
+        result.push('\n');
+    }
+    if !times.is_empty()
+        && let Err(e) = job
+            .output()
+            .put(
+                &format!("logs/{RUNNERS_CSV}"),
+                Bytes::from(runners_csv(&times)),
+            )
+            .await
+    {
+        warn!(job = %job.id(), file = RUNNERS_CSV, error = %e, "Cannot write a result file.");
+    }
     let files = [
         (logs::JOB_RESULT, result),
         (logs::PROGRESS_OVERVIEW, overview_text(status)),
@@ -157,7 +229,45 @@ pub(super) async fn write(job: &Job, logs: Option<&JobLogs>, status: &Status) {
 
 #[cfg(test)]
 mod tests {
-    use super::memory_summary;
+    use fleetrun_common::ledger::{RunnerId, RunnerTimes};
+
+    use super::{memory_summary, runners_csv, time_line};
+
+    #[test]
+    fn the_time_line_gives_each_phase_its_share_of_all_runners_time() {
+        let runner = |name: &str, gpu: &str, t: [f64; 4]| {
+            let id = RunnerId {
+                node: "n".into(),
+                runner: name.into(),
+                gpu: gpu.into(),
+            };
+            let [init_s, run_s, input_wait_s, idle_s] = t;
+            let times = RunnerTimes {
+                init_s,
+                run_s,
+                input_wait_s,
+                idle_s,
+            };
+            (id, times)
+        };
+        assert_eq!(time_line(&Vec::new()), None);
+        let times = vec![
+            runner("process001", "", [2.0, 30.0, 6.0, 2.0]),
+            runner("process002", "", [2.0, 48.0, 9.0, 1.0]),
+        ];
+        assert_eq!(
+            time_line(&times).unwrap(),
+            "Runners busy 78%: compute 78%, waiting for input 15%, init 4%, idle 3% (2 runners, 100.0 s)"
+        );
+        let gpu = vec![runner("process001", "0", [1.0, 1.0, 0.0, 0.0])];
+        assert!(time_line(&gpu).unwrap().starts_with("GPU busy 50%"));
+        let csv = runners_csv(&times);
+        assert!(csv.starts_with("node,runner,gpu,init_s,run_s,input_wait_s,idle_s,total_s\n"));
+        assert!(
+            csv.contains("n,process002,,2.000,48.000,9.000,1.000,60.000\n"),
+            "{csv}"
+        );
+    }
 
     #[test]
     fn the_memory_line_counts_runs_out_apart_and_names_the_last_size() {

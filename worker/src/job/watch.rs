@@ -61,6 +61,7 @@ pub(super) async fn watch_job(
     let mut seen: Option<(JobState, Option<u64>)> = None;
     let mut place_renewed = tokio::time::Instant::now();
     let mut follow_renewed = tokio::time::Instant::now();
+    let mut times_flushed = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = stop.cancelled() => {
@@ -82,6 +83,10 @@ pub(super) async fn watch_job(
             renew_place(&fleet, &ctx, &node).await;
         }
         ctx.logs.flush();
+        if times_flushed.elapsed() >= agent::times::FLUSH_EVERY {
+            times_flushed = tokio::time::Instant::now();
+            agent::times::flush(&ctx).await;
+        }
         let status = match ledger.status(ctx.job.id()).await {
             Ok(Some(status)) => status,
             Ok(None) => continue,
@@ -275,6 +280,8 @@ async fn write_last(ctx: &JobContext, node: &str, ended: bool) {
         warn!(job = %ctx.job.id(), "The job's runners on this node did not end in time; letting the job go.");
     }
     ctx.monitor.stop().await;
+    // Its runners have ended (or are let go): the last of their times.
+    agent::times::flush(ctx).await;
     agent::named::finish(ctx, node).await;
     if ended {
         ctx.logs.close();

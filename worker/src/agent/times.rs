@@ -1,0 +1,276 @@
+//! Where a node's runners' time on a job went ([`TimesBook`], one per job in its
+//! [`JobContext`]): seconds in `init()`, in `run()`, waiting for input, and idle (the rest of
+//! each runner's life on the job), accumulated in memory as runners start, run and stop, and
+//! flushed to the ledger ([`flush`]) every few seconds by the job's watcher, when the node
+//! lets the job go and before the job's results are written; never per mini-batch.
+//!
+//! `run()` and the wait for input are the runner's own clocks (`Timing::run_seconds` and
+//! `Timing::waited_seconds`: the time it sat ready with nothing to run before each request,
+//! so look-ahead staging that overlaps a `run()` is not waiting); `init()` and each runner's
+//! life are this node's clock (tokio's, so tests pause it). Idle is the life less the rest.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use fleetrun_common::ledger::{RunnerId, RunnerTimes};
+use fleetrun_common::protocol::Timing;
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::JobContext;
+use crate::metrics::Metrics;
+
+/// How often a job's watcher flushes its runners' times to the ledger.
+pub(crate) const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// One runner's (one slot's) times on the job, over all the runners it started.
+#[derive(Debug, Default)]
+struct Entry {
+    /// `init()` (every start, failed ones too), `run()` and the wait for input; no idle.
+    measured: RunnerTimes,
+    /// The runners' lives that ended, in seconds.
+    lived: f64,
+    /// When the live runner, if any, started.
+    live_since: Option<Instant>,
+    /// What was flushed to the ledger (idle included).
+    flushed: RunnerTimes,
+}
+
+impl Entry {
+    /// Every phase by `now`, idle being the life not measured otherwise.
+    fn at(&self, now: Instant) -> RunnerTimes {
+        let live = self
+            .live_since
+            .map_or(0.0, |since| now.duration_since(since).as_secs_f64());
+        let life = self.lived + live;
+        RunnerTimes {
+            idle_s: (life - self.measured.total()).max(0.0),
+            ..self.measured
+        }
+    }
+}
+
+/// A job's runners' times on this node, by runner.
+#[derive(Debug, Default)]
+pub struct TimesBook {
+    runners: Mutex<BTreeMap<RunnerId, Entry>>,
+    /// Where flushed seconds are counted for `/metrics`.
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl TimesBook {
+    /// A book whose flushed seconds `metrics` counts.
+    pub fn counted_in(metrics: Arc<Metrics>) -> TimesBook {
+        TimesBook {
+            metrics: Some(metrics),
+            ..TimesBook::default()
+        }
+    }
+
+    fn with<T>(&self, runner: &RunnerId, f: impl FnOnce(&mut Entry) -> T) -> T {
+        let mut runners = self.runners.lock().unwrap_or_else(|p| p.into_inner());
+        f(runners.entry(runner.clone()).or_default())
+    }
+
+    /// A runner that started at `born` finished its init now: its life goes on until
+    /// [`TimesBook::stopped`].
+    pub(super) fn started(&self, runner: &RunnerId, born: Instant) {
+        let now = Instant::now();
+        self.with(runner, |e| {
+            e.measured.init_s += now.duration_since(born).as_secs_f64();
+            if let Some(since) = e.live_since.replace(born) {
+                e.lived += now.duration_since(since).as_secs_f64();
+            }
+        });
+    }
+
+    /// A runner that started at `born` failed to: its init was all its life.
+    pub(super) fn failed_start(&self, runner: &RunnerId, born: Instant) {
+        let init = born.elapsed().as_secs_f64();
+        self.with(runner, |e| {
+            e.measured.init_s += init;
+            e.lived += init;
+        });
+    }
+
+    /// A runner answered a `run()` it was sent: its run and its wait before it.
+    pub(super) fn ran(&self, runner: &RunnerId, timing: &Timing) {
+        self.with(runner, |e| {
+            e.measured.run_s += timing.run_seconds.max(0.0);
+            e.measured.input_wait_s += timing.waited_seconds.max(0.0);
+        });
+    }
+
+    /// A runner left the job (stopped, killed, or lost).
+    pub(super) fn stopped(&self, runner: &RunnerId) {
+        let now = Instant::now();
+        self.with(runner, |e| {
+            if let Some(since) = e.live_since.take() {
+                e.lived += now.duration_since(since).as_secs_f64();
+            }
+        });
+    }
+
+    /// Every runner's times by now.
+    pub fn snapshot(&self) -> Vec<(RunnerId, RunnerTimes)> {
+        let now = Instant::now();
+        let runners = self.runners.lock().unwrap_or_else(|p| p.into_inner());
+        runners
+            .iter()
+            .map(|(id, e)| (id.clone(), e.at(now)))
+            .collect()
+    }
+
+    /// What each runner added since the last flush, noted as flushed.
+    fn take_unflushed(&self) -> Vec<(RunnerId, RunnerTimes)> {
+        let now = Instant::now();
+        let mut runners = self.runners.lock().unwrap_or_else(|p| p.into_inner());
+        let mut unflushed = Vec::new();
+        for (id, e) in runners.iter_mut() {
+            let at = e.at(now);
+            let delta = at.since(&e.flushed);
+            if !delta.is_empty() {
+                e.flushed = at;
+                unflushed.push((id.clone(), delta));
+            }
+        }
+        unflushed
+    }
+
+    /// Takes back a flush the ledger did not take: the next one carries it.
+    fn unflushed(&self, runner: &RunnerId, delta: &RunnerTimes) {
+        self.with(runner, |e| {
+            e.flushed = e.flushed.since(delta);
+        });
+    }
+}
+
+/// A runner's part in the book while it lives: it stops when this is dropped, however the
+/// runner went (stopped, killed, or lost with its process).
+pub(super) struct TimesMark {
+    id: RunnerId,
+    book: Arc<TimesBook>,
+}
+
+impl TimesMark {
+    /// Runner `id` of `ctx`'s job, started at `born`, finished its init now.
+    pub(super) fn new(ctx: &JobContext, id: RunnerId, born: Instant) -> TimesMark {
+        ctx.times.started(&id, born);
+        TimesMark {
+            id,
+            book: ctx.times.clone(),
+        }
+    }
+
+    /// The runner answered a `run()`.
+    pub(super) fn ran(&self, timing: &Timing) {
+        self.book.ran(&self.id, timing);
+    }
+}
+
+impl Drop for TimesMark {
+    fn drop(&mut self) {
+        self.book.stopped(&self.id);
+    }
+}
+
+/// Adds what this node's runners of the job did since the last flush to the ledger's times
+/// of the job (and to `/metrics`); what the ledger does not take goes with the next flush.
+pub async fn flush(ctx: &JobContext) {
+    for (runner, delta) in ctx.times.take_unflushed() {
+        match ctx.job.add_runner_times(&runner, &delta).await {
+            Ok(()) => {
+                if let Some(metrics) = &ctx.times.metrics {
+                    metrics.runner_seconds(&delta);
+                }
+            }
+            Err(e) => {
+                warn!(job = %ctx.job.id(), runner = %runner.runner, error = %e, "Cannot add the runner's times to the job's; the next flush carries them.");
+                ctx.times.unflushed(&runner, &delta);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn runner() -> RunnerId {
+        RunnerId {
+            node: "n".into(),
+            runner: "process001".into(),
+            gpu: String::new(),
+        }
+    }
+
+    fn timing(run: f64, waited: f64) -> Timing {
+        Timing {
+            run_seconds: run,
+            cpu_seconds: 0.0,
+            waited_seconds: waited,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_runners_life_splits_into_its_phases_and_idle_is_the_rest() {
+        let book = TimesBook::default();
+        let id = runner();
+        let born = Instant::now();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        book.started(&id, born);
+        for _ in 0..4 {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            book.ran(&id, &timing(1.0, 0.25));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        book.stopped(&id);
+        // Time after the runner stopped is nobody's.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let [(_, t)] = &book.snapshot()[..] else {
+            panic!("one runner")
+        };
+        assert_eq!(t.init_s, 2.0);
+        assert_eq!(t.run_s, 4.0);
+        assert_eq!(t.input_wait_s, 1.0);
+        assert_eq!(t.idle_s, 9.0 - 2.0 - 4.0 - 1.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn flushes_carry_only_what_was_added_and_a_refused_one_comes_again() {
+        let book = TimesBook::default();
+        let id = runner();
+        book.started(&id, Instant::now());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        book.ran(&id, &timing(0.5, 0.0));
+        let first = book.take_unflushed();
+        assert_eq!(first[0].1.run_s, 0.5);
+        assert_eq!(first[0].1.idle_s, 0.5);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let second = book.take_unflushed();
+        assert_eq!((second[0].1.run_s, second[0].1.idle_s), (0.0, 2.0));
+        book.unflushed(&id, &second[0].1);
+        book.stopped(&id);
+        let third = book.take_unflushed();
+        assert_eq!(third[0].1.idle_s, 2.0, "the refused flush comes again");
+        assert!(book.take_unflushed().is_empty(), "nothing new");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_start_is_init_and_a_new_runner_adds_to_its_slots_row() {
+        let book = TimesBook::default();
+        let id = runner();
+        let born = Instant::now();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        book.failed_start(&id, born);
+        let born = Instant::now();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        book.started(&id, born);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        book.stopped(&id);
+        let t = book.snapshot()[0].1;
+        assert_eq!((t.init_s, t.idle_s, t.total()), (4.0, 1.0, 5.0));
+    }
+}
