@@ -34,6 +34,9 @@ cargo fmt --all -- --check
 say "deployment files"
 scripts/check-deploy.sh
 
+say "module graph: no import cycle in worker/src/agent and worker/src/job"
+python3 scripts/module-graph.py --check worker/src/agent worker/src/job >/dev/null
+
 say "cargo clippy"
 cargo clippy --workspace --all-targets --features fleetrun-tests/services -- -D warnings
 

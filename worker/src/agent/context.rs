@@ -107,6 +107,20 @@ impl JobContext {
         self
     }
 
+    /// Adds what this node's runners of the job did since the last flush to the ledger's times
+    /// of the job (and to `/metrics`); what the ledger does not take goes with the next flush.
+    pub async fn flush_times(&self) {
+        for (runner, delta) in self.times.take_unflushed() {
+            match self.job.add_runner_times(&runner, &delta).await {
+                Ok(()) => self.times.counted(&delta),
+                Err(e) => {
+                    tracing::warn!(job = %self.job.id(), runner = %runner.runner, error = %e, "Cannot add the runner's times to the job's; the next flush carries them.");
+                    self.times.unflushed(&runner, &delta);
+                }
+            }
+        }
+    }
+
     /// Delivers the job's named outputs, and keeps what runners leave in their working
     /// folders, as `named` says.
     pub fn with_named(mut self, named: NamedOutputs) -> JobContext {

@@ -203,7 +203,7 @@ async fn launch(
                 _gpu: gpu,
                 _ready: ReadyMark::new(&ctx.ready_runners),
                 _seat: seat,
-                times: TimesMark::new(ctx, times_id, born),
+                times: TimesMark::new(&ctx.times, times_id, born),
             });
         }
         Ok((_, InitOutcome::Failed(error))) => {

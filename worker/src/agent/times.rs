@@ -15,9 +15,7 @@ use std::sync::{Arc, Mutex};
 use fleetrun_common::ledger::{RunnerId, RunnerTimes};
 use fleetrun_common::protocol::Timing;
 use tokio::time::Instant;
-use tracing::warn;
 
-use super::JobContext;
 use crate::metrics::Metrics;
 
 /// How often a job's watcher flushes its runners' times to the ledger.
@@ -122,7 +120,7 @@ impl TimesBook {
     }
 
     /// What each runner added since the last flush, noted as flushed.
-    fn take_unflushed(&self) -> Vec<(RunnerId, RunnerTimes)> {
+    pub(super) fn take_unflushed(&self) -> Vec<(RunnerId, RunnerTimes)> {
         let now = Instant::now();
         let mut runners = self.runners.lock().unwrap_or_else(|p| p.into_inner());
         let mut unflushed = Vec::new();
@@ -138,10 +136,17 @@ impl TimesBook {
     }
 
     /// Takes back a flush the ledger did not take: the next one carries it.
-    fn unflushed(&self, runner: &RunnerId, delta: &RunnerTimes) {
+    pub(super) fn unflushed(&self, runner: &RunnerId, delta: &RunnerTimes) {
         self.with(runner, |e| {
             e.flushed = e.flushed.since(delta);
         });
+    }
+
+    /// Counts `delta`, taken by the ledger, in `/metrics` (when the book has them).
+    pub(super) fn counted(&self, delta: &RunnerTimes) {
+        if let Some(metrics) = &self.metrics {
+            metrics.runner_seconds(delta);
+        }
     }
 }
 
@@ -153,12 +158,13 @@ pub(super) struct TimesMark {
 }
 
 impl TimesMark {
-    /// Runner `id` of `ctx`'s job, started at `born`, finished its init now.
-    pub(super) fn new(ctx: &JobContext, id: RunnerId, born: Instant) -> TimesMark {
-        ctx.times.started(&id, born);
+    /// Runner `id` of the job whose times `book` keeps, started at `born`, finished its
+    /// init now.
+    pub(super) fn new(book: &Arc<TimesBook>, id: RunnerId, born: Instant) -> TimesMark {
+        book.started(&id, born);
         TimesMark {
             id,
-            book: ctx.times.clone(),
+            book: book.clone(),
         }
     }
 
@@ -171,24 +177,6 @@ impl TimesMark {
 impl Drop for TimesMark {
     fn drop(&mut self) {
         self.book.stopped(&self.id);
-    }
-}
-
-/// Adds what this node's runners of the job did since the last flush to the ledger's times
-/// of the job (and to `/metrics`); what the ledger does not take goes with the next flush.
-pub async fn flush(ctx: &JobContext) {
-    for (runner, delta) in ctx.times.take_unflushed() {
-        match ctx.job.add_runner_times(&runner, &delta).await {
-            Ok(()) => {
-                if let Some(metrics) = &ctx.times.metrics {
-                    metrics.runner_seconds(&delta);
-                }
-            }
-            Err(e) => {
-                warn!(job = %ctx.job.id(), runner = %runner.runner, error = %e, "Cannot add the runner's times to the job's; the next flush carries them.");
-                ctx.times.unflushed(&runner, &delta);
-            }
-        }
     }
 }
 

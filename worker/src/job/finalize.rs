@@ -33,7 +33,7 @@ pub async fn conclude(ledger: &dyn Ledger, ctx: &JobContext, status: Status) -> 
     let status = ctx.job.status().await.ok().flatten().unwrap_or(status);
     info!(job = %ctx.job.id(), state = %state, "Job ended.");
     // This node's runners' times so far reach the results; other nodes' as last flushed.
-    crate::agent::times::flush(ctx).await;
+    ctx.flush_times().await;
     ctx.job.write_results(Some(&ctx.logs), &status).await;
     state
 }

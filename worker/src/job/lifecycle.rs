@@ -323,7 +323,7 @@ impl Job {
         // The counts as the output holds them: a mini-batch recorded while it was joined
         // counts too, and a resume keeps it.
         let status = self.status().await.ok().flatten().unwrap_or(status);
-        results::write(self, logs, &status).await;
+        self.write_result_files(logs, &status).await;
         self.release_output().await;
         self.tell(&status, manifest).await;
         Ok(status)
@@ -653,8 +653,29 @@ impl Job {
                 warn!(job = %self.id, error = %e, "Cannot write the mini-batch report.");
             }
         }
-        results::write(self, logs, status).await;
+        self.write_result_files(logs, status).await;
         self.release_output().await;
+    }
+
+    /// The result files of [`results::write`], from what the ledger kept of the job's report
+    /// and runner times (what it cannot read is left out, with a warning).
+    async fn write_result_files(&self, logs: Option<&JobLogs>, status: &Status) {
+        let report_rows = self.report_rows().await.unwrap_or_else(|e| {
+            warn!(job = %self.id, error = %e, "Cannot read the job's report for its result.");
+            Vec::new()
+        });
+        let times = self.runner_times().await.unwrap_or_else(|e| {
+            warn!(job = %self.id, error = %e, "Cannot read the job's runner times for its result.");
+            Vec::new()
+        });
+        let ended = results::Ended {
+            job: &self.id,
+            spec: &self.spec,
+            elapsed: self.age(),
+            report_rows: &report_rows,
+            times: &times,
+        };
+        results::write(&*self.output, &ended, logs, status).await;
     }
 
     /// On a fleet job's local output folder, once it ended: records what the job wrote

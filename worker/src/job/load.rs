@@ -12,29 +12,16 @@ use tracing::{info, warn};
 use super::code::stage_code;
 use super::driver::StopRules;
 use super::error::JobError;
+use super::leases::{BEAT_TTL, FOLLOW_TTL};
 use super::lifecycle::Job;
+use super::node_job::NodeJob;
 use super::record::JobRecord;
-use super::serve::BEAT_TTL;
 use super::settings::{Fleet, WorkerConfig, open_input, open_storage};
 use super::side::{Held, stage_side};
-use super::watch::{FOLLOW_TTL, watch_job};
+use super::watch::watch_job;
 use crate::agent::{self, JobContext, Jobs};
 use crate::logs::JobLogs;
 use crate::parts;
-
-/// What a job holds on this node while it runs here; released when dropped.
-pub(super) struct NodeJob {
-    /// Its code's, side inputs' and models' cache entries.
-    _held: Held,
-    /// Its runners' working folders, removed with it.
-    work: std::path::PathBuf,
-}
-
-impl Drop for NodeJob {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.work);
-    }
-}
 
 pub(super) struct FleetJobs {
     pub(super) fleet: Fleet,

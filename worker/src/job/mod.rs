@@ -17,6 +17,8 @@
 //! - `serve`: a node's composition root: the agent, its events, the pool's beat.
 //! - `load`: a job's record turned into what a node needs to run it.
 //! - `watch`: watching one job a node serves, in the ledger.
+//! - `leases`: how long a node's beat and its note that it follows a job last.
+//! - `node_job`: what a job holds on a node while the node serves it.
 //! - `adopt`: the pool's jobs no node looks after: orphans, unserved jobs, given-up ones.
 //! - `lifecycle`: the [`Job`] handle, the one mover of a job's state and writer of its
 //!   result files.
@@ -34,9 +36,11 @@ mod dead_letters;
 mod driver;
 mod error;
 mod finalize;
+mod leases;
 mod lifecycle;
 mod load;
 pub mod manifest;
+mod node_job;
 pub mod notify;
 mod record;
 mod results;

@@ -1,18 +1,34 @@
 //! What a job tells its user (CONTRACT §7): `job_progress_overview.txt` while it runs, and
 //! `job_result.txt`, the final overview and `job_error.txt` when it ends, written through
-//! the job's handle ([`Job::write_results`]) by whichever process ends it.
+//! the job's handle (`Job::write_results`) by whichever process ends it, from what it
+//! gathers ([`Ended`]).
+
+use std::time::Duration;
 
 use bytes::Bytes;
 use fleetrun_common::ledger::{JobState, JobTimes, Status, times};
+use fleetrun_common::storage::Storage;
+use fleetrun_config::JobSpec;
 use tracing::warn;
 
-use super::lifecycle::Job;
 use crate::logs::{self, JobLogs};
+
+/// What a job's result files say besides its status, as its handle gathers it.
+pub struct Ended<'a> {
+    pub job: &'a str,
+    pub spec: &'a JobSpec,
+    /// Since its submission.
+    pub elapsed: Duration,
+    /// Its report's rows (`processed_mini-batches.csv`), as the ledger kept them.
+    pub report_rows: &'a [String],
+    /// Where its runners' time went.
+    pub times: &'a JobTimes,
+}
 
 /// `job_result.txt`: the result, the counts and, for a job that did not complete, why and
 /// where to look.
-pub fn result_text(job: &Job, status: &Status) -> String {
-    let threshold = match job.spec().error_threshold {
+pub fn result_text(ended: &Ended<'_>, status: &Status) -> String {
+    let threshold = match ended.spec.error_threshold {
         -1 => "-1 (failures ignored)".to_owned(),
         n => n.to_string(),
     };
@@ -22,9 +38,9 @@ pub fn result_text(job: &Job, status: &Status) -> String {
     );
     let mut text = format!(
         "Job: {}\nResult: {}\nElapsed: {:.1}s\nMini-batches: {} processed of {total}\nItems: {} succeeded, {} failed (error_threshold {threshold})\nMini-batches failed: {}\n",
-        job.id(),
+        ended.job,
         status.state,
-        job.age().as_secs_f64(),
+        ended.elapsed.as_secs_f64(),
         status.done,
         status.items_succeeded,
         status.items_failed,
@@ -43,7 +59,7 @@ pub fn result_text(job: &Job, status: &Status) -> String {
         text.push_str(&format!(
             "Where to look: the output holds the rows of every finished mini-batch; {} lists the unfinished ones, and `fleetrun resume {}` runs only those.\n",
             logs::UNFINISHED_CSV,
-            job.id()
+            ended.job
         ));
     } else if status.state == JobState::Failed {
         text.push_str("Where to look: user/error.txt (script errors), user/error/ (full tracebacks), sys/node/*/_main.txt (processes), failed_items.csv.\n");
@@ -179,50 +195,30 @@ fn error_summary(logs: Option<&JobLogs>) -> String {
     summary
 }
 
-/// Writes an ended job's results into its output's `logs/`; [`Job::write_results`] is the
-/// way in.
-pub(super) async fn write(job: &Job, logs: Option<&JobLogs>, status: &Status) {
-    let mut result = result_text(job, status);
-    match job.report_rows().await {
-        Ok(rows) => result.push_str(&memory_summary(&rows).unwrap_or_default()),
-        Err(e) => {
-            warn!(job = %job.id(), error = %e, "Cannot read the job's report for its result.")
-        }
-    }
-    let times = match job.runner_times().await {
-        Ok(times) => times,
-        Err(e) => {
-            warn!(job = %job.id(), error = %e, "Cannot read the job's runner times for its result.");
-            Vec::new()
-        }
-    };
-    if let Some(line) = time_line(&times) {
+/// Writes an ended job's results into `output`'s `logs/`: `job_result.txt`,
+/// `perf/runners.csv`, the final overview and `job_error.txt` (from the script errors this
+/// process's `logs` saw).
+pub(super) async fn write(
+    output: &dyn Storage,
+    ended: &Ended<'_>,
+    logs: Option<&JobLogs>,
+    status: &Status,
+) {
+    let mut result = result_text(ended, status);
+    result.push_str(&memory_summary(ended.report_rows).unwrap_or_default());
+    if let Some(line) = time_line(ended.times) {
         result.push_str(&line);
         result.push('\n');
     }
-    if !times.is_empty()
-        && let Err(e) = job
-            .output()
-            .put(
-                &format!("logs/{RUNNERS_CSV}"),
-                Bytes::from(runners_csv(&times)),
-            )
-            .await
-    {
-        warn!(job = %job.id(), file = RUNNERS_CSV, error = %e, "Cannot write a result file.");
-    }
-    let files = [
+    let runners = (!ended.times.is_empty()).then(|| (RUNNERS_CSV, runners_csv(ended.times)));
+    let files = runners.into_iter().chain([
         (logs::JOB_RESULT, result),
         (logs::PROGRESS_OVERVIEW, overview_text(status)),
         (logs::JOB_ERROR, error_summary(logs)),
-    ];
+    ]);
     for (name, text) in files {
-        if let Err(e) = job
-            .output()
-            .put(&format!("logs/{name}"), Bytes::from(text))
-            .await
-        {
-            warn!(job = %job.id(), file = name, error = %e, "Cannot write a result file.");
+        if let Err(e) = output.put(&format!("logs/{name}"), Bytes::from(text)).await {
+            warn!(job = %ended.job, file = name, error = %e, "Cannot write a result file.");
         }
     }
 }

@@ -14,13 +14,11 @@ use tracing::warn;
 use super::adopt::{adopt_orphans, recheck_given_up};
 use super::dead_letters::record_dead_letters;
 use super::finalize::{check_init_failures, conclude};
+use super::leases::BEAT_TTL;
 use super::load::FleetJobs;
 use super::settings::{Fleet, WorkerConfig};
 use super::watch::{let_go, note_end};
 use crate::agent::{self, Agent, AgentConfig, AgentEvent, Jobs};
-
-/// How long a node's word that it serves its pool lasts (renewed every third of it).
-pub(super) const BEAT_TTL: Duration = Duration::from_secs(15);
 
 /// How long a node's note that it met storage faults of a kind lasts after the last one
 /// (noted, at most every beat, when it met more).

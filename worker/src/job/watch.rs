@@ -14,20 +14,15 @@ use tracing::warn;
 
 use super::driver::StopRules;
 use super::finalize::conclude;
-use super::load::NodeJob;
+use super::leases::{BEAT_TTL, FOLLOW_TTL};
+use super::node_job::NodeJob;
 use super::results::overview_text;
-use super::serve::BEAT_TTL;
 use super::settings::Fleet;
 use crate::agent::{self, JobContext};
 use crate::logs;
 
 /// How often a worker re-reads the state of each job it serves.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
-
-/// How long a node's note that it follows a job lasts (renewed every third of it): a node
-/// killed outright holds the job's end back that long at most. Shorter than a place's lease,
-/// since no work moves when it runs out.
-pub(super) const FOLLOW_TTL: Duration = Duration::from_secs(6);
 
 /// How long an ended job's runners on a node may take to end (a runner's `shutdown()` has
 /// 10 s before it is killed) before the node lets the job go anyway.
@@ -85,7 +80,7 @@ pub(super) async fn watch_job(
         ctx.logs.flush();
         if times_flushed.elapsed() >= agent::times::FLUSH_EVERY {
             times_flushed = tokio::time::Instant::now();
-            agent::times::flush(&ctx).await;
+            ctx.flush_times().await;
         }
         let status = match ledger.status(ctx.job.id()).await {
             Ok(Some(status)) => status,
@@ -281,7 +276,7 @@ async fn write_last(ctx: &JobContext, node: &str, ended: bool) {
     }
     ctx.monitor.stop().await;
     // Its runners have ended (or are let go): the last of their times.
-    agent::times::flush(ctx).await;
+    ctx.flush_times().await;
     agent::named::finish(ctx, node).await;
     if ended {
         ctx.logs.close();
