@@ -221,7 +221,54 @@ async fn run_piece(
         Waited::Stopped => return Err(Verdict::Drop),
         Waited::NoRunner => return Err(Verdict::Settle(Disposition::Return)),
     };
-    let (result, ran, outcome, run_seconds, cause) = match outcome {
+    let log = (node.as_str(), process.as_str());
+    let Ran {
+        result,
+        piece,
+        outcome,
+        run_seconds,
+        cause,
+    } = judge(bench, ctx, log, (&part, holding), outcome, elapsed).await;
+    bench.config().metrics.mini_batch(result);
+    if !cause.is_empty() {
+        note = format!("{note}: {cause}");
+    }
+    let row = report_row(
+        &part,
+        holding,
+        result,
+        outcome,
+        Some((elapsed, run_seconds)),
+        &note,
+    );
+    keep_row(ctx, &row).await;
+    Ok(piece)
+}
+
+/// What one run of a piece came to: its report row's result, outcome and cause, and what
+/// becomes of the piece.
+struct Ran {
+    result: &'static str,
+    piece: Piece,
+    outcome: Outcome,
+    run_seconds: f64,
+    cause: String,
+}
+
+/// Judges the `outcome` of piece `part` of the delivery `holding` holds, run on `log`'s
+/// runner (node, process) in `elapsed` seconds, logging a script error, an out-of-memory
+/// or a lost runner as a whole mini-batch's are.
+async fn judge(
+    bench: &mut Bench,
+    ctx: &Arc<JobContext>,
+    log: (&str, &str),
+    (part, holding): (&MiniBatch, &Holding),
+    outcome: RunOutcome,
+    elapsed: f64,
+) -> Ran {
+    let (node, process) = log;
+    let attempt = holding.attempt;
+    match outcome {
         RunOutcome::Done {
             rows,
             timing,
@@ -238,13 +285,13 @@ async fn run_piece(
                 header,
                 succeeded: outcome.succeeded,
             };
-            (
-                settled.result,
-                ran,
+            Ran {
+                result: settled.result,
+                piece: ran,
                 outcome,
-                timing.run_seconds,
-                String::new(),
-            )
+                run_seconds: timing.run_seconds,
+                cause: String::new(),
+            }
         }
         RunOutcome::Raised { error, timing } if error.cause == ErrorCause::OutOfMemory => {
             let items = part.items.len();
@@ -253,56 +300,41 @@ async fn run_piece(
             } else {
                 format!("the item fails: {OUT_OF_MEMORY_ALONE}")
             };
-            let log = (node.as_str(), process.as_str());
-            out_of_memory_logged(log, ctx, &part, holding.attempt, items, &error, &then);
+            out_of_memory_logged(log, ctx, part, attempt, items, &error, &then);
             let cause = error.message.clone();
-            (
-                OUT_OF_GPU_MEMORY,
-                Piece::OutOfMemory(cause.clone()),
-                Outcome::default(),
-                timing.run_seconds,
+            Ran {
+                result: OUT_OF_GPU_MEMORY,
+                piece: Piece::OutOfMemory(cause.clone()),
+                outcome: Outcome::default(),
+                run_seconds: timing.run_seconds,
                 cause,
-            )
+            }
         }
         RunOutcome::Raised { error, timing } => {
-            script_error(&node, ctx, &process, &part, holding.attempt, &error);
+            script_error(node, ctx, process, part, attempt, &error);
             let cause = error.message.clone();
-            (
-                "raised",
-                Piece::Failed(cause.clone()),
-                Outcome::default(),
-                timing.run_seconds,
+            Ran {
+                result: "raised",
+                piece: Piece::Failed(cause.clone()),
+                outcome: Outcome::default(),
+                run_seconds: timing.run_seconds,
                 cause,
-            )
+            }
         }
         // An isolated item runs alone: nothing is sent after it, so a runner that died
         // died in it.
         lost => {
             let (lost, _) = bench.lose_runner(lost).await;
-            let (result, cause) = lost_logged(&node, ctx, &process, batch.index, &lost);
-            (
+            let (result, cause) = lost_logged(node, ctx, process, part.index, &lost);
+            Ran {
                 result,
-                Piece::Failed(cause.clone()),
-                Outcome::default(),
-                elapsed,
+                piece: Piece::Failed(cause.clone()),
+                outcome: Outcome::default(),
+                run_seconds: elapsed,
                 cause,
-            )
+            }
         }
-    };
-    bench.config().metrics.mini_batch(result);
-    if !cause.is_empty() {
-        note = format!("{note}: {cause}");
     }
-    let row = report_row(
-        &part,
-        holding,
-        result,
-        outcome,
-        Some((elapsed, run_seconds)),
-        &note,
-    );
-    keep_row(ctx, &row).await;
-    Ok(ran)
 }
 
 /// Stages the inputs of `part`, a piece being isolated (its report rows start with `note`):
