@@ -137,20 +137,8 @@ fn serve_script(
             None
         }
     };
-    let loaded = EntryScript::load(py, params).and_then(|script| {
-        let ready = script::ready_info(py).map_err(|e| script::script_error(py, &e))?;
-        Ok((script, ready))
-    });
-    script::flush_stdio(py);
-    let script = match loaded {
-        Ok((script, ready)) => {
-            write_frame(&mut replies, &Reply::Ready(ready))?;
-            script
-        }
-        Err(error) => {
-            write_frame(&mut replies, &Reply::InitFailed(error))?;
-            return Ok(EXIT_INIT_FAILED);
-        }
+    let Some(script) = init(py, params, &mut replies)? else {
+        return Ok(EXIT_INIT_FAILED);
     };
     let outbox = Outbox::new(channel, progress.is_some())?;
     // Since when the runner has had nothing to run: its wait for each request is reported.
@@ -218,6 +206,30 @@ fn serve_script(
                 return Ok(EXIT_OK);
             }
             Some(Request::Init(_)) => return Err(RunnerError::Unexpected("second Init")),
+        }
+    }
+}
+
+/// Loads the entry script and runs its `init()`, answering `Ready` (with what the runner
+/// found) or `InitFailed` on `replies`; `None` when it failed.
+fn init(
+    py: Python<'_>,
+    params: &InitParams,
+    replies: &mut &UnixStream,
+) -> Result<Option<EntryScript>, RunnerError> {
+    let loaded = EntryScript::load(py, params).and_then(|script| {
+        let ready = script::ready_info(py).map_err(|e| script::script_error(py, &e))?;
+        Ok((script, ready))
+    });
+    script::flush_stdio(py);
+    match loaded {
+        Ok((script, ready)) => {
+            write_frame(replies, &Reply::Ready(ready))?;
+            Ok(Some(script))
+        }
+        Err(error) => {
+            write_frame(replies, &Reply::InitFailed(error))?;
+            Ok(None)
         }
     }
 }
