@@ -44,3 +44,4 @@ pub mod scratch;
 pub mod shutdown;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod worker_config;

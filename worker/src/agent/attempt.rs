@@ -25,11 +25,12 @@ use super::stage::{Staged, Stager};
 use super::stage_error::StageError;
 use super::unavailable::staging_unavailable;
 use super::verdict::{Isolation, Verdict, Why, divisible, isolates};
-use super::{AgentConfig, JobContext, Shared};
+use super::{JobContext, Shared};
 use crate::logs;
 use crate::metrics::InFlight;
 use crate::parts::{PartError, join_rows};
 use crate::process::{RunOutcome, returncode};
+use crate::worker_config::WorkerConfig;
 
 /// How long a slot pauses when the ledger does not answer before it hands the mini-batch in
 /// hand back and takes the next.
@@ -75,7 +76,7 @@ pub(super) struct Culprit {
 }
 
 impl Bench {
-    pub(super) fn config(&self) -> &AgentConfig {
+    pub(super) fn config(&self) -> &WorkerConfig {
         &self.shared.agent.config
     }
 

@@ -12,7 +12,7 @@
 //! Imports form a tree (`scripts/module-graph.py --check worker/src/agent`); from the
 //! bottom up:
 //!
-//! - `setup`: what an agent is given and answers (`AgentConfig`, `Agent`, `Jobs`,
+//! - `setup`: what an agent is given and answers (the node's `WorkerConfig`, `Agent`, `Jobs`,
 //!   `AgentEvent`); `context`: `JobContext`, a job as a node sees it; `shared`: what the
 //!   slots share.
 //! - `slot`: a slot's loop, and nothing else: take a delivery, decide, conclude its
@@ -75,7 +75,7 @@ pub use attempt::{RecordError, record_failed_batch};
 pub use context::{JobContext, Uploaded};
 pub use holder::{HeldAttempt, held_attempts};
 pub use settle::LOST_LIMIT;
-pub use setup::{Agent, AgentConfig, AgentEvent, DEFAULT_PREFETCH, Jobs, is_stopped};
+pub use setup::{Agent, AgentEvent, DEFAULT_PREFETCH, Jobs, is_stopped};
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
@@ -112,7 +112,7 @@ pub async fn run(agent: Agent, drain: CancellationToken, abort: CancellationToke
     };
     let mut slots = tokio::task::JoinSet::new();
     for index in 0..agent_slots {
-        let staging = shared.agent.config.staging_dir.clone();
+        let staging = shared.agent.config.staging_dir();
         let slot = Slot {
             shared: shared.clone(),
             index,

@@ -13,13 +13,14 @@ use tracing::{debug, warn};
 
 use super::environment::{RunnerEnv, runner_env};
 use super::times::TimesMark;
-use super::{AgentConfig, AgentEvent, JobContext, Shared};
+use super::{AgentEvent, JobContext, Shared};
 use crate::gpu::{
     AZ_GPU_COUNT_VAR, GPU_COUNT_VAR, GpuLease, RUNNERS_PER_GPU_VAR, VISIBLE_DEVICES_VAR,
 };
 use crate::logs;
 use crate::monitor::MonitorSettings;
 use crate::process::{InitOutcome, Launch, ProcessError, Runner, returncode};
+use crate::worker_config::WorkerConfig;
 
 pub(super) struct Active {
     pub(super) job: String,
@@ -358,7 +359,7 @@ fn launch_of(shared: &Shared, ctx: &JobContext, name: &str, gpu: Option<&GpuLeas
 /// What runner `name` of `ctx`'s job is told at init (a linear builder): its script, its
 /// folders (made here), its input's format, its models. Folders that cannot be made are
 /// warned of; the runner starts without them.
-fn init_params(config: &AgentConfig, ctx: &JobContext, name: &str, python: Python) -> InitParams {
+fn init_params(config: &WorkerConfig, ctx: &JobContext, name: &str, python: Python) -> InitParams {
     let node = &config.node_id;
     let spec = ctx.job.spec();
     let cache = config.cache();
@@ -495,7 +496,7 @@ fn gpu_line(count: usize) -> String {
 /// What the job's monitor on this node watches: its interval, and the folders whose file
 /// systems matter to the job (its logs, its local output and input, the node's staging
 /// folder, the temp folder).
-fn monitor_settings(ctx: &JobContext, config: &AgentConfig) -> MonitorSettings {
+fn monitor_settings(ctx: &JobContext, config: &WorkerConfig) -> MonitorSettings {
     let spec = ctx.job.spec();
     let mut folders = vec![("logs".to_owned(), ctx.logs.dir().to_owned())];
     if let Some(output) = spec.output.as_local() {
@@ -504,7 +505,7 @@ fn monitor_settings(ctx: &JobContext, config: &AgentConfig) -> MonitorSettings {
     if let Some(input) = spec.input.location().as_local() {
         folders.push(("input".into(), input.to_owned()));
     }
-    folders.push(("scratch".into(), config.staging_dir.clone()));
+    folders.push(("scratch".into(), config.staging_dir()));
     folders.push(("tmp".into(), std::env::temp_dir()));
     MonitorSettings {
         interval: Duration::from_secs(spec.resource_monitor_interval),

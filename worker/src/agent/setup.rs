@@ -1,8 +1,8 @@
-//! What an agent is given and what it answers: its configuration ([`AgentConfig`]), its
-//! seams ([`Agent`]), where its jobs come from ([`Jobs`]), and what it reports
+//! What an agent is given and what it answers: its configuration (the node's
+//! [`WorkerConfig`]), its seams ([`Agent`]), where its jobs come from ([`Jobs`]), and what
+//! it reports
 //! ([`AgentEvent`]).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -11,41 +11,13 @@ use fleetrun_common::queue::Queue;
 use tokio::sync::mpsc;
 
 use super::context::JobContext;
-use crate::process::Launcher;
+use crate::worker_config::WorkerConfig;
 
 /// Deliveries a slot holds by default: one running, the next waiting in the runner's
 /// channel, and two being finished in the background (a part stored, a recording in the
 /// ledger, an acknowledgement: for a short `run()` they take longer than the run, and with
 /// one fewer the slot often had nothing to send ahead; docs/benchmarks.md).
 pub const DEFAULT_PREFETCH: u16 = 4;
-
-#[derive(Debug, Clone)]
-pub struct AgentConfig {
-    /// This node's id in logs (`sys/node/<node_id>/…`).
-    pub node_id: String,
-    /// Runner slots (processes) on this node.
-    pub processes: usize,
-    /// Unsettled deliveries each slot may hold.
-    pub prefetch: u16,
-    pub runner_exe: PathBuf,
-    /// Starts the runners: real processes, or a flow test's fakes.
-    pub launcher: Arc<dyn Launcher>,
-    /// Where inputs that are not local files are staged.
-    pub staging_dir: PathBuf,
-    /// Start every slot's runner for this job before taking work (one-job runs).
-    pub warm_job: Option<String>,
-    /// GPUs on this node, handed to runners one index each (CONTRACT.md §3).
-    pub gpus: usize,
-    /// What the node counts, for `/metrics`.
-    pub metrics: Arc<crate::metrics::Metrics>,
-}
-
-impl AgentConfig {
-    /// The node's cache folder: it holds the staging folder and the working folders.
-    pub(crate) fn cache(&self) -> &std::path::Path {
-        self.staging_dir.parent().unwrap_or(&self.staging_dir)
-    }
-}
 
 /// Finds the job a message belongs to.
 #[async_trait]
@@ -103,7 +75,7 @@ pub enum AgentEvent {
 }
 
 pub struct Agent {
-    pub config: AgentConfig,
+    pub config: WorkerConfig,
     pub queue: Arc<dyn Queue>,
     pub ledger: Arc<dyn Ledger>,
     pub jobs: Arc<dyn Jobs>,

@@ -17,7 +17,8 @@ use super::isolate::isolate;
 use super::runner::StartFailure;
 use super::share::Assignment;
 use super::verdict::{Isolation, Verdict, Why, splits};
-use super::{AgentConfig, JobContext, Shared};
+use super::{JobContext, Shared};
+use crate::worker_config::WorkerConfig;
 
 /// The job a slot consumes for, and its consumer.
 type Lane = (Arc<str>, Box<dyn Consumer>);
@@ -46,7 +47,7 @@ pub(super) struct Slot {
 }
 
 impl Slot {
-    fn config(&self) -> &AgentConfig {
+    fn config(&self) -> &WorkerConfig {
         &self.shared.agent.config
     }
 

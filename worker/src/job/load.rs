@@ -16,12 +16,13 @@ use super::leases::{BEAT_TTL, FOLLOW_TTL};
 use super::lifecycle::Job;
 use super::node_job::NodeJob;
 use super::record::JobRecord;
-use super::settings::{Fleet, WorkerConfig, open_input, open_storage};
+use super::settings::{Fleet, open_input, open_storage};
 use super::side::{Held, stage_side};
 use super::watch::watch_job;
 use crate::agent::{self, JobContext, Jobs};
 use crate::logs::JobLogs;
 use crate::parts;
+use crate::worker_config::WorkerConfig;
 
 pub(super) struct FleetJobs {
     pub(super) fleet: Fleet,

@@ -49,6 +49,7 @@ mod settings;
 mod side;
 mod watch;
 
+pub use crate::worker_config::WorkerConfig;
 pub use code::{CODE_PREFIX, code_digest, ship_code};
 pub use driver::{Ending, INIT_FAILURE_GRACE, Stop, StopRules, init_failures_fail_job};
 pub use error::{JobError, SettingsError};
@@ -59,7 +60,7 @@ pub use results::{RUNNERS_CSV, overview_text, result_text, time_line};
 pub use serve::serve;
 pub use settings::{
     DEFAULT_POOL, Fleet, FleetArgs, KEEP_ENDED_JOBS, KEY_PREFIX, NewPool, POOL_DELIVERY_LIMIT,
-    WorkerConfig, open_input, open_storage, tabular_root,
+    open_input, open_storage, tabular_root,
 };
 pub use side::{SHIPPED_PREFIX, SIDE_DIR, UNUSED_CAP_VAR, evict, ship_side};
 pub use watch::serving;

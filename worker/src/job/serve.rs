@@ -16,9 +16,10 @@ use super::dead_letters::record_dead_letters;
 use super::finalize::{check_init_failures, conclude};
 use super::leases::BEAT_TTL;
 use super::load::FleetJobs;
-use super::settings::{Fleet, WorkerConfig};
+use super::settings::Fleet;
 use super::watch::{let_go, note_end};
-use crate::agent::{self, Agent, AgentConfig, AgentEvent, Jobs};
+use crate::agent::{self, Agent, AgentEvent, Jobs};
+use crate::worker_config::WorkerConfig;
 
 /// How long a node's note that it met storage faults of a kind lasts after the last one
 /// (noted, at most every beat, when it met more).
@@ -45,17 +46,7 @@ pub async fn serve(
     let follower = tokio::spawn(follow_changes(fleet.clone(), jobs.clone()));
     let agent = tokio::spawn(agent::run(
         Agent {
-            config: AgentConfig {
-                node_id: config.node_id.clone(),
-                processes: config.processes,
-                prefetch: config.prefetch,
-                runner_exe: config.runner_exe.clone(),
-                launcher: config.launcher.clone(),
-                staging_dir: config.cache_dir.join("staging"),
-                warm_job: config.warm_job.clone(),
-                gpus: config.gpus,
-                metrics: config.metrics.clone(),
-            },
+            config: config.clone(),
             queue: fleet.queue.clone(),
             ledger: fleet.ledger.clone(),
             jobs: jobs.clone(),

@@ -226,28 +226,6 @@ impl Fleet {
     }
 }
 
-/// How a worker node runs.
-#[derive(Debug, Clone)]
-pub struct WorkerConfig {
-    pub node_id: String,
-    pub processes: usize,
-    pub prefetch: u16,
-    pub runner_exe: PathBuf,
-    /// Starts the runners ([`crate::process::ProcessLauncher`] but in flow tests).
-    pub launcher: Arc<dyn crate::process::Launcher>,
-    /// Staged code, inputs and (for S3 outputs) logs before upload.
-    pub cache_dir: PathBuf,
-    /// GPUs on this node.
-    pub gpus: usize,
-    /// Start every slot's runner for this job before taking work (`fleetrun run`).
-    pub warm_job: Option<String>,
-    /// This worker is the job's only node (`fleetrun run`): its log files take the names
-    /// CONTRACT §7 gives them, with no node id in them.
-    pub sole_node: bool,
-    /// What the node counts, for `/metrics`.
-    pub metrics: Arc<crate::metrics::Metrics>,
-}
-
 /// The job's input as storage. A local output folder inside a local input folder (or a
 /// link to it) is left out of the input's listings: the job's own logs and parts are never
 /// its input.
