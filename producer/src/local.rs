@@ -23,7 +23,7 @@ use fleetrun_worker::job::{self, Fleet, Job, Publication, WorkerConfig};
 use fleetrun_worker::logs::JobLogs;
 use fleetrun_worker::node;
 use fleetrun_worker::output::{OutputError, OutputGuard};
-use fleetrun_worker::process::find_runner_exe;
+use fleetrun_worker::process::{FindRunnerError, find_runner_exe};
 use tokio_util::sync::CancellationToken;
 
 use crate::exit;
@@ -53,8 +53,8 @@ pub enum RunError {
     #[error(transparent)]
     Output(#[from] OutputError),
     /// This machine has no runner to start.
-    #[error("{0}")]
-    Runner(String),
+    #[error(transparent)]
+    Runner(#[from] FindRunnerError),
     /// The run cannot be resumed as asked (exit 2).
     #[error("{0}")]
     Resume(String),
