@@ -260,3 +260,39 @@ impl std::fmt::Debug for Delivery {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use lapin::protocol::{AMQPError, AMQPErrorKind, AMQPSoftError};
+
+    use super::*;
+
+    fn amqp(source: lapin::Error) -> QueueError {
+        QueueError::Amqp {
+            what: "declare a job's queue".to_owned(),
+            source: Box::new(source),
+        }
+    }
+
+    #[test]
+    fn a_lost_connection_is_transient_and_a_refused_request_is_not() {
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let lost = amqp(lapin::Error::from(reset));
+        assert!(lost.is_transient(), "{lost}");
+        let refused = AMQPError::new(
+            AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED),
+            "PRECONDITION_FAILED - inequivalent arg 'x-queue-type'".into(),
+        );
+        let refused = amqp(lapin::Error::from(lapin::ErrorKind::ProtocolError(refused)));
+        assert!(!refused.is_transient(), "{refused}");
+        // The cause is kept, and the message still says what failed.
+        assert!(std::error::Error::source(&refused).is_some());
+        assert!(
+            refused
+                .to_string()
+                .starts_with("queue backend: declare a job's queue: ")
+        );
+        assert!(!QueueError::Returned("no route".into()).is_transient());
+        assert!(QueueError::Refused("no quorum".into()).is_transient());
+    }
+}
