@@ -220,8 +220,9 @@ impl ScriptError {
     }
 }
 
-/// Why `run()` raised, as far as fleetrun tells causes apart: the agent splits a mini-batch
-/// that ran out of GPU memory instead of charging it an attempt.
+/// Why `run()` (or `init()`) raised, as far as fleetrun tells causes apart: the agent splits
+/// a mini-batch that ran out of GPU memory instead of charging it an attempt, and fails a
+/// job whose environment lacks a package its input needs instead of starting runners again.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ErrorCause {
     /// Anything else: the script's error, charged to the mini-batch.
@@ -229,7 +230,14 @@ pub enum ErrorCause {
     Script,
     /// The accelerator's memory ran out (see [`ErrorCause::of`]).
     OutOfMemory,
+    /// The job's environment lacks a package its tabular input needs (pandas, pyarrow): the
+    /// runner's own `fleetrun_tabular.MissingPackage`.
+    MissingPackage,
 }
+
+/// The class the runner raises for a package a tabular input needs and the job's Python
+/// cannot import (`runner/src/python/tabular.py`).
+const MISSING_PACKAGE_CLASS: &str = "fleetrun_tabular.MissingPackage";
 
 /// The exception classes that are a GPU out-of-memory error, by qualified name: PyTorch's
 /// (`torch.cuda.OutOfMemoryError` before 2.5, `torch.OutOfMemoryError` since), CuPy's, and
@@ -259,11 +267,16 @@ impl ErrorCause {
     /// The cause of an exception whose class and its bases (its MRO, each qualified as
     /// `module.QualName`) are `classes` and whose `str()` is `text`: out of memory when
     /// one of the classes is a known out-of-memory class, or the text holds a known
-    /// out-of-memory message. A script's own `MemoryError` is not: it is host memory,
-    /// and usually a bug rather than a size.
+    /// out-of-memory message; a missing package when the class is the runner's
+    /// [`ErrorCause::MissingPackage`]. A script's own `MemoryError` is not out of memory: it
+    /// is host memory, and usually a bug rather than a size.
     pub fn of<'a>(classes: impl IntoIterator<Item = &'a str>, text: &str) -> ErrorCause {
-        let mut classes = classes.into_iter();
-        if classes.any(|class| OUT_OF_MEMORY_CLASSES.contains(&class))
+        let classes: Vec<&str> = classes.into_iter().collect();
+        if classes.contains(&MISSING_PACKAGE_CLASS) {
+            ErrorCause::MissingPackage
+        } else if classes
+            .iter()
+            .any(|class| OUT_OF_MEMORY_CLASSES.contains(class))
             || OUT_OF_MEMORY_MESSAGES.iter().any(|m| text.contains(m))
         {
             ErrorCause::OutOfMemory
@@ -491,6 +504,15 @@ mod tests {
         assert_eq!(ErrorCause::of(xla, xla_text), oom);
         let op = "OOM when allocating tensor with shape[1024,1024]";
         assert_eq!(ErrorCause::of(runtime, op), oom);
+    }
+
+    #[test]
+    fn a_missing_package_is_told_by_its_class_not_its_text() {
+        let missing = ["fleetrun_tabular.MissingPackage", "builtins.Exception"];
+        let text = "a tabular input needs pandas, which the job's Python cannot import";
+        assert_eq!(ErrorCause::of(missing, text), ErrorCause::MissingPackage);
+        let same_text = ["builtins.ImportError", "builtins.Exception"];
+        assert_eq!(ErrorCause::of(same_text, text), ErrorCause::Script);
     }
 
     #[test]

@@ -96,7 +96,7 @@ pub fn convert(
     };
     let doc: Yaml = yaml_serde::from_str(text).map_err(|e| fail("", e.to_string()))?;
     let (mut sets, rest) = split_overrides(overrides);
-    let (prefix, node, parent) = pick_job(&doc, job).map_err(|m| fail("jobs", m))?;
+    let (prefix, node, parent) = pick_job(&doc, job).map_err(|e| fail("jobs", e.to_string()))?;
     let node = with_component(node, base_dir, &prefix).map_err(|(at, m)| fail(&at, m))?;
     let mut out = Converter {
         prefix,
@@ -134,10 +134,23 @@ fn split_overrides(overrides: &[String]) -> (Sets, Vec<String>) {
     (sets, rest)
 }
 
+/// Why no one parallel job of a pipeline was picked.
+#[derive(Debug, thiserror::Error)]
+enum PickError {
+    #[error("neither a parallel job (type: parallel) nor a pipeline with jobs")]
+    NotAJob,
+    #[error("no parallel job named {wanted:?} (parallel jobs: {names})")]
+    NoSuchJob { wanted: String, names: String },
+    #[error("the pipeline has no parallel job")]
+    NoParallelJob,
+    #[error("the pipeline has several parallel jobs; choose one with --job NAME ({names})")]
+    Several { names: String },
+}
+
 /// The parallel job of `doc`: the document itself, or one of a pipeline's `jobs`. Returns
 /// the YAML path of its keys (`jobs.train.`), the job and the pipeline itself (its `inputs`
 /// and `outputs` are `${{parent.inputs.x}}` and `${{parent.outputs.x}}`).
-fn pick_job(doc: &Yaml, job: Option<&str>) -> Result<(String, Yaml, Yaml), String> {
+fn pick_job(doc: &Yaml, job: Option<&str>) -> Result<(String, Yaml, Yaml), PickError> {
     let kind = doc.get("type").and_then(Yaml::as_str).unwrap_or_default();
     if kind == "parallel" {
         return Ok((String::new(), doc.clone(), Yaml::Null));
@@ -145,7 +158,7 @@ fn pick_job(doc: &Yaml, job: Option<&str>) -> Result<(String, Yaml, Yaml), Strin
     let jobs = doc
         .get("jobs")
         .and_then(Yaml::as_mapping)
-        .ok_or("neither a parallel job (type: parallel) nor a pipeline with jobs")?;
+        .ok_or(PickError::NotAJob)?;
     let parallel: Vec<(String, &Yaml)> = jobs
         .iter()
         .filter(|(_, node)| {
@@ -165,20 +178,13 @@ fn pick_job(doc: &Yaml, job: Option<&str>) -> Result<(String, Yaml, Yaml), Strin
         Some(wanted) => parallel
             .iter()
             .find(|(name, _)| name == wanted)
-            .ok_or_else(|| {
-                format!(
-                    "no parallel job named {wanted:?} (parallel jobs: {})",
-                    names()
-                )
+            .ok_or_else(|| PickError::NoSuchJob {
+                wanted: wanted.to_owned(),
+                names: names(),
             })?,
         None if parallel.len() == 1 => &parallel[0],
-        None if parallel.is_empty() => return Err("the pipeline has no parallel job".into()),
-        None => {
-            return Err(format!(
-                "the pipeline has several parallel jobs; choose one with --job NAME ({})",
-                names()
-            ));
-        }
+        None if parallel.is_empty() => return Err(PickError::NoParallelJob),
+        None => return Err(PickError::Several { names: names() }),
     };
     Ok((format!("jobs.{}.", chosen.0), chosen.1.clone(), doc.clone()))
 }

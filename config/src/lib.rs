@@ -33,7 +33,7 @@ pub use error::{ConfigError, FieldError};
 pub use file::JobFile;
 pub use load::arguments::SETTINGS as ARGUMENT_SETTINGS;
 pub use load::{load, load_aml, load_json, load_str};
-pub use partition_format::PartitionFormat;
+pub use partition_format::{FormatError, PartitionFormat};
 
 /// A validated job: every field has its value (defaults filled in) and every path is
 /// absolute. Serializable, so the producer can store it with the job and workers can

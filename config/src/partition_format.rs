@@ -11,6 +11,23 @@ pub struct PartitionFormat {
     tokens: Vec<Token>,
 }
 
+/// Why a `partition_format` does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    #[error("a \"}}\" without its \"{{\"")]
+    UnopenedBrace,
+    #[error("a \"{{\" without its \"}}\"")]
+    UnclosedBrace,
+    #[error("{{{0}}} is not a key name (letters, digits, _)")]
+    BadKey(String),
+    #[error("{{{0}}} touches the key before it")]
+    Touching(String),
+    #[error("{{{0}}} appears twice")]
+    Repeated(String),
+    #[error("names no {{key}}")]
+    NoKey,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Token {
     Text(String),
@@ -20,28 +37,28 @@ enum Token {
 impl PartitionFormat {
     /// Parses `{a}/{b}/{name}.txt`. Keys are identifiers; two keys may not touch (`{a}{b}`
     /// cannot be told apart) and no key may repeat.
-    pub fn parse(format: &str) -> Result<PartitionFormat, String> {
+    pub fn parse(format: &str) -> Result<PartitionFormat, FormatError> {
         let mut tokens = Vec::new();
         let mut rest = format.trim_start_matches('/');
         while !rest.is_empty() {
             match rest.find(['{', '}']) {
                 Some(i) if rest.as_bytes()[i] == b'}' => {
-                    return Err("a \"}\" without its \"{\"".to_owned());
+                    return Err(FormatError::UnopenedBrace);
                 }
                 Some(0) => {
-                    let end = rest.find('}').ok_or("a \"{\" without its \"}\"")?;
+                    let end = rest.find('}').ok_or(FormatError::UnclosedBrace)?;
                     let key = &rest[1..end];
                     let identifier = !key.is_empty()
                         && key.chars().all(|c| c.is_alphanumeric() || c == '_')
                         && !key.starts_with(|c: char| c.is_ascii_digit());
                     if !identifier {
-                        return Err(format!("{{{key}}} is not a key name (letters, digits, _)"));
+                        return Err(FormatError::BadKey(key.to_owned()));
                     }
                     if matches!(tokens.last(), Some(Token::Key(_))) {
-                        return Err(format!("{{{key}}} touches the key before it"));
+                        return Err(FormatError::Touching(key.to_owned()));
                     }
                     if tokens.iter().any(|t| t == &Token::Key(key.to_owned())) {
-                        return Err(format!("{{{key}}} appears twice"));
+                        return Err(FormatError::Repeated(key.to_owned()));
                     }
                     tokens.push(Token::Key(key.to_owned()));
                     rest = &rest[end + 1..];
@@ -54,7 +71,7 @@ impl PartitionFormat {
             }
         }
         if !tokens.iter().any(|t| matches!(t, Token::Key(_))) {
-            return Err("names no {key}".to_owned());
+            return Err(FormatError::NoKey);
         }
         Ok(PartitionFormat { tokens })
     }

@@ -206,12 +206,12 @@ pub async fn replay(fleet: &Fleet, select: &Select) -> Result<Vec<Settled>, DlqE
         let body = hold.letters()[i].body.to_vec();
         let id = view.id.clone();
         match replayable(fleet, &view).await? {
-            Err(why) => settled.push(Settled {
+            Replay::Refused(why) => settled.push(Settled {
                 id,
                 action: "refused",
                 why: Some(why),
             }),
-            Ok(note) => {
+            Replay::Go(note) => {
                 // Confirmed before the dead letter goes: a crash in between leaves a copy
                 // too many, never none.
                 let lane = view.job.as_deref().unwrap_or_default();
@@ -233,27 +233,32 @@ fn views(hold: &dyn DeadLetterHold) -> Vec<DeadLetterView> {
     hold.letters().iter().map(DeadLetterView::of).collect()
 }
 
-/// Whether a dead letter may go back to work: `Ok` (with a note) once its job's ledger is
-/// ready for it, `Err` with the reason and what to do instead.
-async fn replayable(
-    fleet: &Fleet,
-    view: &DeadLetterView,
-) -> Result<Result<Option<String>, String>, DlqError> {
+/// Whether a dead letter may go back to work (a decision, not an error).
+enum Replay {
+    /// Its job's ledger is ready for it; with a note for the operator.
+    Go(Option<String>),
+    /// It may not: why, and what to do instead.
+    Refused(String),
+}
+
+/// Whether a dead letter may go back to work: [`Replay::Go`] once its job's ledger is ready
+/// for it.
+async fn replayable(fleet: &Fleet, view: &DeadLetterView) -> Result<Replay, DlqError> {
     let (Some(job), Some(index)) = (&view.job, view.mini_batch) else {
         // Each job's mini-batches have a queue of their own: one that does not say its job
         // has none to go back to.
-        return Ok(Err(
+        return Ok(Replay::Refused(
             "does not decode here, so no job's queue can take it back; purge it".into(),
         ));
     };
     let Some(status) = fleet.ledger.status(job).await? else {
-        return Ok(Err(format!(
+        return Ok(Replay::Refused(format!(
             "job {job} is unknown to this pool's ledger: no worker would take it; purge it"
         )));
     };
     let run = view.run.unwrap_or(0);
     if run < status.run {
-        return Ok(Err(format!(
+        return Ok(Replay::Refused(format!(
             "it is of run {run} of job {job}, which was resumed since (run {}) and published it again; purge it",
             status.run
         )));
@@ -271,17 +276,17 @@ async fn replayable(
         JobState::Running => format!("job {job} is running"),
     };
     if status.state != JobState::Running {
-        return Ok(Err(refusal(status.state)));
+        return Ok(Replay::Refused(refusal(status.state)));
     }
     Ok(match fleet.ledger.forget_failure(job, index).await? {
-        Forgot::Forgotten(_) => Ok(None),
-        Forgot::NotRecorded => Ok(Some(format!(
+        Forgot::Forgotten(_) => Replay::Go(None),
+        Forgot::NotRecorded => Replay::Go(Some(format!(
             "mini-batch {index} was not counted failed yet: if the pool's workers count this dead letter after the replay ran, the failure stands"
         ))),
-        Forgot::NotFailed => Err(format!(
+        Forgot::NotFailed => Replay::Refused(format!(
             "mini-batch {index} of job {job} is already done; purge it"
         )),
-        Forgot::NotRunning(state) => Err(refusal(state)),
+        Forgot::NotRunning(state) => Replay::Refused(refusal(state)),
     })
 }
 

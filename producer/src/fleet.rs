@@ -107,18 +107,19 @@ impl FleetError {
 
 /// A job id: what Redis keys and log lines can hold (the job names' alphabet, plus `_` and
 /// `.`), 1 to 128 characters.
-pub fn parse_job_id(id: &str) -> Result<String, String> {
+pub fn parse_job_id(id: &str) -> Result<String, BadJobId> {
     let ok = (1..=128).contains(&id.len())
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
         && id.as_bytes()[0].is_ascii_alphanumeric();
-    if ok {
-        Ok(id.to_owned())
-    } else {
-        Err("1 to 128 of a-z, A-Z, 0-9, '-', '_', '.', starting with a letter or digit".into())
-    }
+    if ok { Ok(id.to_owned()) } else { Err(BadJobId) }
 }
+
+/// A job id [`parse_job_id`] refuses.
+#[derive(Debug, thiserror::Error)]
+#[error("1 to 128 of a-z, A-Z, 0-9, '-', '_', '.', starting with a letter or digit")]
+pub struct BadJobId;
 
 /// What to do with an input that lists no item.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use fleetrun_worker::job::{self, Fleet, Job, JobRecord, Publication, WorkerConfi
 use fleetrun_worker::logs::JobLogs;
 use fleetrun_worker::node;
 use fleetrun_worker::output::{OutputError, OutputGuard};
-use fleetrun_worker::process::find_runner_exe;
+use fleetrun_worker::process::{FindRunnerError, find_runner_exe};
 use tokio_util::sync::CancellationToken;
 
 use crate::exit;
@@ -53,11 +53,20 @@ pub enum RunError {
     #[error(transparent)]
     Output(#[from] OutputError),
     /// This machine has no runner to start.
-    #[error("{0}")]
-    Runner(String),
+    #[error(transparent)]
+    Runner(#[from] FindRunnerError),
     /// The run cannot be resumed as asked (exit 2).
     #[error("{0}")]
     Resume(String),
+    /// The job's input cannot be read as the job file says (exit 2).
+    #[error(transparent)]
+    Input(FleetError),
+    /// What the job ran over cannot be fingerprinted or cut again (exit 2).
+    #[error(transparent)]
+    Fingerprint(#[from] crate::resume::FingerprintError),
+    /// The run's journal cannot be read or written (exit 2).
+    #[error(transparent)]
+    Journal(#[from] JournalError),
     #[error(transparent)]
     Fleet(#[from] FleetError),
 }
@@ -274,10 +283,10 @@ async fn check_folders(spec: &mut JobSpec, options: &RunOptions) -> Result<PathB
     // refused as the job file is.
     fleet_cmd::settle_input(spec, &S3Settings::default())
         .await
-        .map_err(|e| RunError::Setup(e.to_string()))?;
+        .map_err(RunError::Input)?;
     fleet_cmd::check_input(spec, &S3Settings::default(), options.empty_input)
         .await
-        .map_err(|e| RunError::Setup(e.to_string()))?;
+        .map_err(RunError::Input)?;
     Ok(output_dir)
 }
 
@@ -456,11 +465,9 @@ async fn open_journal(
     options: &RunOptions,
 ) -> Result<Resumed, RunError> {
     let path = guard.journal_path();
-    let journal_error = |e: JournalError| RunError::Resume(e.to_string());
-    let fingerprint =
-        crate::resume::fingerprint(spec).map_err(|e| RunError::Setup(e.to_string()))?;
+    let fingerprint = crate::resume::fingerprint(spec)?;
     let last = if options.resume {
-        Journal::read(&path).map_err(journal_error)?
+        Journal::read(&path)?
     } else {
         None
     };
@@ -469,8 +476,7 @@ async fn open_journal(
             tracing::info!(folder = %guard.dir().display(), "No unfinished run on this output folder to resume: running the job from the start.");
         }
         let job_id = new_job_id(&spec.name);
-        let journal =
-            Journal::create(&path, &Header::new(&job_id, fingerprint)).map_err(journal_error)?;
+        let journal = Journal::create(&path, &Header::new(&job_id, fingerprint))?;
         return Ok(Resumed {
             job_id,
             journal,
@@ -491,7 +497,7 @@ async fn open_journal(
                 changed.push(crate::resume::INPUT.to_owned());
                 same
             }
-            Err(e) => return Err(RunError::Setup(e.to_string())),
+            Err(e) => return Err(e.into()),
         };
         let recorded = entries.len();
         entries.retain(|entry| entry.index < same);
@@ -509,7 +515,7 @@ async fn open_journal(
         }
         tracing::warn!(job = %last.header.job, changed = %changed.join(", "), "Resuming a job that changed since it ran (--force).");
     }
-    let journal = Journal::append(&path, &last).map_err(journal_error)?;
+    let journal = Journal::append(&path, &last)?;
     Ok(Resumed {
         job_id: last.header.job,
         journal,

@@ -17,6 +17,8 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
+use nvml_wrapper::error::NvmlError;
+
 /// The variable a configured GPU count is read from, and the one that tells the script how
 /// many GPUs its node has.
 pub const GPU_COUNT_VAR: &str = "FLEETRUN_GPU_COUNT";
@@ -173,7 +175,7 @@ pub fn detect_gpus() -> usize {
 fn detect_with(
     configured: Option<&str>,
     mask: Option<&[String]>,
-    nvml: impl FnOnce() -> Result<Vec<Gpu>, String>,
+    nvml: impl FnOnce() -> Result<Vec<Gpu>, NvmlError>,
 ) -> Detected {
     let unnamed = |count, source| Detected {
         count,
@@ -232,10 +234,10 @@ const MIG_ENABLED: u32 = 1;
 const MIG_INSTANCES: u32 = 7;
 
 /// The machine's GPUs, from NVML.
-fn nvml_gpus() -> Result<Vec<Gpu>, String> {
+fn nvml_gpus() -> Result<Vec<Gpu>, NvmlError> {
     use nvml_wrapper::Nvml;
-    let nvml = Nvml::init().map_err(|e| e.to_string())?;
-    let count = nvml.device_count().map_err(|e| e.to_string())?;
+    let nvml = Nvml::init()?;
+    let count = nvml.device_count()?;
     Ok((0..count)
         .map(|i| match nvml.device_by_index(i) {
             Ok(device) => {
@@ -484,7 +486,7 @@ mod tests {
         assert_eq!(visible_devices(2, None), ["0", "1"]);
         assert_eq!(visible_devices(2, Some(&[])), ["0", "1"]);
         // The mask is the node's GPUs, unless a count is configured.
-        let unasked = || -> Result<Vec<Gpu>, String> { panic!("NVML asked") };
+        let unasked = || -> Result<Vec<Gpu>, NvmlError> { panic!("NVML asked") };
         let masked = detect_with(None, Some(&mig), unasked);
         assert_eq!(masked.count, 2);
         assert_eq!(
@@ -502,16 +504,16 @@ mod tests {
 
     #[test]
     fn the_configured_count_wins_and_nvml_missing_is_no_gpu() {
-        let unasked = || -> Result<Vec<Gpu>, String> { panic!("NVML asked") };
+        let unasked = || -> Result<Vec<Gpu>, NvmlError> { panic!("NVML asked") };
         let configured = detect_with(Some(" 2 "), None, unasked);
         assert_eq!(configured.count, 2);
         assert_eq!(configured.describe(), "2 GPU(s) (FLEETRUN_GPU_COUNT=2).");
 
-        let missing = detect_with(None, None, || Err("libnvidia-ml.so.1: cannot open".into()));
+        let missing = detect_with(None, None, || Err(NvmlError::DriverNotLoaded));
         assert_eq!(missing.count, 0);
         assert_eq!(
             missing.describe(),
-            "No GPU on this node (NVML: libnvidia-ml.so.1: cannot open)."
+            "No GPU on this node (NVML: NVIDIA driver is not loaded)."
         );
 
         let found = detect_with(Some("many"), None, || Ok(vec![gpu("A100"), gpu("A100")]));

@@ -109,7 +109,7 @@ async fn serve(cli: Cli) -> anyhow::Result<()> {
             .unwrap_or_else(|| node::default_slots(gpus)),
         gpus,
         prefetch: cli.prefetch,
-        runner_exe: find_runner_exe().map_err(anyhow::Error::msg)?,
+        runner_exe: find_runner_exe()?,
         launcher: fleetrun_worker::process::ProcessLauncher::shared(),
         cache_dir: cli
             .cache_dir

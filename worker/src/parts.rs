@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use fleetrun_common::ledger::Ledger;
+use fleetrun_common::ledger::{Ledger, LedgerError};
 use fleetrun_common::storage::{Storage, StorageError};
 use futures::{StreamExt, TryStreamExt};
 
@@ -40,20 +40,49 @@ const READ_AHEAD: usize = 16;
 /// Mini-batches whose part references the finalizer asks the ledger for at once.
 const REFS_PER_CALL: u64 = 1000;
 
-/// Why a part was not stored.
+/// Why a part was not stored, read back, joined or removed.
 #[derive(Debug, thiserror::Error)]
 pub enum PartError {
     /// The local folder of the parts cannot take it (full, read-only, not a folder): a system
     /// error of the node, which another attempt would meet again.
     #[error(transparent)]
     Folder(#[from] FolderError),
-    /// The storage did not take the part as an object (on S3); a fault of the storage's
-    /// when [`StorageError::is_transient`].
+    /// The storage did not take the part as an object (on S3), or did not give it back; a
+    /// fault of the storage's when [`StorageError::is_transient`].
     #[error(transparent)]
     Storage(#[from] StorageError),
-    /// Anything else (the ledger did not answer): another attempt may do better.
-    #[error("{0}")]
-    Other(String),
+    /// The ledger did not answer (reserving inline bytes, listing or forgetting parts):
+    /// another attempt may do better.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// A segment file could not be written, read or removed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A segment's part could not be read where its reference says.
+    #[error("{segment} at {offset}+{len}: {source}")]
+    Read {
+        segment: String,
+        offset: u64,
+        len: usize,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A reference that does not name a part of this kind (`a segment`, `an object`).
+    #[error("not {kind} part reference: {part:?}")]
+    BadReference { kind: &'static str, part: String },
+    /// A part edited or cut short since it was written.
+    #[error("part {0} changed since it was written (its digest does not match)")]
+    Changed(String),
+    /// A part kept in the ledger does not decode.
+    #[error("a part kept in the ledger is corrupt: {0}")]
+    CorruptInline(#[source] base64::DecodeError),
+    /// A framed part's header frame is cut short or too long.
+    #[error("a part's header frame is corrupt")]
+    CorruptFrame,
 }
 
 impl PartError {
@@ -69,9 +98,9 @@ pub trait Parts: Send + Sync {
     /// Stores the part of mini-batch `index`; returns the reference to record with it.
     async fn put(&self, index: u64, body: Bytes) -> Result<String, PartError>;
     /// Reads back a part stored by any writer of the job.
-    async fn get(&self, part: &str) -> Result<Bytes, String>;
+    async fn get(&self, part: &str) -> Result<Bytes, PartError>;
     /// Removes every part of the job.
-    async fn clear(&self) -> Result<(), String>;
+    async fn clear(&self) -> Result<(), PartError>;
 }
 
 /// What the parts a ledger reference names hold: a mini-batch's rows, the lines of
@@ -105,18 +134,18 @@ fn unseal(sealed: &str) -> (&str, Option<&str>) {
 }
 
 /// `body`, read back for `part`, if it is what was stored (`digest`).
-fn check(part: &str, digest: Option<&str>, body: Bytes) -> Result<Bytes, String> {
+fn check(part: &str, digest: Option<&str>, body: Bytes) -> Result<Bytes, PartError> {
     match digest {
-        Some(digest) if sealed(String::new(), &body)[1..] != *digest => Err(format!(
-            "part {part} changed since it was written (its digest does not match)"
-        )),
+        Some(digest) if sealed(String::new(), &body)[1..] != *digest => {
+            Err(PartError::Changed(part.to_owned()))
+        }
         _ => Ok(body),
     }
 }
 
 /// Reads every stored part a ledger reference names (a mini-batch's rows, its failed items'
 /// lines), checking each against its digest: `Err` says which changed or is gone.
-pub async fn check_kept(parts: &dyn Parts, reference: &str) -> Result<(), String> {
+pub async fn check_kept(parts: &dyn Parts, reference: &str) -> Result<(), PartError> {
     for kind in [PartKind::Rows, PartKind::FailedItems] {
         if let Some(part) = kind.take(reference.to_owned()) {
             parts.get(&part).await?;
@@ -170,21 +199,21 @@ fn counted<'a>(
     job: &'a str,
     total: u64,
     kind: PartKind,
-) -> impl futures::Stream<Item = Result<(u64, Bytes), String>> + 'a {
+) -> impl futures::Stream<Item = Result<(u64, Bytes), PartError>> + 'a {
     let ranges = (0..total)
         .step_by(REFS_PER_CALL as usize)
         .map(move |start| start..total.min(start + REFS_PER_CALL));
     futures::stream::iter(ranges)
         .then(move |range| async move {
             let start = range.start;
-            let refs = ledger.parts(job, range).await.map_err(|e| e.to_string())?;
-            Ok::<_, String>((start, refs))
+            let refs = ledger.parts(job, range).await?;
+            Ok::<_, PartError>((start, refs))
         })
         .map_ok(move |(start, refs)| {
             let wanted = (start..).zip(refs).filter_map(move |(index, r)| {
                 r.and_then(|r| kind.take(r)).map(|part| (index, part))
             });
-            futures::stream::iter(wanted.map(Ok::<_, String>))
+            futures::stream::iter(wanted.map(Ok::<_, PartError>))
         })
         .try_flatten()
         .map_ok(move |(index, part)| async move { Ok((index, parts.get(&part).await?)) })
@@ -215,9 +244,9 @@ pub async fn join_parts(
     file_name: &str,
     framed: bool,
     watch: &mut (dyn FnMut(Joined<'_>) + Send),
-) -> Result<u64, String> {
+) -> Result<u64, PartError> {
     let mut header_written = false;
-    let mut writer = output.writer(file_name).await.map_err(|e| e.to_string())?;
+    let mut writer = output.writer(file_name).await?;
     let bodies = counted(parts, ledger, job, total, PartKind::Rows);
     futures::pin_mut!(bodies);
     while let Some((index, body)) = bodies.try_next().await? {
@@ -228,16 +257,16 @@ pub async fn join_parts(
                 let mut line = header.to_vec();
                 line.push(b'\n');
                 watch(Joined::Header(&line));
-                writer.write(line.into()).await.map_err(|e| e.to_string())?;
+                writer.write(line.into()).await?;
             }
             rows
         } else {
             body
         };
         watch(Joined::Part { index, rows: &body });
-        writer.write(body).await.map_err(|e| e.to_string())?;
+        writer.write(body).await?;
     }
-    writer.finish().await.map_err(|e| e.to_string())
+    Ok(writer.finish().await?)
 }
 
 /// Writes the failed items the ledger counted for mini-batches `0..total`, in order, into
@@ -251,21 +280,21 @@ pub async fn join_failed_items(
     output: &dyn Storage,
     key: &str,
     header: &str,
-) -> Result<bool, String> {
+) -> Result<bool, PartError> {
     let bodies = counted(parts, ledger, job, total, PartKind::FailedItems);
     futures::pin_mut!(bodies);
     let Some((_, first)) = bodies.try_next().await? else {
         return Ok(false);
     };
-    let mut writer = output.writer(key).await.map_err(|e| e.to_string())?;
+    let mut writer = output.writer(key).await?;
     let top = Bytes::from(format!("{header}\n"));
     for body in [top, first] {
-        writer.write(body).await.map_err(|e| e.to_string())?;
+        writer.write(body).await?;
     }
     while let Some((_, body)) = bodies.try_next().await? {
-        writer.write(body).await.map_err(|e| e.to_string())?;
+        writer.write(body).await?;
     }
-    writer.finish().await.map_err(|e| e.to_string())?;
+    writer.finish().await?;
     Ok(true)
 }
 
@@ -290,16 +319,15 @@ pub fn with_header(header: Option<&str>, rows: &[String], framed: bool) -> Bytes
 }
 
 /// A framed part's header and rows.
-fn split_header(body: Bytes) -> Result<(Bytes, Bytes), String> {
-    let corrupt = || "a part's header frame is corrupt".to_owned();
+fn split_header(body: Bytes) -> Result<(Bytes, Bytes), PartError> {
     let len: [u8; HEADER_LEN] = body
         .get(..HEADER_LEN)
         .and_then(|b| b.try_into().ok())
-        .ok_or_else(corrupt)?;
+        .ok_or(PartError::CorruptFrame)?;
     let end = HEADER_LEN
-        .checked_add(usize::try_from(u64::from_le_bytes(len)).map_err(|_| corrupt())?)
+        .checked_add(usize::try_from(u64::from_le_bytes(len)).map_err(|_| PartError::CorruptFrame)?)
         .filter(|end| *end <= body.len())
-        .ok_or_else(corrupt)?;
+        .ok_or(PartError::CorruptFrame)?;
     Ok((body.slice(HEADER_LEN..end), body.slice(end..)))
 }
 
@@ -401,13 +429,16 @@ impl SegmentParts {
         }
     }
 
-    fn reader(&self, segment: &str) -> Result<Arc<File>, String> {
+    fn reader(&self, segment: &str) -> Result<Arc<File>, PartError> {
         let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(file) = readers.get(segment) {
             return Ok(file.clone());
         }
         let path = self.dir.join(segment);
-        let file = Arc::new(File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?);
+        let file = Arc::new(File::open(&path).map_err(|source| PartError::Io {
+            path: path.clone(),
+            source,
+        })?);
         readers.insert(segment.to_owned(), file.clone());
         Ok(file)
     }
@@ -419,7 +450,10 @@ impl Parts for SegmentParts {
         let path = || self.dir.join(&self.segment);
         let write_error = |e| match FolderError::of_write(&self.dir, e) {
             Ok(full) => PartError::Folder(full),
-            Err(e) => PartError::Other(format!("{}: {e}", path().display())),
+            Err(source) => PartError::Io {
+                path: path(),
+                source,
+            },
         };
         let mut own = self.own.lock().unwrap_or_else(|p| p.into_inner());
         if own.is_none() {
@@ -444,9 +478,12 @@ impl Parts for SegmentParts {
         Ok(sealed(reference, &body))
     }
 
-    async fn get(&self, sealed: &str) -> Result<Bytes, String> {
+    async fn get(&self, sealed: &str) -> Result<Bytes, PartError> {
         let (part, digest) = unseal(sealed);
-        let bad = || format!("not a segment part reference: {part:?}");
+        let bad = || PartError::BadReference {
+            kind: "a segment",
+            part: part.to_owned(),
+        };
         let (segment, span) = part.rsplit_once('@').ok_or_else(bad)?;
         let (offset, len) = span.split_once('+').ok_or_else(bad)?;
         let offset: u64 = offset.parse().map_err(|_| bad())?;
@@ -457,20 +494,26 @@ impl Parts for SegmentParts {
         let file = self.reader(segment)?;
         let mut body = vec![0u8; len];
         file.read_exact_at(&mut body, offset)
-            .map_err(|e| format!("{segment} at {offset}+{len}: {e}"))?;
+            .map_err(|source| PartError::Read {
+                segment: segment.to_owned(),
+                offset,
+                len,
+                source,
+            })?;
         check(part, digest, body.into())
     }
 
-    async fn clear(&self) -> Result<(), String> {
+    async fn clear(&self) -> Result<(), PartError> {
         self.readers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
         *self.own.lock().unwrap_or_else(|p| p.into_inner()) = None;
         match std::fs::remove_dir_all(&self.dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(format!("{}: {e}", self.dir.display()))
-            }
+            Err(source) if source.kind() != std::io::ErrorKind::NotFound => Err(PartError::Io {
+                path: self.dir.clone(),
+                source,
+            }),
             _ => Ok(()),
         }
     }
@@ -510,24 +553,20 @@ impl Parts for ObjectParts {
         Ok(reference)
     }
 
-    async fn get(&self, sealed: &str) -> Result<Bytes, String> {
+    async fn get(&self, sealed: &str) -> Result<Bytes, PartError> {
         let (part, digest) = unseal(sealed);
         if part.is_empty() || part.contains('/') || part.starts_with('.') {
-            return Err(format!("not an object part reference: {part:?}"));
+            return Err(PartError::BadReference {
+                kind: "an object",
+                part: part.to_owned(),
+            });
         }
-        let body = self
-            .storage
-            .get(&format!("{}{part}", self.prefix))
-            .await
-            .map_err(|e| e.to_string())?;
+        let body = self.storage.get(&format!("{}{part}", self.prefix)).await?;
         check(part, digest, body)
     }
 
-    async fn clear(&self) -> Result<(), String> {
-        self.storage
-            .delete_prefix(&self.prefix)
-            .await
-            .map_err(|e| e.to_string())
+    async fn clear(&self) -> Result<(), PartError> {
+        Ok(self.storage.delete_prefix(&self.prefix).await?)
     }
 }
 
@@ -573,8 +612,7 @@ impl InlineParts {
             let within = self
                 .ledger
                 .reserve_part_bytes(&self.job, more, INLINE_BUDGET)
-                .await
-                .map_err(|e| PartError::Other(e.to_string()))?;
+                .await?;
             if !within {
                 return Ok(false);
             }
@@ -601,25 +639,22 @@ impl Parts for InlineParts {
         self.objects.put(index, body).await
     }
 
-    async fn get(&self, part: &str) -> Result<Bytes, String> {
+    async fn get(&self, part: &str) -> Result<Bytes, PartError> {
         use base64::Engine as _;
         match part.strip_prefix(INLINE_MARK) {
             Some(encoded) => base64::engine::general_purpose::STANDARD
                 .decode(encoded)
                 .map(Bytes::from)
-                .map_err(|e| format!("a part kept in the ledger is corrupt: {e}")),
+                .map_err(PartError::CorruptInline),
             None => self.objects.get(part).await,
         }
     }
 
     /// Removes the job's objects, then the references that hold the other parts: called
     /// once the job is Completed.
-    async fn clear(&self) -> Result<(), String> {
+    async fn clear(&self) -> Result<(), PartError> {
         self.objects.clear().await?;
-        self.ledger
-            .forget_parts(&self.job)
-            .await
-            .map_err(|e| e.to_string())
+        Ok(self.ledger.forget_parts(&self.job).await?)
     }
 }
 
@@ -890,8 +925,9 @@ mod tests {
             "n2-0",
         );
         let changed = fresh.get(&name).await.unwrap_err();
+        assert!(matches!(&changed, PartError::Changed(_)), "{changed:?}");
         assert!(
-            changed.contains("changed since it was written"),
+            changed.to_string().contains("changed since it was written"),
             "{changed}"
         );
         assert!(check_kept(&*fresh, &name).await.is_err());

@@ -51,14 +51,25 @@ pub enum ProcessError {
     Channel(#[from] std::io::Error),
 }
 
+/// Why the runner executable was not found.
+#[derive(Debug, thiserror::Error)]
+pub enum FindRunnerError {
+    #[error("cannot locate this executable: {0}")]
+    CurrentExe(#[source] std::io::Error),
+    #[error(
+        "{RUNNER_EXE} was not found beside {}; build the whole workspace (cargo build) or set FLEETRUN_RUNNER",
+        beside.display()
+    )]
+    Missing { beside: PathBuf },
+}
+
 /// Finds the runner executable: `$FLEETRUN_RUNNER`, else beside the current executable (or
 /// one folder up, for test binaries under `target/*/deps`).
-pub fn find_runner_exe() -> Result<PathBuf, String> {
+pub fn find_runner_exe() -> Result<PathBuf, FindRunnerError> {
     if let Some(exe) = std::env::var_os("FLEETRUN_RUNNER") {
         return Ok(PathBuf::from(exe));
     }
-    let current =
-        std::env::current_exe().map_err(|e| format!("cannot locate this executable: {e}"))?;
+    let current = std::env::current_exe().map_err(FindRunnerError::CurrentExe)?;
     let mut dir = current.parent();
     for _ in 0..2 {
         let Some(d) = dir else { break };
@@ -68,10 +79,7 @@ pub fn find_runner_exe() -> Result<PathBuf, String> {
         }
         dir = d.parent();
     }
-    Err(format!(
-        "{RUNNER_EXE} was not found beside {}; build the whole workspace (cargo build) or set FLEETRUN_RUNNER",
-        current.display()
-    ))
+    Err(FindRunnerError::Missing { beside: current })
 }
 
 /// What starting a runner needs beyond [`InitParams`].

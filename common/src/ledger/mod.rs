@@ -33,14 +33,44 @@ pub enum LedgerError {
     NotResumable { job: String, state: JobState },
     #[error("job {0} is Completed: its parts went once its output was written")]
     PartsForgotten(String),
-    #[error("ledger backend: {0}")]
-    Backend(String),
+    /// A Redis call failed (after its retries, when a new try might have passed); `step`
+    /// says which.
+    #[error("ledger backend: redis {step}: {source}")]
+    Redis {
+        step: &'static str,
+        #[source]
+        source: ::redis::RedisError,
+    },
+    /// A field of the job's state in the ledger does not read as what it holds.
+    #[error("ledger backend: job {job}: bad ledger field {field}")]
+    Corrupt { job: String, field: String },
+    /// A count too large for the ledger's signed 64-bit counters.
+    #[error("ledger backend: count {0} out of range")]
+    OutOfRange(u64),
     /// The TLS handshake with the ledger's Redis failed: `redis` is its URL, redacted.
     #[error("TLS with Redis {redis} failed: {cause}")]
     Tls {
         redis: String,
         cause: crate::tls::TlsCause,
     },
+}
+
+impl LedgerError {
+    /// Whether a later try of the same call may pass: Redis dropped the connection, timed
+    /// out, or asked to wait (loading, failing over). What the ledger answers about a job,
+    /// a corrupt field and a failed TLS handshake are not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            LedgerError::Redis { source, .. } => redis::is_transient(source),
+            LedgerError::UnknownJob(_)
+            | LedgerError::JobExists(_)
+            | LedgerError::NotResumable { .. }
+            | LedgerError::PartsForgotten(_)
+            | LedgerError::Corrupt { .. }
+            | LedgerError::OutOfRange(_)
+            | LedgerError::Tls { .. } => false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

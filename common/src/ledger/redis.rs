@@ -508,7 +508,7 @@ impl RedisLedger {
             .set_connection_timeout(Some(CONNECTION_TIMEOUT));
         let conn = Connection::open(url, tls, config)
             .await
-            .map_err(|e| super::endpoint::connect_error(url, tls, e, |e| backend("connect", &e)))?;
+            .map_err(|e| super::endpoint::connect_error(url, tls, e, |e| backend("connect", e)))?;
         Ok(RedisLedger {
             conn,
             replicas: Replicas::new(),
@@ -574,28 +574,31 @@ fn unknown(job: &str) -> LedgerError {
     LedgerError::UnknownJob(job.to_owned())
 }
 
-/// Runs `attempt` until it succeeds, retrying errors a new try may cure (a dropped
-/// connection, a timeout, a server still loading). Only for idempotent attempts.
+/// Runs `attempt` until it succeeds, retrying the errors [`LedgerError::is_transient`] says
+/// a new try may cure (a dropped connection, a timeout, a server still loading). Only for
+/// idempotent attempts.
 pub(super) async fn retrying<T, F, Fut>(
     step: &'static str,
     job: &str,
-    attempt: F,
+    mut attempt: F,
 ) -> Result<T, LedgerError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = RedisResult<T>>,
 {
-    attempt
-        .retry(RETRY)
-        .when(is_transient)
-        .notify(|e: &RedisError, wait: Duration| {
-            warn!(
-                job = %job, step, error = %e, retry_in = ?wait,
-                "Redis call failed; retrying."
-            );
-        })
-        .await
-        .map_err(|e| backend(step, &e))
+    (|| {
+        let attempt = attempt();
+        async move { attempt.await.map_err(|e| backend(step, e)) }
+    })
+    .retry(RETRY)
+    .when(LedgerError::is_transient)
+    .notify(|e: &LedgerError, wait: Duration| {
+        warn!(
+            job = %job, step, error = %e, retry_in = ?wait,
+            "Redis call failed; retrying."
+        );
+    })
+    .await
 }
 
 #[async_trait]
@@ -656,9 +659,7 @@ impl Ledger for RedisLedger {
         row: Option<&str>,
     ) -> Result<Recorded, LedgerError> {
         // HINCRBY takes signed 64-bit numbers; refuse before the script half-applies one.
-        let count = |n: u64| {
-            i64::try_from(n).map_err(|_| LedgerError::Backend(format!("count {n} out of range")))
-        };
+        let count = |n: u64| i64::try_from(n).map_err(|_| LedgerError::OutOfRange(n));
         let (succeeded, failed) = (count(outcome.succeeded)?, count(outcome.failed)?);
         let keys = self.keys(job);
         let call = self.call_id();
@@ -1092,7 +1093,7 @@ impl Ledger for RedisLedger {
         let known: Option<i64> = call
             .replicated(&mut conn, &self.replicas)
             .await
-            .map_err(|e| backend("add_runner_times", &e))?;
+            .map_err(|e| backend("add_runner_times", e))?;
         known.map(drop).ok_or_else(|| unknown(job))
     }
 
@@ -1224,8 +1225,12 @@ fn recorded(
 }
 
 /// Errors a new try may cure: the connection dropped or timed out, or the server asks to
-/// wait (loading, failing over).
-fn is_transient(e: &RedisError) -> bool {
+/// wait (loading, failing over). A refused password is not one, though the client would
+/// reconnect for it: the same password is refused again.
+pub(super) fn is_transient(e: &RedisError) -> bool {
+    if e.kind() == redis::ErrorKind::AuthenticationFailed {
+        return false;
+    }
     // A primary demoted by a failover refuses writes until the endpoint leads to the new one.
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
         || matches!(
@@ -1237,8 +1242,8 @@ fn is_transient(e: &RedisError) -> bool {
         )
 }
 
-fn backend(step: &str, e: &RedisError) -> LedgerError {
-    LedgerError::Backend(format!("redis {step}: {e}"))
+fn backend(step: &'static str, source: RedisError) -> LedgerError {
+    LedgerError::Redis { step, source }
 }
 
 /// A process-unique, practically fleet-unique id for this ledger's calls.
@@ -1300,7 +1305,10 @@ struct Fields<'a> {
 
 impl Fields<'_> {
     fn corrupt(&self, name: &str) -> LedgerError {
-        LedgerError::Backend(format!("job {}: bad ledger field {name}", self.job))
+        LedgerError::Corrupt {
+            job: self.job.to_owned(),
+            field: name.to_owned(),
+        }
     }
 
     /// A field's text; an empty field counts as absent.
@@ -1406,13 +1414,60 @@ mod tests {
         );
     }
 
+    /// Runs `retrying` over answers given in turn, counting the tries.
+    async fn tries(answers: Vec<RedisResult<u8>>) -> (Result<u8, LedgerError>, usize) {
+        let answers = std::sync::Mutex::new(answers.into_iter());
+        let tried = AtomicU64::new(0);
+        let result = retrying("record", "j", || {
+            tried.fetch_add(1, Ordering::Relaxed);
+            let answer = answers.lock().unwrap().next().expect("an answer per try");
+            async move { answer }
+        })
+        .await;
+        (result, tried.load(Ordering::Relaxed) as usize)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_connection_is_retried_and_a_refused_password_is_not() {
+        let reset = || {
+            RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "connection reset by peer",
+            ))
+        };
+        let (result, tried) = tries(vec![Err(reset()), Err(reset()), Ok(7)]).await;
+        assert_eq!((result.unwrap(), tried), (7, 3));
+
+        let refused = || {
+            RedisError::from((
+                redis::ErrorKind::AuthenticationFailed,
+                "WRONGPASS invalid username-password pair",
+            ))
+        };
+        let (result, tried) = tries(vec![Err(refused()), Ok(7)]).await;
+        let e = result.unwrap_err();
+        assert_eq!(tried, 1, "{e}");
+        assert!(!e.is_transient(), "{e}");
+        assert!(
+            matches!(&e, LedgerError::Redis { step: "record", .. }),
+            "{e:?}"
+        );
+        let cause = std::error::Error::source(&e).expect("the Redis error is its cause");
+        assert!(cause.to_string().contains("WRONGPASS"), "{cause}");
+
+        // Tries run out on a fault that lasts; the error then still says it was transient.
+        let (result, tried) = tries((0..10).map(|_| Err(reset())).collect()).await;
+        assert_eq!(tried, 6);
+        assert!(result.unwrap_err().is_transient());
+    }
+
     #[test]
-    fn a_corrupt_hash_is_a_backend_error() {
+    fn a_corrupt_hash_is_a_corrupt_field() {
         let mut f = fields(FAILED_ON_PERCENT);
         f.insert("state".into(), "Sleeping".into());
         assert!(matches!(
             parse_status("j", &f),
-            Err(LedgerError::Backend(_))
+            Err(LedgerError::Corrupt { field, .. }) if field == "state"
         ));
     }
 

@@ -394,8 +394,11 @@ fn unix_now() -> f64 {
         .as_secs_f64()
 }
 
-fn backend(e: redis::RedisError) -> LedgerError {
-    LedgerError::Backend(e.to_string())
+fn backend(source: redis::RedisError) -> LedgerError {
+    LedgerError::Redis {
+        step: "connect",
+        source,
+    }
 }
 
 impl RedisRegistry {

@@ -289,9 +289,11 @@ impl AmqpQueue {
     /// Every lane of the pool the broker holds, from the management API (an error without
     /// it): for operators' tools and tests, which may not know the pool's jobs.
     pub async fn lanes(&self) -> Result<Vec<String>, QueueError> {
-        let management = self.shared.management.as_ref().ok_or_else(|| {
-            QueueError::Backend("listing queues needs the management API".to_owned())
-        })?;
+        let management = self
+            .shared
+            .management
+            .as_ref()
+            .ok_or_else(|| QueueError::NoManagement)?;
         let prefix = names::lane(&self.shared.pool, "");
         let names = management.queue_names().await?;
         Ok(names
@@ -391,7 +393,17 @@ async fn consumer_qos(channel: &Channel, prefetch: u16) -> lapin::Result<()> {
 }
 
 fn backend(what: &'static str) -> impl Fn(lapin::Error) -> QueueError {
-    move |e| QueueError::Backend(format!("{what}: {e}"))
+    move |source| QueueError::Amqp {
+        what: what.to_owned(),
+        source: Box::new(source),
+    }
+}
+
+/// Whether a try of the same call may pass later: anything but the broker refusing the
+/// request itself (a channel-level error, such as a queue declared with other arguments).
+/// [`Shared::retrying`] retries by this, and [`QueueError::is_transient`] answers it.
+pub(super) fn is_transient(e: &lapin::Error) -> bool {
+    !e.is_amqp_soft_error()
 }
 
 impl Shared {
@@ -442,9 +454,7 @@ impl Shared {
                     tokio::time::sleep(delay).await;
                 }
                 Confirmation::NotRequested => {
-                    return Err(QueueError::Backend(
-                        "publisher confirms are off on the publishing channel".to_owned(),
-                    ));
+                    return Err(QueueError::ConfirmsOff);
                 }
             }
         }
@@ -655,11 +665,11 @@ impl Shared {
             let error = match opened {
                 Ok(opened) => match op(opened.clone()).await {
                     Ok(value) => return Ok(value),
-                    Err(error) if error.is_amqp_soft_error() => {
+                    Err(error) if !is_transient(&error) => {
                         if let Some(slot) = slot {
                             slot.discard(&opened.channel);
                         }
-                        return Err(QueueError::Backend(format!("{what}: {error}")));
+                        return Err(backend(what)(error));
                     }
                     Err(error) => match self.link.recovered(&opened.channel, error).await {
                         Ok(()) if recoveries < MAX_RECOVERIES => {
@@ -679,7 +689,7 @@ impl Shared {
                 Err(error) => error,
             };
             let Some(delay) = delays.next() else {
-                return Err(QueueError::Backend(format!("{what}: {error}")));
+                return Err(backend(what)(error));
             };
             warn!(pool = %self.pool, what, error = %error, ?delay, "RabbitMQ operation failed; retrying.");
             tokio::time::sleep(delay).await;
@@ -930,7 +940,10 @@ struct QueueStats {
 
 impl Management {
     fn new(base: &str, vhost: &str, tls: &Tls) -> Result<Self, QueueError> {
-        let failed = |e: reqwest::Error| QueueError::Backend(format!("management API client: {e}"));
+        let failed = |source| QueueError::Management {
+            what: "management API client".to_owned(),
+            source,
+        };
         let mut client = reqwest::Client::builder().timeout(MANAGEMENT_TIMEOUT);
         if let Some(ca) = tls.ca_pem() {
             client =
@@ -955,8 +968,10 @@ impl Management {
         struct Named {
             name: String,
         }
-        let failed =
-            |e: reqwest::Error| QueueError::Backend(format!("management API, queues: {e}"));
+        let failed = |source| QueueError::Management {
+            what: "management API, queues".to_owned(),
+            source,
+        };
         let queues: Vec<Named> = self
             .client
             .get(format!(
@@ -975,8 +990,10 @@ impl Management {
 
     async fn unacked(&self, queue: &str) -> Result<u64, QueueError> {
         let url = format!("{}{}", self.queues, percent_encode(queue));
-        let failed =
-            |e: reqwest::Error| QueueError::Backend(format!("management API, queue {queue}: {e}"));
+        let failed = |source| QueueError::Management {
+            what: format!("management API, queue {queue}"),
+            source,
+        };
         let response = self.client.get(url).send().await.map_err(failed)?;
         if response.status() == reqwest::StatusCode::NOT_FOUND {
             // Deleted since it was counted (a lane whose job was retired): it holds nothing.
@@ -1060,10 +1077,10 @@ impl AmqpConsumer {
             }
             Err(e) => {
                 self.failed();
-                Err(QueueError::Backend(format!(
-                    "reopen a channel to consume from {}: {e}",
-                    self.queue
-                )))
+                Err(QueueError::Amqp {
+                    what: format!("reopen a channel to consume from {}", self.queue),
+                    source: Box::new(e),
+                })
             }
         }
     }
@@ -1120,10 +1137,10 @@ impl AmqpConsumer {
             Ok(subscribed) => subscribed,
             Err(e) => {
                 self.failed();
-                return Err(QueueError::Backend(format!(
-                    "consume from {}: {e}",
-                    self.queue
-                )));
+                return Err(QueueError::Task {
+                    what: format!("consume from {}", self.queue),
+                    source: e,
+                });
             }
         };
         match subscribed {
@@ -1133,10 +1150,10 @@ impl AmqpConsumer {
             }
             Err(e) => {
                 self.failed();
-                Err(QueueError::Backend(format!(
-                    "consume from {}: {e}",
-                    self.queue
-                )))
+                Err(QueueError::Amqp {
+                    what: format!("consume from {}", self.queue),
+                    source: Box::new(e),
+                })
             }
         }
     }
@@ -1309,15 +1326,17 @@ impl Consumer for AmqpConsumer {
                     self.received = Some(delivery);
                     continue;
                 }
-                Some(Err(e)) => e.to_string(),
-                None => "the broker cancelled the subscription".to_owned(),
+                Some(Err(e)) => QueueError::Amqp {
+                    what: format!("consume from {}", self.queue),
+                    source: Box::new(e),
+                },
+                None => QueueError::Cancelled {
+                    queue: self.queue.clone(),
+                },
             };
             warn!(queue = %self.queue, error = %error, "Consumer lost its channel; it reopens on the next call.");
             self.failed();
-            return Err(QueueError::Backend(format!(
-                "consume from {}: {error}",
-                self.queue
-            )));
+            return Err(error);
         }
     }
 
@@ -1349,10 +1368,10 @@ impl Consumer for AmqpConsumer {
         if let Err(e) = cancelled {
             // The channel is gone: what it holds returns to the queue as it closes.
             self.failed();
-            return Err(QueueError::Backend(format!(
-                "stop consuming from {}: {e}",
-                self.queue
-            )));
+            return Err(QueueError::Amqp {
+                what: format!("stop consuming from {}", self.queue),
+                source: Box::new(e),
+            });
         }
         // The broker's cancel-ok follows every message it pushed, and the subscription ends
         // behind them: what it yields now is all this consumer holds.

@@ -36,14 +36,74 @@ pub enum QueueError {
     /// The broker had no queue to route the message to.
     #[error("the broker returned the message: {0}")]
     Returned(String),
-    #[error("queue backend: {0}")]
-    Backend(String),
+    /// A RabbitMQ operation failed; `what` says which.
+    #[error("queue backend: {what}: {source}")]
+    Amqp {
+        what: String,
+        #[source]
+        source: Box<lapin::Error>,
+    },
+    /// A call to RabbitMQ's management API failed; `what` says which. (reqwest keeps the
+    /// URL's user info out of its errors.)
+    #[error("queue backend: {what}: {source}")]
+    Management {
+        what: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    /// A task of the queue's own ended without an answer (it panicked).
+    #[error("queue backend: {what}: {source}")]
+    Task {
+        what: String,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    #[error("queue backend: listing queues needs the management API")]
+    NoManagement,
+    #[error("queue backend: publisher confirms are off on the publishing channel")]
+    ConfirmsOff,
+    /// The broker ended a consumer's subscription.
+    #[error("queue backend: consume from {queue}: the broker cancelled the subscription")]
+    Cancelled { queue: String },
+    /// No broker node completed a connection in time; `brokers` is redacted.
+    #[error(
+        "queue backend: RabbitMQ at {brokers} did not complete a connection within {secs}s: it \
+         is unreachable, or it takes connections without answering them, as a broker out of \
+         file handles does (see its file descriptors in `rabbitmq-diagnostics status`)"
+    )]
+    ConnectTimeout { brokers: String, secs: u64 },
     /// The broker URL (or one of a list) cannot be used.
     #[error(transparent)]
     Url(#[from] amqp::UrlError),
     /// The TLS handshake with a broker node failed: no retry mends it.
     #[error(transparent)]
     Tls(#[from] amqp::TlsFailure),
+}
+
+impl QueueError {
+    /// Whether a later try of the same call may pass: the connection dropped or timed out,
+    /// the broker refused a message for a moment (no quorum, full) or ended a subscription.
+    /// The broker refusing the request itself (a channel-level error), a returned message, a
+    /// bad URL or a failed TLS handshake are not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            QueueError::Amqp { source, .. } => amqp::is_transient(source),
+            QueueError::Management { source, .. } => {
+                source.is_timeout()
+                    || source.is_connect()
+                    || source.status().is_some_and(|s| s.is_server_error())
+            }
+            QueueError::Refused(_) | QueueError::Cancelled { .. } => true,
+            QueueError::ConnectTimeout { .. } => true,
+            QueueError::Closed
+            | QueueError::Returned(_)
+            | QueueError::Task { .. }
+            | QueueError::NoManagement
+            | QueueError::ConfirmsOff
+            | QueueError::Url(_)
+            | QueueError::Tls(_) => false,
+        }
+    }
 }
 
 /// How a queue is declared.
@@ -198,5 +258,41 @@ impl std::fmt::Debug for Delivery {
             .field("attempt", &self.attempt)
             .field("dead_reason", &self.dead_reason)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::protocol::{AMQPError, AMQPErrorKind, AMQPSoftError};
+
+    use super::*;
+
+    fn amqp(source: lapin::Error) -> QueueError {
+        QueueError::Amqp {
+            what: "declare a job's queue".to_owned(),
+            source: Box::new(source),
+        }
+    }
+
+    #[test]
+    fn a_lost_connection_is_transient_and_a_refused_request_is_not() {
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let lost = amqp(lapin::Error::from(reset));
+        assert!(lost.is_transient(), "{lost}");
+        let refused = AMQPError::new(
+            AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED),
+            "PRECONDITION_FAILED - inequivalent arg 'x-queue-type'".into(),
+        );
+        let refused = amqp(lapin::Error::from(lapin::ErrorKind::ProtocolError(refused)));
+        assert!(!refused.is_transient(), "{refused}");
+        // The cause is kept, and the message still says what failed.
+        assert!(std::error::Error::source(&refused).is_some());
+        assert!(
+            refused
+                .to_string()
+                .starts_with("queue backend: declare a job's queue: ")
+        );
+        assert!(!QueueError::Returned("no route".into()).is_transient());
+        assert!(QueueError::Refused("no quorum".into()).is_transient());
     }
 }

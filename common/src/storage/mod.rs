@@ -33,8 +33,53 @@ pub enum StorageError {
     /// The S3 bucket a location names does not exist: a mistake in the job, not a fault.
     #[error("s3://{bucket}: no such bucket")]
     NoBucket { bucket: String },
-    #[error("storage backend: {0}")]
-    Backend(String),
+    /// The S3 settings (from the environment) cannot be used.
+    #[error("storage backend: S3 settings: {0}")]
+    Settings(String),
+    #[error("storage backend: {0:?} is not an S3 bucket name")]
+    BadBucket(String),
+    /// The storage service refused a request, for a reason a new try does not mend (access
+    /// denied, a bad request); `what` is `s3://bucket/key`, `detail` what it answered.
+    #[error("storage backend: {what}: {detail}")]
+    Refused {
+        what: String,
+        detail: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A request could not be built (the SDK's own check).
+    #[error("storage backend: {what}: {source}")]
+    Request {
+        what: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A batch delete left objects: `failed` of them, the first `key` for `reason`.
+    #[error(
+        "storage backend: s3://{bucket}/{key}: {failed} objects not deleted, first {key}: {reason}"
+    )]
+    NotDeleted {
+        bucket: String,
+        key: String,
+        failed: usize,
+        reason: String,
+    },
+    /// The service answered a multipart upload's start without its id.
+    #[error("storage backend: {0}: multipart upload without an id")]
+    NoUploadId(String),
+    /// A writer was used again after one of its writes failed.
+    #[error("storage backend: {key}: {step} after an earlier error")]
+    WriterFailed { key: String, step: &'static str },
+    /// An object read back shorter than asked: it changed since the job was planned.
+    #[error(
+        "storage backend: {key}: bytes {start}-{end} asked, {read} read: the file changed since the job started"
+    )]
+    Changed {
+        key: String,
+        start: u64,
+        end: u64,
+        read: u64,
+    },
     /// The storage service did not get a request through, after its client's own retries:
     /// it throttled it, failed on its side, or could not be reached (S3's 503 SlowDown,
     /// 500 InternalError, a connection reset). An infrastructure fault, not the object's:

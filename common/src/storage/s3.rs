@@ -264,7 +264,7 @@ fn env_flag(name: &str) -> bool {
 }
 
 fn settings_error(why: String) -> StorageError {
-    StorageError::Backend(format!("S3 settings: {why}"))
+    StorageError::Settings(why)
 }
 
 /// The object metadata that names who wrote an object of a job's named output
@@ -298,9 +298,7 @@ impl S3Storage {
         prefix: &str,
     ) -> Result<S3Storage, StorageError> {
         if bucket.is_empty() || bucket.contains('/') {
-            return Err(StorageError::Backend(format!(
-                "{bucket:?} is not an S3 bucket name"
-            )));
+            return Err(StorageError::BadBucket(bucket.to_owned()));
         }
         let prefix = prefix.trim_matches('/');
         if !prefix.is_empty() {
@@ -472,7 +470,11 @@ impl S3Storage {
                 detail: format!("S3 {fault} after {MAX_ATTEMPTS} attempts: {}", cause(&e)),
                 source: Box::new(e),
             },
-            None => StorageError::Backend(format!("{what}: {}", cause(&e))),
+            None => StorageError::Refused {
+                what,
+                detail: cause(&e),
+                source: Box::new(e),
+            },
         }
     }
 
@@ -710,12 +712,18 @@ impl S3Storage {
             .into_iter()
             .map(|k| ObjectIdentifier::builder().key(k).build())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| StorageError::Backend(format!("delete request: {e}")))?;
+            .map_err(|e| StorageError::Request {
+                what: "delete request",
+                source: Box::new(e),
+            })?;
         let delete = Delete::builder()
             .set_objects(Some(objects))
             .quiet(true)
             .build()
-            .map_err(|e| StorageError::Backend(format!("delete request: {e}")))?;
+            .map_err(|e| StorageError::Request {
+                what: "delete request",
+                source: Box::new(e),
+            })?;
         let out = self
             .client
             .delete_objects()
@@ -725,15 +733,16 @@ impl S3Storage {
             .await
             .map_err(|e| self.backend(prefix, e))?;
         if let Some(first) = out.errors().first() {
-            return Err(StorageError::Backend(format!(
-                "s3://{}/{}: {} objects not deleted, first {}: {} {}",
-                self.bucket,
-                first.key().unwrap_or_default(),
-                out.errors().len(),
-                first.key().unwrap_or_default(),
-                first.code().unwrap_or_default(),
-                first.message().unwrap_or_default(),
-            )));
+            return Err(StorageError::NotDeleted {
+                bucket: self.bucket.clone(),
+                key: first.key().unwrap_or_default().to_owned(),
+                failed: out.errors().len(),
+                reason: format!(
+                    "{} {}",
+                    first.code().unwrap_or_default(),
+                    first.message().unwrap_or_default()
+                ),
+            });
         }
         Ok(())
     }
@@ -808,9 +817,9 @@ impl S3Writer {
                     .send()
                     .await
                     .map_err(|e| s.backend(&self.key, e))?;
-                let id = out.upload_id.ok_or_else(|| {
-                    StorageError::Backend(format!("{}: multipart upload without an id", self.key))
-                })?;
+                let id = out
+                    .upload_id
+                    .ok_or_else(|| StorageError::NoUploadId(self.key.clone()))?;
                 self.upload_id = Some(id.clone());
                 id
             }
@@ -904,10 +913,10 @@ async fn abort(s: &S3Storage, key: &str, object_key: &str, upload_id: &str) {
 impl ObjectWriter for S3Writer {
     async fn write(&mut self, piece: Bytes) -> Result<(), StorageError> {
         if self.failed {
-            return Err(StorageError::Backend(format!(
-                "{}: writing after an earlier error",
-                self.key
-            )));
+            return Err(StorageError::WriterFailed {
+                key: self.key.clone(),
+                step: "writing",
+            });
         }
         self.size += piece.len() as u64;
         self.buf.extend_from_slice(&piece);
@@ -925,10 +934,10 @@ impl ObjectWriter for S3Writer {
 
     async fn finish(mut self: Box<Self>) -> Result<u64, StorageError> {
         if self.failed {
-            return Err(StorageError::Backend(format!(
-                "{}: finishing after an earlier error",
-                self.key
-            )));
+            return Err(StorageError::WriterFailed {
+                key: self.key.clone(),
+                step: "finishing",
+            });
         }
         match self.complete().await {
             Ok(()) => Ok(self.size),

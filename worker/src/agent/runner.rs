@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use fleetrun_common::ledger::RunnerId;
-use fleetrun_common::protocol::{InitParams, ScriptError, TabularInit};
+use fleetrun_common::protocol::{ErrorCause, InitParams, ScriptError, TabularInit};
 use fleetrun_common::python::Python;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -209,9 +209,13 @@ async fn launch(
         }
         Ok((_, InitOutcome::Failed(error))) => {
             script_error_at_init(&node, ctx, &name, &error);
-            match error.message.strip_prefix(MISSING_PACKAGE) {
-                Some(why) => InitFailure::MissingPackage(why.to_owned()),
-                None => InitFailure::Raised(error.message),
+            match error.cause {
+                ErrorCause::MissingPackage => {
+                    // The message is `class: text`; the class is said by the variant.
+                    let (_, why) = error.message.split_once(": ").unwrap_or_default();
+                    InitFailure::MissingPackage(why.to_owned())
+                }
+                ErrorCause::Script | ErrorCause::OutOfMemory => InitFailure::Raised(error.message),
             }
         }
         Ok((_, InitOutcome::TimedOut)) => {
@@ -253,7 +257,7 @@ enum InitFailure {
     Raised(String),
     /// The job's environment lacks a package its input needs (pandas, pyarrow): every start
     /// would fail the same way.
-    #[error("the job's environment cannot read its input{0}")]
+    #[error("the job's environment cannot read its input: {0}")]
     MissingPackage(String),
     #[error(
         "init() did not finish within {limit}s (3 × run_invocation_timeout {run_invocation_timeout} + 30)"
@@ -472,10 +476,6 @@ fn script_error_at_init(node: &str, ctx: &JobContext, process: &str, error: &Scr
         &format!("{node} {process} init: {}", error.message),
     );
 }
-
-/// How the runner names the error of a tabular input whose packages (pandas, pyarrow) the
-/// job's environment lacks (`runner/src/python/tabular.py`).
-const MISSING_PACKAGE: &str = "fleetrun_tabular.MissingPackage";
 
 /// The node's GPUs as `_main.txt` tells them: NVML's names when the agent hands out the GPUs
 /// NVML counted, else the count the agent was given.

@@ -74,11 +74,12 @@ async fn stage_chunk(input: &dyn Storage, chunk: &Chunk, path: &Path) -> Result<
             .map_err(Staging::Input)?;
         if (bytes.len() as u64) < end - start {
             // The object changed (shrank) since the producer planned it.
-            return Err(Staging::Input(StorageError::Backend(format!(
-                "{}: bytes {start}-{end} asked, {} read: the file changed since the job started",
-                chunk.key,
-                bytes.len()
-            ))));
+            return Err(Staging::Input(StorageError::Changed {
+                key: chunk.key.clone(),
+                start,
+                end,
+                read: bytes.len() as u64,
+            }));
         }
         for [from, to] in span.ranges {
             let piece = bytes.slice((from - start) as usize..(to - start) as usize);

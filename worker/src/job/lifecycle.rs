@@ -17,7 +17,7 @@ use fleetrun_common::ledger::{
     JobState, JobTimes, Ledger, LedgerError, Outcome, Recorded, Reopened, RunnerId, RunnerTimes,
     Started, Status,
 };
-use fleetrun_common::storage::Storage;
+use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_config::{JobSpec, Location, OutputAction};
 use tracing::{info, warn};
 
@@ -29,7 +29,28 @@ use super::results;
 use super::settings::{Fleet, open_storage};
 use crate::logs::{self, JobLogs};
 use crate::output::OutputGuard;
-use crate::parts::{self, Parts};
+use crate::parts::{self, PartError, Parts};
+
+/// Why a job whose mini-batches are all recorded could not have its output written: the
+/// message names the file, and becomes the job's failure reason.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error("writing the output file failed: {0}")]
+    Output(#[source] PartError),
+    #[error("writing logs/{file} failed: {0}", file = logs::FAILED_ITEMS_CSV)]
+    FailedItems(#[source] PartError),
+    #[error("writing logs/{file} failed: {0}", file = logs::REPORT_CSV)]
+    Report(#[source] ReportError),
+}
+
+/// Why the mini-batch report could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error(transparent)]
+    Ledger(LedgerError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
 
 /// A job, and the ledger and output through which its life is moved and told.
 #[derive(Clone)]
@@ -407,7 +428,7 @@ impl Job {
                         &self.id,
                         &[JobState::Finalizing],
                         JobState::Failed,
-                        Some(&e),
+                        Some(&e.to_string()),
                     )
                     .await;
                 return match failed {
@@ -471,7 +492,7 @@ impl Job {
     /// Writes the output file and `failed_items.csv` of a job whose `total` mini-batches
     /// are all recorded, and returns the output's digests; the error says which could not
     /// be written.
-    async fn join(&self, total: u64) -> Result<OutputDigests, String> {
+    async fn join(&self, total: u64) -> Result<OutputDigests, OutputError> {
         let spec = &self.spec;
         let mut digests = OutputDigests::default();
         if spec.output_action == OutputAction::AppendRow {
@@ -486,14 +507,12 @@ impl Job {
                 &mut |joined| digests.note(joined),
             )
             .await
-            .map_err(|e| format!("writing the output file failed: {e}"))?;
+            .map_err(OutputError::Output)?;
         }
         self.join_failed_items(total)
             .await
-            .map_err(|e| format!("writing logs/{} failed: {e}", logs::FAILED_ITEMS_CSV))?;
-        self.write_report()
-            .await
-            .map_err(|e| format!("writing logs/{} failed: {e}", logs::REPORT_CSV))?;
+            .map_err(OutputError::FailedItems)?;
+        self.write_report().await.map_err(OutputError::Report)?;
         Ok(digests)
     }
 
@@ -595,18 +614,18 @@ impl Job {
 
     /// Writes `logs/sys/job_report/processed_mini-batches.csv` from the rows the ledger kept,
     /// a thousand at a time, in the order they came; nothing when it kept none.
-    async fn write_report(&self) -> Result<(), String> {
+    async fn write_report(&self) -> Result<(), ReportError> {
         const ROWS_PER_CALL: u64 = 1000;
         let rows = |start| async move {
             let rows = self.ledger.report_rows(&self.id, start, ROWS_PER_CALL);
-            rows.await.map_err(|e| e.to_string())
+            rows.await.map_err(ReportError::Ledger)
         };
         let mut batch = rows(0).await?;
         if batch.is_empty() {
             return Ok(());
         }
         let key = format!("logs/{}", logs::REPORT_CSV);
-        let mut writer = self.output.writer(&key).await.map_err(|e| e.to_string())?;
+        let mut writer = self.output.writer(&key).await?;
         let mut text = format!("{}\n", logs::REPORT_HEADER);
         let mut start = 0;
         while !batch.is_empty() {
@@ -616,15 +635,16 @@ impl Job {
                 text.push('\n');
             }
             let body = Bytes::from(std::mem::take(&mut text));
-            writer.write(body).await.map_err(|e| e.to_string())?;
+            writer.write(body).await?;
             batch = rows(start).await?;
         }
-        writer.finish().await.map(drop).map_err(|e| e.to_string())
+        writer.finish().await?;
+        Ok(())
     }
 
     /// Writes `logs/failed_items.csv` from the failed mini-batches the ledger counted among
     /// the first `total`.
-    async fn join_failed_items(&self, total: u64) -> Result<bool, String> {
+    async fn join_failed_items(&self, total: u64) -> Result<bool, PartError> {
         parts::join_failed_items(
             &*self.parts,
             &*self.ledger,

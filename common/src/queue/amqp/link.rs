@@ -250,14 +250,9 @@ async fn connect(
     };
     let connection = tokio::time::timeout(CONNECT_PATIENCE, attempt)
         .await
-        .map_err(|_| {
-            QueueError::Backend(format!(
-                "RabbitMQ at {} did not complete a connection within {}s: it is unreachable, \
-                 or it takes connections without answering them, as a broker out of file \
-                 handles does (see its file descriptors in `rabbitmq-diagnostics status`)",
-                brokers.shown(),
-                CONNECT_PATIENCE.as_secs()
-            ))
+        .map_err(|_| QueueError::ConnectTimeout {
+            brokers: brokers.shown().to_string(),
+            secs: CONNECT_PATIENCE.as_secs(),
         })??;
     tokio::spawn(watch_blocked(connection.events_listener(), blocked.clone()));
     Ok(connection)

@@ -96,7 +96,14 @@ fn run(
             print_report(&report);
             ExitCode::from(report.exit_code())
         }
-        Ok(Err(e @ (RunError::Setup(_) | RunError::Output(_) | RunError::Resume(_)))) => {
+        Ok(Err(
+            e @ (RunError::Setup(_)
+            | RunError::Output(_)
+            | RunError::Resume(_)
+            | RunError::Input(_)
+            | RunError::Fingerprint(_)
+            | RunError::Journal(_)),
+        )) => {
             eprintln!("error: {}: {e}", job.display());
             ExitCode::from(exit::REFUSED)
         }
