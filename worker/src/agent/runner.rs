@@ -511,6 +511,7 @@ fn monitor_settings(ctx: &JobContext, config: &AgentConfig) -> MonitorSettings {
         node: config.node_id.clone(),
         logs: ctx.logs.clone(),
         folders,
+        times: Some(ctx.times.clone()),
     }
 }
 

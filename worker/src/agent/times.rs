@@ -22,6 +22,10 @@ use tracing::warn;
 
 use super::JobContext;
 use crate::metrics::Metrics;
+use crate::monitor::GpuSample;
+
+/// Bytes in a MiB.
+const MIB: f64 = 1024.0 * 1024.0;
 
 /// How often a job's watcher flushes its runners' times to the ledger.
 pub(crate) const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_secs(3);
@@ -114,6 +118,31 @@ impl TimesBook {
         self.with(runner, |e| {
             e.ended(now);
         });
+    }
+
+    /// The job's monitor on this node read its GPUs: each live runner whose GPU is one of
+    /// them counts the reading, its utilisation in its GPU's mean and its memory used in its
+    /// peak. A runner's GPU is the one whose NVML index its `CUDA_VISIBLE_DEVICES` names; a
+    /// MIG instance (named by UUID) is none of them, and stays unknown.
+    pub fn gpus_sampled(&self, gpus: &[GpuSample]) {
+        if gpus.is_empty() {
+            return;
+        }
+        let mut runners = self.runners.lock().unwrap_or_else(|p| p.into_inner());
+        for (id, e) in runners.iter_mut() {
+            let gpu = gpus.iter().find(|g| g.index.to_string() == id.gpu);
+            let Some(gpu) = gpu.filter(|_| e.live_since.is_some()) else {
+                continue;
+            };
+            if let Some(percent) = gpu.utilization_percent {
+                e.times.gpu_samples += 1.0;
+                e.times.gpu_util_sum += f64::from(percent);
+            }
+            if let Some(used) = gpu.memory_used_bytes {
+                let mib = used as f64 / MIB;
+                e.times.gpu_mem_peak_mib = e.times.gpu_mem_peak_mib.max(mib);
+            }
+        }
     }
 
     /// Every runner's times so far (a live runner's idle not yet: see `Entry::ended`).
@@ -302,6 +331,72 @@ mod tests {
         book.stopped(&id);
         let t = book.snapshot()[0].1;
         assert_eq!((t.idle_s, t.total()), (1.0, 4.0), "{t:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_live_runner_counts_its_own_gpus_readings_and_flushes_their_rises() {
+        // Fake devices, as NVML would read them: GPU 0 busy, GPU 1 half, GPU 2 refusing.
+        let gpu = |index: u32, percent: Option<u32>, mib: Option<u64>| GpuSample {
+            index,
+            name: "Fake GPU".into(),
+            utilization_percent: percent,
+            memory_utilization_percent: None,
+            memory_used_bytes: mib.map(|m| m << 20),
+            memory_total_bytes: Some(16 << 30),
+        };
+        let book = TimesBook::default();
+        let on = |runner: &str, gpu: &str| RunnerId {
+            node: "n".into(),
+            runner: runner.into(),
+            gpu: gpu.into(),
+        };
+        let (a, b, c, cpu) = (
+            on("process001", "0"),
+            on("process002", "1"),
+            on("process003", "2"),
+            on("process004", ""),
+        );
+        for id in [&a, &b, &c, &cpu] {
+            book.started(id, Instant::now());
+        }
+        book.gpus_sampled(&[
+            gpu(0, Some(90), Some(4096)),
+            gpu(1, Some(40), Some(1024)),
+            gpu(2, None, None),
+        ]);
+        let first = book.take_unflushed();
+        book.gpus_sampled(&[gpu(0, Some(70), Some(2048)), gpu(1, Some(60), Some(3072))]);
+        book.stopped(&b);
+        // A runner that stopped counts no more readings.
+        book.gpus_sampled(&[gpu(1, Some(100), Some(8192))]);
+        let t = |id: &RunnerId| {
+            book.snapshot()
+                .into_iter()
+                .find(|(r, _)| r == id)
+                .unwrap()
+                .1
+        };
+        assert_eq!(
+            (t(&a).gpu_utilization_pct(), t(&a).gpu_memory_peak_mib()),
+            (Some(80.0), Some(4096.0))
+        );
+        assert_eq!(
+            (t(&b).gpu_utilization_pct(), t(&b).gpu_memory_peak_mib()),
+            (Some(50.0), Some(3072.0))
+        );
+        assert_eq!(
+            (t(&c).gpu_utilization_pct(), t(&c).gpu_memory_peak_mib()),
+            (None, None)
+        );
+        assert!(first.iter().all(|(id, _)| id != &cpu), "no GPU, no reading");
+        let second = book.take_unflushed();
+        let of = |id: &RunnerId| second.iter().find(|(r, _)| r == id).unwrap().1;
+        assert_eq!(of(&a).gpu_mem_peak_mib, 0.0, "no rise of GPU 0's peak");
+        assert_eq!(
+            of(&b).gpu_mem_peak_mib,
+            2048.0,
+            "GPU 1's peak rose by 2 GiB"
+        );
     }
 
     #[tokio::test(start_paused = true)]
