@@ -7,7 +7,7 @@ use super::observability::spawn_submit_as;
 use super::*;
 
 /// Seconds the script sleeps in `init()`.
-const INIT_S: f64 = 3.0;
+const INIT_S: f64 = 5.0;
 /// Seconds it sleeps in each `run()`.
 const RUN_S: f64 = 0.3;
 /// Seconds the relay holds each input's GET: staging, slower than `run()`.
@@ -64,7 +64,7 @@ fn from_line(line: &str) -> Split {
     }
 }
 
-/// One runner whose script sleeps 3 s in `init()` and 0.3 s in each `run()`, its 12 inputs
+/// One runner whose script sleeps 5 s in `init()` and 0.3 s in each `run()`, its 12 inputs
 /// on S3 behind a relay that holds each input's GET 1.5 s: staging (one input at a time,
 /// the look-ahead's) is the bottleneck, so the runner waits for all the staging less the
 /// runs it overlapped (every one but the last): 12 × 1.5 − 11 × 0.3 s. `job_result.txt`'s
