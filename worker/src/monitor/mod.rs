@@ -7,7 +7,8 @@
 //! sample is taken as soon as that runner is ready (so a short job still has a row), then
 //! one every interval until the job stops on the node or the worker ends. Sampling reads
 //! `/proc` on a blocking thread, never on the agent's: the mini-batch path does not wait on
-//! it. `resource_monitor_interval = 0` starts no monitor and writes no `perf/` folder.
+//! it. `resource_monitor_interval = 0` starts no monitor and writes no `perf/<node>/` folder
+//! (`perf/runners.csv`, the runners' times, is the job's results', not the monitor's).
 //!
 //! # Layout
 //!
