@@ -1,7 +1,9 @@
 //! A fault relay in front of an S3 server, as a busy S3 and a bad minute of its endpoint
 //! look to a client: it forwards each HTTP request to the server, but answers a share of them
 //! itself with 503 SlowDown or 500 InternalError (in turn), and while it is down it resets
-//! every connection, open or new (TCP RST, as a crashed load balancer gives).
+//! every connection, open or new (TCP RST, as a crashed load balancer gives). It can also
+//! be slow: hold every GET of an object under a prefix for a set time before forwarding it
+//! ([`S3Relay::slow_gets`]), as a far or busy store stages inputs slowly.
 //!
 //! It runs on a runtime of its own, so a test of any kind (plain or `#[tokio::test]`) starts
 //! it; dropping it stops it.
@@ -9,8 +11,9 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
@@ -46,6 +49,8 @@ struct State {
     forwarded: AtomicU64,
     errors: AtomicU64,
     resets: AtomicU64,
+    /// GETs of paths starting with this are held this long before they are forwarded.
+    slow_gets: Mutex<Option<(String, Duration)>>,
     client: Client<HttpConnector, Incoming>,
 }
 
@@ -75,6 +80,7 @@ impl S3Relay {
             forwarded: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             resets: AtomicU64::new(0),
+            slow_gets: Mutex::new(None),
             client: Client::builder(TokioExecutor::new()).build_http(),
         });
         // Bound here, not on the runtime: a test on a runtime of its own may start a relay.
@@ -100,6 +106,12 @@ impl S3Relay {
     /// Takes the relay down (every connection reset, open or new) or up again.
     pub fn down(&self, down: bool) {
         self.state.down.send_replace(down);
+    }
+
+    /// Holds every GET whose path (`/bucket/key`) starts with `prefix` for `by` before
+    /// forwarding it; listings (`/bucket?list-type=2…`) and writes go at once.
+    pub fn slow_gets(&self, prefix: &str, by: Duration) {
+        *self.state.slow_gets.lock().unwrap() = Some((prefix.to_owned(), by));
     }
 
     pub fn counts(&self) -> RelayCounts {
@@ -180,6 +192,18 @@ async fn answer(
         // The body read first, so the connection stays usable, as S3's does.
         let _ = request.into_body().collect().await;
         return Ok(fault(n));
+    }
+    let hold = match &*state.slow_gets.lock().unwrap() {
+        Some((prefix, by))
+            if request.method() == hyper::Method::GET
+                && request.uri().path().starts_with(prefix.as_str()) =>
+        {
+            Some(*by)
+        }
+        _ => None,
+    };
+    if let Some(by) = hold {
+        tokio::time::sleep(by).await;
     }
     Ok(match forward(&state, request).await {
         Ok(response) => {

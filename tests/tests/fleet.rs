@@ -44,6 +44,8 @@ mod page;
 mod proof;
 #[path = "fleet/resume.rs"]
 mod resume;
+#[path = "fleet/runner_times.rs"]
+mod runner_times;
 #[path = "fleet/s3_faults.rs"]
 mod s3_faults;
 #[path = "fleet/sharing.rs"]

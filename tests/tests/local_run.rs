@@ -1190,10 +1190,14 @@ fn the_runners_time_splits_into_init_run_input_wait_and_idle() {
     let mut lines = csv.lines();
     assert_eq!(
         lines.next(),
-        Some("node,runner,gpu,init_s,run_s,input_wait_s,idle_s,total_s")
+        Some(
+            "node,runner,gpu,init_s,run_s,input_wait_s,idle_s,total_s,gpu_util_mean_pct,gpu_mem_peak_mib"
+        )
     );
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     assert_eq!(rows.len(), 1, "one runner: {csv}");
+    assert_eq!(rows[0][8..], ["", ""], "no GPU, nothing read of one: {csv}");
+    assert!(!result.contains("GPU use"), "{result}");
     let seconds = |i: usize| rows[0][i].parse::<f64>().unwrap();
     let (init, run, wait, idle, total) =
         (seconds(3), seconds(4), seconds(5), seconds(6), seconds(7));

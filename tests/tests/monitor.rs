@@ -120,7 +120,16 @@ fn a_zero_interval_writes_no_perf_folder() {
     job.inputs(2);
     assert_eq!(code(&job.run(&[])), 0);
     assert!(job.path("out/logs/sys").is_dir());
-    assert!(!job.path("out/logs/perf").exists());
+    // The runners' times are the results', not the monitor's: no node's folder beside them.
+    let perf: Vec<_> = std::fs::read_dir(job.path("out/logs/perf"))
+        .map(|dir| dir.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert_eq!(perf, ["runners.csv"], "{perf:?}");
+    let csv = job.log("perf/runners.csv");
+    assert!(
+        csv.lines().nth(1).unwrap().ends_with(",,"),
+        "no GPU use: {csv}"
+    );
 }
 
 #[test]

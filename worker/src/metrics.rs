@@ -143,7 +143,7 @@ impl Metrics {
         let runner_family = Family::<PhaseLabel, Counter<f64, AtomicU64>>::default();
         registry.register(
             "runner_seconds",
-            "Seconds this node's runners spent on their jobs, by phase: init (starting, the script's init()), run (inside run()), input_wait (ready with nothing to run: the queue, staging), idle (the rest: results recorded, a job's tail). Counted as the node flushes them to the ledger, every few seconds.",
+            "Seconds this node's runners spent on their jobs, by phase: init (starting, the script's init()), run (inside run()), input_wait (ready with nothing to run: the queue, staging), idle (the rest of a runner's life, counted when it stops). Counted as the node flushes them to the ledger, every few seconds.",
             runner_family.clone(),
         );
         let runner_seconds = RunnerTimes::PHASES

@@ -1075,8 +1075,8 @@ impl Ledger for RedisLedger {
         times: &RunnerTimes,
     ) -> Result<(), LedgerError> {
         let keys = self.keys(job);
-        let phases = RunnerTimes::PHASES.iter().zip(times.seconds());
-        let added: Vec<(String, f64)> = phases
+        let added: Vec<(String, f64)> = times
+            .fields()
             .filter(|(_, seconds)| *seconds != 0.0)
             .map(|(phase, seconds)| (super::times::field(runner, phase), seconds))
             .collect();

@@ -1011,6 +1011,7 @@ where
         run_s: 2.0,
         input_wait_s: 0.25,
         idle_s: 0.0,
+        ..Default::default()
     };
     l.add_runner_times(&j, &a, &first).await.unwrap();
     l.add_runner_times(
@@ -1019,6 +1020,9 @@ where
         &RunnerTimes {
             run_s: 3.0,
             idle_s: 0.5,
+            gpu_samples: 2.0,
+            gpu_util_sum: 150.0,
+            gpu_mem_peak_mib: 1024.0,
             ..Default::default()
         },
     )
@@ -1044,6 +1048,13 @@ where
         close(ta.input_wait_s, 0.25) && close(ta.idle_s, 0.5),
         "{ta:?}"
     );
+    // The GPU's measures are kept beside the seconds, and are none of them.
+    assert_eq!(
+        (ta.gpu_utilization_pct(), ta.gpu_memory_peak_mib()),
+        (Some(75.0), Some(1024.0)),
+        "{ta:?}"
+    );
+    assert!(close(ta.total(), 7.25), "{ta:?}");
     let tb = of(&b);
     assert!(
         close(tb.input_wait_s, 4.0) && close(tb.total(), 4.0),

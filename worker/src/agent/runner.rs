@@ -512,6 +512,7 @@ fn monitor_settings(ctx: &JobContext, config: &WorkerConfig) -> MonitorSettings 
         node: config.node_id.clone(),
         logs: ctx.logs.clone(),
         folders,
+        times: Some(ctx.times.clone()),
     }
 }
 

@@ -156,12 +156,47 @@ pub fn time_line(times: &JobTimes) -> Option<String> {
     ))
 }
 
-/// `logs/perf/runners.csv`: each runner's seconds by phase.
+/// `job_result.txt`'s line of the runners' GPUs' use over their lives, where the nodes'
+/// monitors read them (NVML): `GPU use: utilisation 63% on average, peak memory 10240 MiB
+/// (2 runners' GPUs sampled)`. `None` when no runner's GPU was read.
+pub fn gpu_line(times: &JobTimes) -> Option<String> {
+    let sampled = times
+        .iter()
+        .filter(|(_, t)| t.gpu_utilization_pct().is_some() || t.gpu_memory_peak_mib().is_some())
+        .count();
+    if sampled == 0 {
+        return None;
+    }
+    let all = times::sum(times);
+    let mut parts = Vec::new();
+    if let Some(percent) = all.gpu_utilization_pct() {
+        parts.push(format!("utilisation {percent:.0}% on average"));
+    }
+    if let Some(mib) = all.gpu_memory_peak_mib() {
+        parts.push(format!("peak memory {mib:.0} MiB"));
+    }
+    let whose = if sampled == 1 {
+        "runner's GPU"
+    } else {
+        "runners' GPUs"
+    };
+    Some(format!(
+        "GPU use: {} ({sampled} {whose} sampled)",
+        parts.join(", ")
+    ))
+}
+
+/// `logs/perf/runners.csv`: each runner's seconds by phase, and its GPU's mean utilisation
+/// and peak memory where the node's monitor read them (empty otherwise).
 pub fn runners_csv(times: &JobTimes) -> String {
-    let mut csv = String::from("node,runner,gpu,init_s,run_s,input_wait_s,idle_s,total_s\n");
+    let mut csv = String::from(
+        "node,runner,gpu,init_s,run_s,input_wait_s,idle_s,total_s,gpu_util_mean_pct,gpu_mem_peak_mib\n",
+    );
+    let known =
+        |v: Option<f64>, digits: usize| v.map_or(String::new(), |v| format!("{v:.digits$}"));
     for (id, t) in times {
         csv.push_str(&format!(
-            "{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3}\n",
+            "{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{},{}\n",
             crate::logs::csv_field(&id.node),
             crate::logs::csv_field(&id.runner),
             crate::logs::csv_field(&id.gpu),
@@ -169,7 +204,9 @@ pub fn runners_csv(times: &JobTimes) -> String {
             t.run_s,
             t.input_wait_s,
             t.idle_s,
-            t.total()
+            t.total(),
+            known(t.gpu_utilization_pct(), 1),
+            known(t.gpu_memory_peak_mib(), 0),
         ));
     }
     csv
@@ -206,7 +243,10 @@ pub(super) async fn write(
 ) {
     let mut result = result_text(ended, status);
     result.push_str(&memory_summary(ended.report_rows).unwrap_or_default());
-    if let Some(line) = time_line(ended.times) {
+    for line in [time_line(ended.times), gpu_line(ended.times)]
+        .into_iter()
+        .flatten()
+    {
         result.push_str(&line);
         result.push('\n');
     }
@@ -227,7 +267,7 @@ pub(super) async fn write(
 mod tests {
     use fleetrun_common::ledger::{RunnerId, RunnerTimes};
 
-    use super::{memory_summary, runners_csv, time_line};
+    use super::{gpu_line, memory_summary, runners_csv, time_line};
 
     #[test]
     fn the_time_line_gives_each_phase_its_share_of_all_runners_time() {
@@ -243,6 +283,7 @@ mod tests {
                 run_s,
                 input_wait_s,
                 idle_s,
+                ..RunnerTimes::default()
             };
             (id, times)
         };
@@ -258,9 +299,46 @@ mod tests {
         let gpu = vec![runner("process001", "0", [1.0, 1.0, 0.0, 0.0])];
         assert!(time_line(&gpu).unwrap().starts_with("GPU busy 50%"));
         let csv = runners_csv(&times);
-        assert!(csv.starts_with("node,runner,gpu,init_s,run_s,input_wait_s,idle_s,total_s\n"));
+        assert!(csv.starts_with(
+            "node,runner,gpu,init_s,run_s,input_wait_s,idle_s,total_s,gpu_util_mean_pct,gpu_mem_peak_mib\n"
+        ));
         assert!(
-            csv.contains("n,process002,,2.000,48.000,9.000,1.000,60.000\n"),
+            csv.contains("n,process002,,2.000,48.000,9.000,1.000,60.000,,\n"),
+            "{csv}"
+        );
+    }
+
+    #[test]
+    fn the_gpu_line_and_columns_say_what_the_monitor_read_and_nothing_else() {
+        let id = |runner: &str| RunnerId {
+            node: "n".into(),
+            runner: runner.into(),
+            gpu: "0".into(),
+        };
+        let read = RunnerTimes {
+            run_s: 10.0,
+            gpu_samples: 4.0,
+            gpu_util_sum: 250.0,
+            gpu_mem_peak_mib: 10240.0,
+            ..RunnerTimes::default()
+        };
+        let unread = RunnerTimes {
+            run_s: 10.0,
+            ..RunnerTimes::default()
+        };
+        assert_eq!(gpu_line(&vec![(id("process001"), unread)]), None);
+        let times = vec![(id("process001"), read), (id("process002"), unread)];
+        assert_eq!(
+            gpu_line(&times).unwrap(),
+            "GPU use: utilisation 62% on average, peak memory 10240 MiB (1 runner's GPU sampled)"
+        );
+        let csv = runners_csv(&times);
+        assert!(
+            csv.contains(",process001,0,0.000,10.000,0.000,0.000,10.000,62.5,10240\n"),
+            "{csv}"
+        );
+        assert!(
+            csv.contains(",process002,0,0.000,10.000,0.000,0.000,10.000,,\n"),
             "{csv}"
         );
     }

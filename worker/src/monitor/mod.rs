@@ -7,7 +7,8 @@
 //! sample is taken as soon as that runner is ready (so a short job still has a row), then
 //! one every interval until the job stops on the node or the worker ends. Sampling reads
 //! `/proc` on a blocking thread, never on the agent's: the mini-batch path does not wait on
-//! it. `resource_monitor_interval = 0` starts no monitor and writes no `perf/` folder.
+//! it. `resource_monitor_interval = 0` starts no monitor and writes no `perf/<node>/` folder
+//! (`perf/runners.csv`, the runners' times, is the job's results', not the monitor's).
 //!
 //! # Layout
 //!
@@ -69,6 +70,9 @@ pub struct MonitorSettings {
     pub logs: Arc<JobLogs>,
     /// The folders whose file systems are reported, with what the job keeps in each.
     pub folders: Vec<(String, PathBuf)>,
+    /// Where each sample's GPU readings are counted for the job's runners (their GPUs'
+    /// mean utilisation and peak memory in `perf/runners.csv`), if anywhere.
+    pub times: Option<Arc<crate::agent::times::TimesBook>>,
 }
 
 /// A job's monitor on one node: the runners it watches and its task.
@@ -186,10 +190,14 @@ impl Probe for NodeProbe {
         let folders = self.settings.folders.clone();
         let logs = self.settings.logs.clone();
         let node = self.settings.node.clone();
+        let times = self.settings.times.clone();
         let taken = tokio::task::spawn_blocking(move || {
             let mut sampler = sampler.unwrap_or_else(|| Sampler::new(runners, folders));
             let sample = sampler.sample();
             write(&logs, &node, &sample);
+            if let Some(times) = times {
+                times.gpus_sampled(&sample.gpus);
+            }
             sampler
         });
         match taken.await {
@@ -340,6 +348,7 @@ mod tests {
             node: "n1".into(),
             logs: logs.clone(),
             folders: vec![("logs".into(), dir.path().to_owned())],
+            times: None,
         };
         // A process in a group of its own plays the runner.
         let mut runner = std::process::Command::new("sleep")
