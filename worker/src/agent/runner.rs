@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use fleetrun_common::ledger::RunnerId;
-use fleetrun_common::protocol::{ErrorCause, InitParams, ScriptError, TabularInit};
+use fleetrun_common::protocol::{ErrorCause, InitParams, ReadyInfo, ScriptError, TabularInit};
 use fleetrun_common::python::Python;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -168,32 +168,7 @@ async fn launch(
     let started = config.launcher.start(&launch, params, init_timeout);
     let failure = match started.await {
         Ok((Some(process), InitOutcome::Ready(info))) => {
-            ctx.logs.log(
-                logs::JobLogs::node_process(&node, &name),
-                &format!(
-                    "{name} started on node {node}: ip {}, pid {}.",
-                    crate::ip::node_ip(),
-                    info.pid
-                ),
-            );
-            let gpu_note = gpu.as_ref().map_or_else(String::new, |lease| {
-                let how = if lease.is_shared() {
-                    "shared"
-                } else {
-                    "its own"
-                };
-                format!(", GPU {} ({how})", lease.device())
-            });
-            ctx.logs.log(
-                &main_log,
-                &format!(
-                    "{name} started: pid {}, Python {} ({}), prefix {}{gpu_note}.",
-                    info.pid,
-                    info.python_version.lines().next().unwrap_or_default(),
-                    info.python_executable,
-                    info.python_prefix
-                ),
-            );
+            started_logged(ctx, &node, &name, &info, gpu.as_ref());
             ctx.monitor.runner_started(&name, info.pid);
             config.metrics.runner_started();
             return Ok(Active {
@@ -247,6 +222,44 @@ async fn launch(
     ctx.times.failed_start(&times_id, born);
     start_failed(shared, ctx, &name, &failure);
     Err(StartFailure::Failed)
+}
+
+/// Says in the job's logs that runner `name` started on `node`: in its own log (the node's
+/// IP, its pid) and in the node's main log (its Python, its GPU).
+fn started_logged(
+    ctx: &JobContext,
+    node: &str,
+    name: &str,
+    info: &ReadyInfo,
+    gpu: Option<&GpuLease>,
+) {
+    let main_log = logs::JobLogs::node_main(node);
+    ctx.logs.log(
+        logs::JobLogs::node_process(node, name),
+        &format!(
+            "{name} started on node {node}: ip {}, pid {}.",
+            crate::ip::node_ip(),
+            info.pid
+        ),
+    );
+    let gpu_note = gpu.map_or_else(String::new, |lease| {
+        let how = if lease.is_shared() {
+            "shared"
+        } else {
+            "its own"
+        };
+        format!(", GPU {} ({how})", lease.device())
+    });
+    ctx.logs.log(
+        &main_log,
+        &format!(
+            "{name} started: pid {}, Python {} ({}), prefix {}{gpu_note}.",
+            info.pid,
+            info.python_version.lines().next().unwrap_or_default(),
+            info.python_executable,
+            info.python_prefix
+        ),
+    );
 }
 
 /// Why a runner did not start. Its text is what the job's logs and events say.
