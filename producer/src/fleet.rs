@@ -22,7 +22,6 @@ use fleetrun_worker::output::{OutputError, OutputGuard};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use crate::local::new_job_id;
 use crate::partition::{
     PartitionError, Produced, publish_files, publish_items, publish_partitioned_files,
 };
@@ -104,22 +103,6 @@ impl FleetError {
         }
     }
 }
-
-/// A job id: what Redis keys and log lines can hold (the job names' alphabet, plus `_` and
-/// `.`), 1 to 128 characters.
-pub fn parse_job_id(id: &str) -> Result<String, BadJobId> {
-    let ok = (1..=128).contains(&id.len())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        && id.as_bytes()[0].is_ascii_alphanumeric();
-    if ok { Ok(id.to_owned()) } else { Err(BadJobId) }
-}
-
-/// A job id [`parse_job_id`] refuses.
-#[derive(Debug, thiserror::Error)]
-#[error("1 to 128 of a-z, A-Z, 0-9, '-', '_', '.', starting with a letter or digit")]
-pub struct BadJobId;
 
 /// What to do with an input that lists no item.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -238,7 +221,7 @@ pub async fn register(
              local folder {location} would be each worker's own; give an s3:// prefix"
         )));
     }
-    let job = job_id.map_or_else(|| new_job_id(&spec.name), str::to_owned);
+    let job = crate::job_id::given_or_new(job_id, &spec.name);
     check_output_free(fleet, &job, &spec).await?;
     if let (Some(dir), OutputHold::Fleet) = (spec.output.as_local(), output) {
         // The rules of `fleetrun run`'s output folder: nothing fleetrun did not write is
@@ -747,7 +730,7 @@ pub async fn retry(
     if items.is_empty() {
         return refused("it has no failed items".into());
     }
-    let job = job_id.map_or_else(|| new_job_id(&spec.name), str::to_owned);
+    let job = crate::job_id::given_or_new(job_id, &spec.name);
     let retries = format!("retries/{job}");
     spec.output = match spec.output {
         Location::Local(dir) => Location::Local(dir.join(retries)),

@@ -19,6 +19,7 @@
 pub mod dlq;
 pub mod exit;
 pub mod fleet;
+pub mod job_id;
 pub mod local;
 pub mod mltable;
 pub mod pace;

@@ -143,15 +143,6 @@ impl JobReport {
     }
 }
 
-/// A job id: the name, the start time and a few random characters.
-pub fn new_job_id(name: &str) -> String {
-    let suffix: u16 = rand::random();
-    format!(
-        "{name}-{}-{suffix:04x}",
-        chrono::Utc::now().format("%Y%m%d-%H%M%S")
-    )
-}
-
 /// The name of a signal, as a result file says it.
 fn signal_name(signal: i32) -> String {
     match signal {
@@ -234,8 +225,8 @@ pub async fn run_local(
     );
     let status = follow(&fleet, &handle, record, &produced, &options, &interrupt).await?;
     // Stop the work: a completed job's runners call shutdown(); anything else is cut short.
-    worker.stop(status.state == JobState::Completed).await;
     publisher.abort();
+    worker.stop(status.state == JobState::Completed).await;
     let _ = std::fs::remove_dir_all(&scratch);
     let status = fleet
         .ledger
@@ -475,7 +466,7 @@ async fn open_journal(
         if options.resume {
             tracing::info!(folder = %guard.dir().display(), "No unfinished run on this output folder to resume: running the job from the start.");
         }
-        let job_id = new_job_id(&spec.name);
+        let job_id = crate::job_id::new(&spec.name);
         let journal = Journal::create(&path, &Header::new(&job_id, fingerprint))?;
         return Ok(Resumed {
             job_id,

@@ -304,8 +304,8 @@ if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 return 1
 "#;
 
-/// KEYS: state, done, parts, holders, report, spent, failed. ARGV: call id. Returns nil for
-/// an unknown job, else `{reopened, moved, HGETALL state, HKEYS done}` (0 and no indices when
+/// KEYS: state, done, parts, holders, report, spent, failed, times. ARGV: call id. Returns
+/// nil for an unknown job, else `{reopened, moved, HGETALL state, HKEYS done}` (0 and no indices when
 /// the job is in a state that cannot be reopened; a retry of the call that reopened it
 /// answers as that call did).
 const REOPEN_LUA: &str = r#"
@@ -989,6 +989,7 @@ impl Ledger for RedisLedger {
             async move {
                 REOPEN
                     .key(&keys.all()[..])
+                    .key(&keys.times)
                     .arg(call)
                     .replicated(&mut conn, &self.replicas)
                     .await

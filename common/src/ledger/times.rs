@@ -5,8 +5,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// One runner of a job: the node it ran on, its process name there (one per slot, so a
-/// runner started again on the same slot adds to the same row) and its GPU, if any.
+/// One runner of a job: the node it ran on, its process name there (each start its own, so
+/// a runner started again, or one that failed to start, is a row of its own) and its GPU,
+/// if any.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct RunnerId {
     pub node: String,

@@ -28,7 +28,8 @@ macro_rules! ledger_conformance {
             only_charged_attempts_are_spent, a_stopped_job_reopens_keeping_what_was_done,
             a_reopened_job_of_all_done_finalizes, a_failure_is_forgotten_to_run_again,
             an_expired_job_ends_and_reopens_for_the_rest,
-            runner_times_add_up_and_go_with_the_job);
+            runner_times_add_up_and_go_with_the_job,
+            a_reopened_job_keeps_its_runner_times_past_its_retirement);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -1080,4 +1081,42 @@ where
     .await;
     let left = l.runner_times(&j).await;
     assert!(left.as_ref().map_or(true, Vec::is_empty), "{left:?}");
+}
+
+/// A job retired when it ended and then resumed is not forgotten while it runs again: its
+/// state and its runner times alike outlive the retirement's time.
+pub async fn a_reopened_job_keeps_its_runner_times_past_its_retirement<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Ledger>>,
+{
+    let l = make().await;
+    let j = job();
+    l.create(&j, Limits::NONE).await.unwrap();
+    l.seal(&j, 2).await.unwrap();
+    let runner = RunnerId {
+        node: "node-a".into(),
+        runner: "process001".into(),
+        gpu: String::new(),
+    };
+    let times = RunnerTimes {
+        run_s: 2.0,
+        ..Default::default()
+    };
+    l.add_runner_times(&j, &runner, &times).await.unwrap();
+    l.transition(&j, &[JobState::Running], JobState::Canceled, None)
+        .await
+        .unwrap();
+    let keep = std::time::Duration::from_millis(300);
+    assert!(l.retire(&j, keep).await.unwrap());
+    l.reopen(&j).await.unwrap();
+    // Past the retirement's time: what it would have forgotten is still there.
+    tokio::time::sleep(3 * keep).await;
+    assert!(
+        l.status(&j).await.unwrap().is_some(),
+        "the reopened job is kept"
+    );
+    let kept = l.runner_times(&j).await.unwrap();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert!((kept[0].1.run_s - 2.0).abs() < 1e-9, "{kept:?}");
 }

@@ -152,7 +152,7 @@ async fn submit(State(served): State<Served>, body: Bytes) -> Result<Response, A
         ))
     })?;
     let job_id = match request.job_id.as_deref() {
-        Some(id) => Some(fleet_cmd::parse_job_id(id).map_err(|e| bad(format!("job_id: {e}")))?),
+        Some(id) => Some(crate::job_id::parse(id).map_err(|e| bad(format!("job_id: {e}")))?),
         None => None,
     };
     let spec = fleetrun_config::load_json(&request.job.to_string(), "job", Path::new("/"))

@@ -13,7 +13,7 @@ use crate::out::Shown;
 pub struct Args {
     pub job: String,
     /// The new job's id (default: made from its name and the time).
-    #[arg(long, value_name = "ID", value_parser = fleet_cmd::parse_job_id)]
+    #[arg(long, value_name = "ID", value_parser = fleetrun_producer::job_id::parse)]
     pub job_id: Option<String>,
     #[command(flatten)]
     pub follow: Follow,

@@ -36,7 +36,7 @@ pub struct Args {
     /// again with the same id attaches to it: one submitter publishes, and another
     /// finishes what a submitter that died left unpublished; the same id with another
     /// job is refused (exit 2).
-    #[arg(long, value_name = "ID", value_parser = fleet_cmd::parse_job_id)]
+    #[arg(long, value_name = "ID", value_parser = fleetrun_producer::job_id::parse)]
     pub job_id: Option<String>,
     /// No progress display while waiting.
     #[arg(long, short)]
