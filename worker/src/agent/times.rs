@@ -77,6 +77,10 @@ impl TimesBook {
 
     fn with<T>(&self, runner: &RunnerId, f: impl FnOnce(&mut Entry) -> T) -> T {
         let mut runners = self.runners.lock().unwrap_or_else(|p| p.into_inner());
+        // Found without a copy of the id: this is on every mini-batch's path.
+        if let Some(entry) = runners.get_mut(runner) {
+            return f(entry);
+        }
         f(runners.entry(runner.clone()).or_default())
     }
 
