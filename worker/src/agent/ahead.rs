@@ -144,7 +144,7 @@ async fn send(
     let runs = batch.job == ctx.job.id()
         && !super::settle::lost_too_often(delivery.attempt, ctx.job.spec())
         && !ctx.stop.is_cancelled()
-        && !ctx.gave_up.load(Ordering::Relaxed)
+        && !ctx.node.gave_up.load(Ordering::Relaxed)
         // One that runs in pieces for GPU memory waits its turn.
         && !super::verdict::splits(ctx, &batch);
     if !runs {

@@ -326,7 +326,7 @@ impl Bench {
         let items = given.unwrap_or(batch.items.len() as u64);
         let count = rows.len() as u64;
         if divisible(batch) {
-            ctx.fit.ran_well(batch.items.len());
+            ctx.node.fit.ran_well(batch.items.len());
         }
         let settled = settle::returned(count, items, spec.error_threshold);
         let outcome = settled.judged.outcome;
@@ -395,7 +395,7 @@ impl Bench {
         });
         metrics.run_took(timing.run_seconds);
         if out_of_memory {
-            let size = ctx.fit.ran_out(batch.items.len());
+            let size = ctx.node.fit.ran_out(batch.items.len());
             let items = batch.items.len();
             let log = (node.as_str(), process.as_str());
             let then = format!("it runs again in pieces of at most {size}, its attempt not spent");

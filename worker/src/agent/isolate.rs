@@ -109,7 +109,9 @@ pub(super) async fn isolate(bench: &mut Bench, isolation: Isolation) -> Verdict 
             halves(all).into_iter().rev().collect()
         }
         // Larger than the size that fits (or the size not believed for it): halves.
-        Why::OutOfMemory if !ctx.fit.splits(all.len()) => halves(all).into_iter().rev().collect(),
+        Why::OutOfMemory if !ctx.node.fit.splits(all.len()) => {
+            halves(all).into_iter().rev().collect()
+        }
         Why::OutOfMemory => vec![all],
     };
     let mut found = Found::default();
@@ -117,7 +119,7 @@ pub(super) async fn isolate(bench: &mut Bench, isolation: Isolation) -> Verdict 
         if piece.is_empty() {
             continue;
         }
-        if let Some(size) = ctx.fit.size()
+        if let Some(size) = ctx.node.fit.size()
             && piece.len() > size
         {
             pieces.extend(fit::cut(piece, size).into_iter().rev());
@@ -135,7 +137,7 @@ pub(super) async fn isolate(bench: &mut Bench, isolation: Isolation) -> Verdict 
                 header,
                 succeeded,
             } => {
-                ctx.fit.ran_well(piece.len());
+                ctx.node.fit.ran_well(piece.len());
                 found.largest = found.largest.max(piece.len());
                 found.header = found.header.or(header);
                 found.rows.extend(rows);
@@ -143,7 +145,7 @@ pub(super) async fn isolate(bench: &mut Bench, isolation: Isolation) -> Verdict 
             }
             Piece::OutOfMemory(_) if piece.len() > 1 => {
                 found.ran_out += 1;
-                let size = ctx.fit.ran_out(piece.len());
+                let size = ctx.node.fit.ran_out(piece.len());
                 let [first, mut rest] = fit::cut(piece, size);
                 // For memory alone, what follows is cut afresh at the new size.
                 if why == Why::OutOfMemory

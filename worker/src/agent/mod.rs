@@ -13,8 +13,9 @@
 //! bottom up:
 //!
 //! - `setup`: what an agent is given and answers (the node's `WorkerConfig`, `Agent`, `Jobs`,
-//!   `AgentEvent`); `context`: `JobContext`, a job as a node sees it; `shared`: what the
-//!   slots share.
+//!   `AgentEvent`); `context`: `JobContext`, a job as a node sees it (the `Job`
+//!   handle, and `node_state`'s `NodeState`, what this node keeps of it); `shared`: what
+//!   the slots share.
 //! - `slot`: a slot's loop, and nothing else: take a delivery, decide, conclude its
 //!   `verdict` (settle, finish, isolate, run again).
 //! - `attempt`: a slot's `Bench` (runner seat, staging, look-ahead) and one `run()` attempt
@@ -52,6 +53,7 @@ pub(crate) mod holding;
 mod isolate;
 pub mod named;
 mod named_outputs;
+mod node_state;
 pub mod outdir;
 mod report;
 mod returns;
@@ -72,8 +74,9 @@ pub mod workdir;
 
 pub use crate::parts::join_rows;
 pub use attempt::{RecordError, record_failed_batch};
-pub use context::{JobContext, Uploaded};
+pub use context::JobContext;
 pub use holder::{HeldAttempt, held_attempts};
+pub use node_state::NodeState;
 pub use settle::LOST_LIMIT;
 pub use setup::{Agent, AgentEvent, DEFAULT_PREFETCH, Jobs, is_stopped};
 

@@ -121,7 +121,7 @@ pub async fn deliver(
     process: &str,
     before: Option<i128>,
 ) -> Result<Delivery, NamedOutputError> {
-    let outputs = &ctx.named;
+    let outputs = &ctx.node.named;
     let (Some(work), false) = (&outputs.work, outputs.destinations.is_empty()) else {
         return Ok(Delivery::default());
     };
@@ -249,7 +249,7 @@ pub async fn withhold(
     failed: (u64, u32),
     before: Option<i128>,
 ) -> usize {
-    let outputs = &ctx.named;
+    let outputs = &ctx.node.named;
     let (Some(work), false) = (&outputs.work, outputs.destinations.is_empty()) else {
         return 0;
     };
@@ -334,10 +334,11 @@ pub async fn deliver_logged(ctx: &JobContext, node: &str, process: &str, before:
 /// those withheld), then keeps what is left in the working folders (and the files that were not
 /// delivered) in the job's logs, and says how many in the node's `_main.txt`.
 pub async fn finish(ctx: &JobContext, node: &str) {
-    let Some(work) = ctx.named.work.clone() else {
+    let Some(work) = ctx.node.named.work.clone() else {
         return;
     };
     if ctx
+        .node
         .named
         .finished
         .swap(true, std::sync::atomic::Ordering::SeqCst)
@@ -349,10 +350,10 @@ pub async fn finish(ctx: &JobContext, node: &str) {
         deliver_logged(ctx, node, process, None).await;
     }
     let (undelivered, kept_before): (Vec<FileKey>, usize) = {
-        let delivered = ctx.named.delivered.lock().await;
+        let delivered = ctx.node.named.delivered.lock().await;
         let mut left = Vec::new();
         for process in &processes {
-            for name in ctx.named.destinations.keys() {
+            for name in ctx.node.named.destinations.keys() {
                 let source = runner_folder(&work, process).join(name);
                 for (rel, size, modified) in walk(&source) {
                     let key = (process.clone(), name.clone(), rel.clone());

@@ -38,7 +38,7 @@ pub async fn sync(ctx: &JobContext) -> Result<usize, StorageError> {
         return Ok(0);
     }
     let dir = local_output_dir(ctx);
-    let mut uploaded = ctx.output_sync.lock().await;
+    let mut uploaded = ctx.node.output_sync.lock().await;
     let files = {
         let dir = dir.clone();
         tokio::task::spawn_blocking(move || walk(&dir))

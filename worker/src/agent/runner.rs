@@ -106,11 +106,11 @@ impl RunnerSeat {
             previous.process.shutdown().await;
         }
         if self.active.is_none() {
-            if ctx.gave_up.load(Ordering::Relaxed) {
+            if ctx.node.gave_up.load(Ordering::Relaxed) {
                 return Err(StartFailure::GaveUp);
             }
             let python = python_served(shared, ctx).await?;
-            let seat = ctx.seats.take().ok_or(StartFailure::Seatless)?;
+            let seat = ctx.node.seats.take().ok_or(StartFailure::Seatless)?;
             self.active = Some(launch(shared, ctx, python, seat).await?);
         }
         self.active.as_mut().ok_or(StartFailure::Failed)
@@ -148,7 +148,7 @@ async fn launch(
     let node = config.node_id.clone();
     let (name, gpu) = shared.next_start();
     let main_log = logs::JobLogs::node_main(&node);
-    if ctx.first_gpu_note() {
+    if ctx.node.first_gpu_note() {
         ctx.logs.log(&main_log, &gpu_line(config.gpus));
     }
     let times_id = RunnerId {
@@ -163,13 +163,14 @@ async fn launch(
     let params = init_params(config, ctx, &name, python);
     let spec = ctx.job.spec();
     let init_timeout = Duration::from_secs(3 * spec.run_invocation_timeout + 30);
-    ctx.monitor
+    ctx.node
+        .monitor
         .start_once(|| monitor_settings(ctx, config), ctx.stop.clone());
     let started = config.launcher.start(&launch, params, init_timeout);
     let failure = match started.await {
         Ok((Some(process), InitOutcome::Ready(info))) => {
             started_logged(ctx, &node, &name, &info, gpu.as_ref());
-            ctx.monitor.runner_started(&name, info.pid);
+            ctx.node.monitor.runner_started(&name, info.pid);
             config.metrics.runner_started();
             return Ok(Active {
                 job: ctx.job.id().to_owned(),
@@ -177,9 +178,9 @@ async fn launch(
                 process,
                 job_stop: ctx.stop.clone(),
                 _gpu: gpu,
-                _ready: ReadyMark::new(&ctx.ready_runners),
+                _ready: ReadyMark::new(&ctx.node.ready_runners),
                 _seat: seat,
-                times: TimesMark::new(&ctx.times, times_id, born),
+                times: TimesMark::new(&ctx.node.times, times_id, born),
             });
         }
         Ok((_, InitOutcome::Failed(error))) => {
@@ -198,7 +199,7 @@ async fn launch(
                 limit: init_timeout.as_secs(),
                 run_invocation_timeout: spec.run_invocation_timeout,
             };
-            if ctx.ready_runners.load(Ordering::Relaxed) == 0 {
+            if ctx.node.ready_runners.load(Ordering::Relaxed) == 0 {
                 let reason = format!(
                     "no progress: every runner process on node {node} was stuck in init() (the last, {name}: {failure}) and no mini-batch has started"
                 );
@@ -219,7 +220,7 @@ async fn launch(
         Ok((None, InitOutcome::Ready(_))) => unreachable!("a ready runner is returned"),
         Err(e) => InitFailure::Launch(e),
     };
-    ctx.times.failed_start(&times_id, born);
+    ctx.node.times.failed_start(&times_id, born);
     start_failed(shared, ctx, &name, &failure);
     Err(StartFailure::Failed)
 }
@@ -317,15 +318,15 @@ fn start_failed(shared: &Shared, ctx: &JobContext, name: &str, failure: &InitFai
         );
     }
     config.metrics.runner_start_failed();
-    let failures = ctx.init_failures.fetch_add(1, Ordering::Relaxed) + 1;
-    let processes = ctx.seats.cap() as u32;
+    let failures = ctx.node.init_failures.fetch_add(1, Ordering::Relaxed) + 1;
+    let processes = ctx.node.seats.cap() as u32;
     warn!(job = %ctx.job.id(), process = %name, failures, "Runner failed to start: {failure}");
     let _ = shared.agent.events.send(AgentEvent::InitFailed {
         job: ctx.job.id().to_owned(),
         processes,
         failure: failure.to_string(),
     });
-    if (hopeless || failures >= 3 * processes) && !ctx.gave_up.swap(true, Ordering::Relaxed) {
+    if (hopeless || failures >= 3 * processes) && !ctx.node.gave_up.swap(true, Ordering::Relaxed) {
         let reason = if hopeless {
             failure.to_string()
         } else {
@@ -359,7 +360,7 @@ fn launch_of(shared: &Shared, ctx: &JobContext, name: &str, gpu: Option<&GpuLeas
     match gpu {
         Some(lease) => {
             env.push((VISIBLE_DEVICES_VAR.into(), lease.device().to_owned()));
-            let per_gpu = ctx.seats.cap().div_ceil(shared.gpus.count().max(1));
+            let per_gpu = ctx.node.seats.cap().div_ceil(shared.gpus.count().max(1));
             env.push((RUNNERS_PER_GPU_VAR.into(), per_gpu.to_string()));
         }
         None => env_remove.push(VISIBLE_DEVICES_VAR.to_owned()),
@@ -445,6 +446,7 @@ async fn python_served(shared: &Shared, ctx: &JobContext) -> Result<Python, Star
     let config = &shared.agent.config;
     let main_log = logs::JobLogs::node_main(&config.node_id);
     let checked = ctx
+        .node
         .python
         .get_or_init(|| async {
             let environment = ctx.job.spec().environment.clone();
@@ -461,7 +463,7 @@ async fn python_served(shared: &Shared, ctx: &JobContext) -> Result<Python, Star
         Ok(python) => return Ok(python.clone()),
         Err(e) => e.to_string(),
     };
-    if !ctx.gave_up.swap(true, Ordering::Relaxed) {
+    if !ctx.node.gave_up.swap(true, Ordering::Relaxed) {
         warn!(job = %ctx.job.id(), error = %why, "The job's Python cannot run here.");
         ctx.logs.log(
             &main_log,
@@ -525,7 +527,7 @@ fn monitor_settings(ctx: &JobContext, config: &WorkerConfig) -> MonitorSettings 
         node: config.node_id.clone(),
         logs: ctx.logs.clone(),
         folders,
-        times: Some(ctx.times.clone()),
+        times: Some(ctx.node.times.clone()),
     }
 }
 

@@ -38,7 +38,7 @@ pub trait Jobs: Send + Sync {
     /// Whether this node may work on the job: it holds, or has just won, one of the job's
     /// `node_count` places.
     async fn claim_place(&self, ctx: &JobContext) -> bool {
-        ctx.has_place()
+        ctx.node.has_place()
     }
 
     /// The pool's jobs not yet retired, oldest first: those whose lanes the node's slots

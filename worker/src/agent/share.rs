@@ -220,7 +220,7 @@ async fn demands(agent: &Agent) -> Vec<Demand> {
                 continue;
             }
         };
-        if ctx.stop.is_cancelled() || ctx.gave_up.load(std::sync::atomic::Ordering::Relaxed) {
+        if ctx.stop.is_cancelled() || ctx.node.gave_up.load(std::sync::atomic::Ordering::Relaxed) {
             continue;
         }
         let ready = match agent.queue.ready(&job).await {
@@ -233,11 +233,11 @@ async fn demands(agent: &Agent) -> Vec<Demand> {
         let demand = Demand {
             job: job.as_str().into(),
             priority: ctx.job.spec().priority,
-            cap: ctx.seats.cap(),
+            cap: ctx.node.seats.cap(),
             ready,
             publishing: status.total.is_none(),
         };
-        if demand.wants_work() && !ctx.has_place() && !agent.jobs.claim_place(&ctx).await {
+        if demand.wants_work() && !ctx.node.has_place() && !agent.jobs.claim_place(&ctx).await {
             // The job's node_count nodes are others.
             continue;
         }

@@ -216,7 +216,7 @@ impl Slot {
             return;
         };
         while !drain.is_cancelled()
-            && !ctx.gave_up.load(Ordering::Relaxed)
+            && !ctx.node.gave_up.load(Ordering::Relaxed)
             && !ctx.stop.is_cancelled()
         {
             let started = tokio::select! {
@@ -346,7 +346,7 @@ impl Slot {
             // published again whatever of it was still to do.
             return Verdict::Drop;
         }
-        if !ctx.has_place() {
+        if !ctx.node.has_place() {
             if self.shared.agent.jobs.claim_place(&ctx).await {
                 self.shared.share.wake();
             } else {
@@ -354,7 +354,7 @@ impl Slot {
                 return self.hand_back(&ctx).await;
             }
         }
-        if ctx.gave_up.load(Ordering::Relaxed) {
+        if ctx.node.gave_up.load(Ordering::Relaxed) {
             // This node cannot start the job's script; leave the work to other nodes.
             return self.hand_back(&ctx).await;
         }
@@ -386,7 +386,7 @@ impl Slot {
                 return Verdict::Settle(Disposition::Return);
             }
         }
-        if ctx.first_start() {
+        if ctx.node.first_start() {
             let (ledger, job) = (self.shared.agent.ledger.clone(), ctx.job.id().to_owned());
             tokio::spawn(async move {
                 if let Err(e) = ledger.started(&job).await {
@@ -423,7 +423,7 @@ impl Slot {
         if ctx.stop.is_cancelled() {
             return false;
         }
-        if ctx.due_for_check()
+        if ctx.node.due_for_check()
             && let Ok(Some(status)) = self.shared.agent.ledger.status(ctx.job.id()).await
             && !status.state.accepts_work()
         {

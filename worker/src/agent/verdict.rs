@@ -68,5 +68,5 @@ pub(super) fn isolates(ctx: &JobContext, batch: &MiniBatch) -> bool {
 /// Whether a mini-batch starts in pieces: it is [`divisible`] and larger than the size that
 /// fits the GPU's memory on this node.
 pub(super) fn splits(ctx: &JobContext, batch: &MiniBatch) -> bool {
-    divisible(batch) && ctx.fit.splits(batch.items.len())
+    divisible(batch) && ctx.node.fit.splits(batch.items.len())
 }

@@ -41,10 +41,10 @@ pub async fn conclude(ledger: &dyn Ledger, ctx: &JobContext, status: Status) -> 
 /// Finalizes the job if this node can claim it, renewing the claim while it works; `None`
 /// if another node holds it (or this node is at it already).
 async fn finalize_claimed(ledger: &dyn Ledger, ctx: &JobContext) -> Option<JobState> {
-    if ctx.finalizing.swap(true, Ordering::Relaxed) {
+    if ctx.node.finalizing.swap(true, Ordering::Relaxed) {
         return None;
     }
-    let claim = || ledger.claim_finalization(ctx.job.id(), &ctx.finalizer, FINALIZE_LEASE);
+    let claim = || ledger.claim_finalization(ctx.job.id(), &ctx.node.finalizer, FINALIZE_LEASE);
     let state = if claim().await.unwrap_or(false) {
         let finalize = finalize_job(ledger, ctx);
         tokio::pin!(finalize);
@@ -61,7 +61,7 @@ async fn finalize_claimed(ledger: &dyn Ledger, ctx: &JobContext) -> Option<JobSt
     } else {
         None
     };
-    ctx.finalizing.store(false, Ordering::Relaxed);
+    ctx.node.finalizing.store(false, Ordering::Relaxed);
     state
 }
 
@@ -72,7 +72,7 @@ async fn finalize_claimed(ledger: &dyn Ledger, ctx: &JobContext) -> Option<JobSt
 async fn finalize_job(ledger: &dyn Ledger, ctx: &JobContext) -> JobState {
     let still_held = || async {
         ledger
-            .claim_finalization(ctx.job.id(), &ctx.finalizer, FINALIZE_LEASE)
+            .claim_finalization(ctx.job.id(), &ctx.node.finalizer, FINALIZE_LEASE)
             .await
             .unwrap_or(false)
     };

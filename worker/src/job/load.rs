@@ -178,7 +178,7 @@ impl Jobs for FleetJobs {
     }
 
     async fn claim_place(&self, ctx: &JobContext) -> bool {
-        if ctx.has_place() {
+        if ctx.node.has_place() {
             return true;
         }
         let claimed = self
@@ -204,7 +204,7 @@ impl Jobs for FleetJobs {
                         ),
                     );
                 }
-                ctx.set_place(held);
+                ctx.node.set_place(held);
                 held
             }
             Err(e) => {

@@ -82,7 +82,7 @@ pub async fn serve(
         _ = abort.cancelled() => finisher.abort(),
     }
     for ctx in jobs.all() {
-        if ctx.has_place() && !config.sole_node {
+        if ctx.node.has_place() && !config.sole_node {
             // Another node takes this one's place in the job now, not when it runs out.
             let _ = fleet
                 .registry
@@ -182,7 +182,7 @@ pub(super) async fn handle_event(fleet: &Fleet, jobs: &FleetJobs, node: &str, ev
                 ctx.job.fail_or_warn(&reason, Some(&ctx.logs)).await;
             } else {
                 warn!(job = %job, node, "This node gave up on the job; other nodes keep serving it.");
-                let processes = ctx.seats.cap() as u32;
+                let processes = ctx.node.seats.cap() as u32;
                 tokio::spawn(recheck_given_up(fleet.clone(), ctx, processes, reason));
             }
         }

@@ -60,7 +60,7 @@ pub(super) async fn watch_job(
     loop {
         tokio::select! {
             _ = stop.cancelled() => {
-                if ctx.has_place() {
+                if ctx.node.has_place() {
                     let _ = fleet.registry.release_place(ctx.job.id(), &node).await;
                 }
                 return;
@@ -73,7 +73,7 @@ pub(super) async fn watch_job(
             follow_renewed = tokio::time::Instant::now();
             follow(&fleet, &ctx, &node).await;
         }
-        if ctx.has_place() && place_renewed.elapsed() >= BEAT_TTL / 3 {
+        if ctx.node.has_place() && place_renewed.elapsed() >= BEAT_TTL / 3 {
             place_renewed = tokio::time::Instant::now();
             renew_place(&fleet, &ctx, &node).await;
         }
@@ -133,7 +133,7 @@ pub(super) async fn watch_job(
 /// (a stopping worker does while this watcher still runs), renews nothing.
 async fn follow(fleet: &Fleet, ctx: &JobContext, node: &str) {
     // Held while the note is renewed, so that a let-go waits for it and comes after.
-    let Ok(done) = ctx.let_go.try_lock() else {
+    let Ok(done) = ctx.node.let_go.try_lock() else {
         return;
     };
     if *done {
@@ -155,7 +155,7 @@ pub(super) async fn renew_place(fleet: &Fleet, ctx: &JobContext, node: &str) {
         Ok(true) => {}
         Ok(false) => {
             warn!(job = %ctx.job.id(), node, "This node lost its place in the job to another.");
-            ctx.set_place(false);
+            ctx.node.set_place(false);
         }
         Err(e) => {
             warn!(job = %ctx.job.id(), error = %e, "Cannot renew this node's place in the job.")
@@ -203,7 +203,7 @@ pub(super) fn note_changes(
 /// Notes in `sys/master_role.txt` how the job ended, once per node: by its watcher, or
 /// as the worker stops when the job ended after the watcher last looked.
 pub(super) fn note_end(ctx: &JobContext, status: &Status) {
-    if status.state.is_terminal() && ctx.first_end_noted() {
+    if status.state.is_terminal() && ctx.node.first_end_noted() {
         let reason = status.reason.as_deref().map(|r| format!(": {r}"));
         let line = format!(
             "Job {} ended {}{}.",
@@ -229,7 +229,7 @@ pub(super) fn input_name(spec: &fleetrun_config::JobSpec) -> String {
 /// go again when the node stops (a worker that served many jobs would send all their logs
 /// again); one being let go is waited for.
 pub(super) async fn let_go(fleet: &Fleet, ctx: &JobContext, node: &str, ended: bool) {
-    let mut done = ctx.let_go.lock().await;
+    let mut done = ctx.node.let_go.lock().await;
     if *done {
         return;
     }
@@ -268,13 +268,13 @@ pub(super) async fn following<T>(
 async fn write_last(ctx: &JobContext, node: &str, ended: bool) {
     let _quiet = ctx.job.quiet().await;
     if ended
-        && tokio::time::timeout(RUNNERS_END, ctx.seats.close())
+        && tokio::time::timeout(RUNNERS_END, ctx.node.seats.close())
             .await
             .is_err()
     {
         warn!(job = %ctx.job.id(), "The job's runners on this node did not end in time; letting the job go.");
     }
-    ctx.monitor.stop().await;
+    ctx.node.monitor.stop().await;
     // Its runners have ended (or are let go): the last of their times.
     ctx.flush_times().await;
     agent::named::finish(ctx, node).await;
