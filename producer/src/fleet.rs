@@ -26,6 +26,7 @@ use crate::partition::{
     PartitionError, Produced, publish_files, publish_items, publish_partitioned_files,
 };
 use crate::progress::{Figures, Progress};
+use crate::publisher::Publisher;
 use crate::summary::{InFlightBatch, JobSummary, StorageFaults, TimeSplit};
 use crate::tabular::{publish_tabular, settle_format};
 
@@ -451,16 +452,7 @@ async fn publish_to(
     // ledger how far publication has come.
     let stop = CancellationToken::new();
     let watcher = watch_publication(fleet, job, owner, produced, &stop);
-    let published = match items {
-        Some(items) => {
-            let size = match spec.mini_batch_size {
-                MiniBatchSize::Files(size) => size as usize,
-                MiniBatchSize::Bytes(_) => unreachable!("retried jobs are of files"),
-            };
-            publish_items(items, job, size, &*queue, produced, &stop).await
-        }
-        None => cut(spec, &*input, job, &*queue, produced, &stop).await,
-    };
+    let published = cut(spec, &*input, items, job, &*queue, produced, &stop).await;
     watcher.abort();
     let total = match published {
         Ok(total) => total,
@@ -565,43 +557,55 @@ async fn seal(
     Ok(())
 }
 
-/// Cuts the job's input into mini-batches onto `queue`, in order, until the input ends or
-/// `stop`; returns how many.
+/// Cuts the job's input (or only `items`, keys relative to the input: a retry's list) into
+/// mini-batches as its kind says, and publishes them to `queue` through one [`Publisher`],
+/// until done or `stop`. Returns the number of mini-batches published.
 pub(crate) async fn cut(
     spec: &JobSpec,
     input: &dyn Storage,
+    items: Option<&[String]>,
     job: &str,
     queue: &dyn Queue,
     produced: &Produced,
     stop: &CancellationToken,
 ) -> Result<u64, PartitionError> {
-    match (&spec.input, spec.mini_batch_size) {
-        (fleetrun_config::Input::Tabular(tabular), MiniBatchSize::Bytes(size)) => {
+    let mut publisher = Publisher::new(job, queue, produced);
+    let to = &mut publisher;
+    match (&spec.input, spec.mini_batch_size, items) {
+        (_, MiniBatchSize::Files(size), Some(items)) => {
+            publish_items(items, size as usize, to, stop).await?;
+        }
+        (_, MiniBatchSize::Bytes(_), Some(_)) => unreachable!("retried jobs are of files"),
+        (fleetrun_config::Input::Tabular(tabular), MiniBatchSize::Bytes(size), None) => {
             let (root, one) = job::tabular_root(&tabular.location);
             let format = tabular.format.expect("settled when the job was registered");
+            let partition_keys = spec.partition_keys.as_deref();
+            let mltable = spec.mltable.as_ref().map(|table| (table, &root));
+            let one = one.as_deref();
             publish_tabular(
                 input,
-                one.as_deref(),
-                job,
+                one,
                 tabular,
                 format,
                 size,
-                spec.partition_keys.as_deref(),
-                spec.mltable.as_ref().map(|table| (table, &root)),
-                queue,
-                produced,
+                partition_keys,
+                mltable,
+                to,
                 stop,
             )
-            .await
+            .await?;
         }
-        (_, MiniBatchSize::Files(size)) => match (&spec.partition_format, &spec.partition_keys) {
-            (Some(format), Some(keys)) => {
-                publish_partitioned_files(input, format, keys, job, queue, produced, stop).await
+        (_, MiniBatchSize::Files(size), None) => {
+            match (&spec.partition_format, &spec.partition_keys) {
+                (Some(format), Some(keys)) => {
+                    publish_partitioned_files(input, format, keys, to, stop).await?;
+                }
+                _ => publish_files(input, "", size as usize, to, stop).await?,
             }
-            _ => publish_files(input, "", job, size as usize, queue, produced, stop).await,
-        },
-        (_, MiniBatchSize::Bytes(_)) => unreachable!("validated: a file input counts files"),
+        }
+        (_, MiniBatchSize::Bytes(_), None) => unreachable!("validated: a file input counts files"),
     }
+    Ok(publisher.finish().await?)
 }
 
 /// Continues a job that failed, was canceled or expired (`fleetrun resume`): under the same
@@ -648,7 +652,7 @@ pub async fn resume(fleet: &Fleet, job: &str, force: bool) -> Result<Submitted, 
             None => Produced::noting_cuts(note),
         };
         let never = CancellationToken::new();
-        let total = cut(&record.spec, &*input, job, &Discard, &now, &never).await?;
+        let total = cut(&record.spec, &*input, None, job, &Discard, &now, &never).await?;
         let whole = now.finished(total);
         let same = match partial {
             Some((batches, listing)) => {

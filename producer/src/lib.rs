@@ -3,7 +3,10 @@
 //!
 //! # Layout
 //!
-//! - [`partition`]: lists an input and publishes mini-batch messages as it goes.
+//! - [`partition`]: cuts a file input (a listing, a partitioned listing, a list of items)
+//!   into mini-batches as it is listed; [`fleet::cut`] picks the cutter for a job's input.
+//! - [`publisher`]: the one way every input kind's mini-batches reach the queue, in order,
+//!   with a window of publishes awaiting confirmation.
 //! - [`dlq`]: the operators' tools on the pool's dead-letter queue.
 //! - [`fleet`]: submitting to, following and canceling jobs on a fleet.
 //! - [`local`]: runs a whole job on this machine on the embedded seams.
@@ -25,6 +28,7 @@ pub mod mltable;
 pub mod pace;
 pub mod partition;
 pub mod progress;
+pub mod publisher;
 pub mod resume;
 pub mod serve;
 pub mod summary;

@@ -6,13 +6,14 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fleetrun_common::ledger::journal::Cut;
-use fleetrun_common::queue::{Queue, QueueError};
+use fleetrun_common::queue::QueueError;
 use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_common::wire::MiniBatch;
-use futures::stream::FuturesOrdered;
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
+
+use crate::publisher::Publisher;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PartitionError {
@@ -28,9 +29,6 @@ pub enum PartitionError {
     #[error(transparent)]
     Tabular(#[from] crate::tabular::TabularError),
 }
-
-/// Publishes awaiting their confirmation at once.
-const PUBLISH_WINDOW: usize = 64;
 
 /// Item slots reserved ahead for a mini-batch: `mini_batch_size` is the user's number, and
 /// reserving 10¹⁰ slots would abort the producer before the first file is listed.
@@ -171,26 +169,19 @@ fn hex(listing: &Sha256) -> String {
 }
 
 /// Lists `prefix` of `input` in key order and publishes mini-batches of `size` files, until
-/// the listing ends or `stop` is cancelled (the job no longer runs). Returns the number of
-/// mini-batches, to be sealed in the ledger.
+/// the listing ends or `stop` is cancelled (the job no longer runs).
 pub async fn publish_files(
     input: &dyn Storage,
     prefix: &str,
-    job: &str,
     size: usize,
-    queue: &dyn Queue,
-    produced: &Produced,
+    publisher: &mut Publisher<'_>,
     stop: &CancellationToken,
-) -> Result<u64, PartitionError> {
+) -> Result<(), PartitionError> {
     let size = size.max(1);
     // Keys alone: a local folder then reads no file's metadata.
     let mut listing = input.list_keys(prefix);
     let reserve = size.min(ITEMS_RESERVED);
     let mut items = Vec::with_capacity(reserve);
-    let mut index = 0u64;
-    // Confirms come back in their own time: keep a window of publishes in flight instead of
-    // waiting a round trip per mini-batch.
-    let mut in_flight = FuturesOrdered::new();
     while !stop.is_cancelled() {
         let next = listing.next().await.transpose()?;
         let exhausted = next.is_none();
@@ -210,58 +201,33 @@ pub async fn publish_files(
         }
         if !items.is_empty() {
             let count = items.len() as u64;
-            let batch = MiniBatch::new(
-                job,
-                index,
-                std::mem::replace(&mut items, Vec::with_capacity(reserve)),
-            );
-            produced.made(&batch);
-            let body = batch.encode();
-            in_flight.push_back(async move { queue.publish(job, body).await.map(|()| count) });
-            index += 1;
-            // Count what the queue confirmed; wait only when the window is full.
-            while let Some(Some(published)) = in_flight.next().now_or_never() {
-                produced.confirmed(published?);
-            }
-            if in_flight.len() >= PUBLISH_WINDOW
-                && let Some(published) = in_flight.next().await
-            {
-                produced.confirmed(published?);
-            }
+            let items = std::mem::replace(&mut items, Vec::with_capacity(reserve));
+            let batch = MiniBatch::new(publisher.job(), publisher.next_index(), items);
+            publisher.publish(batch, count).await?;
         }
         if exhausted {
             break;
         }
     }
-    while let Some(published) = in_flight.next().await {
-        produced.confirmed(published?);
-    }
-    Ok(index)
+    Ok(())
 }
 
 /// Publishes `items` (keys relative to the input) in mini-batches of `size`, in their order,
-/// until they end or `stop`: a job over a list of the input's files. Returns the number of
-/// mini-batches.
+/// until they end or `stop`: a job over a list of the input's files.
 pub async fn publish_items(
     items: &[String],
-    job: &str,
     size: usize,
-    queue: &dyn Queue,
-    produced: &Produced,
+    publisher: &mut Publisher<'_>,
     stop: &CancellationToken,
-) -> Result<u64, PartitionError> {
-    let mut index = 0u64;
+) -> Result<(), PartitionError> {
     for chunk in items.chunks(size.max(1)) {
         if stop.is_cancelled() {
             break;
         }
-        let batch = MiniBatch::new(job, index, chunk.to_vec());
-        produced.made(&batch);
-        queue.publish(job, batch.encode()).await?;
-        produced.confirmed(chunk.len() as u64);
-        index += 1;
+        let batch = MiniBatch::new(publisher.job(), publisher.next_index(), chunk.to_vec());
+        publisher.publish(batch, chunk.len() as u64).await?;
     }
-    Ok(index)
+    Ok(())
 }
 
 /// Publishes a file input partitioned by the path parts `keys` of `format` (validated with
@@ -274,11 +240,9 @@ pub async fn publish_partitioned_files(
     input: &dyn Storage,
     format: &str,
     keys: &[String],
-    job: &str,
-    queue: &dyn Queue,
-    produced: &Produced,
+    publisher: &mut Publisher<'_>,
     stop: &CancellationToken,
-) -> Result<u64, PartitionError> {
+) -> Result<(), PartitionError> {
     let parsed =
         fleetrun_config::PartitionFormat::parse(format).map_err(|_| PartitionError::Unmatched {
             key: String::new(),
@@ -299,20 +263,16 @@ pub async fn publish_partitioned_files(
             .collect();
         groups.entry(group).or_default().push(key);
     }
-    let mut index = 0u64;
     for (values, items) in groups {
         if stop.is_cancelled() {
             break;
         }
         let count = items.len() as u64;
-        let mut batch = MiniBatch::new(job, index, items);
+        let mut batch = MiniBatch::new(publisher.job(), publisher.next_index(), items);
         batch.partition = Some(keys.iter().cloned().zip(values).collect());
-        produced.made(&batch);
-        queue.publish(job, batch.encode()).await?;
-        produced.confirmed(count);
-        index += 1;
+        publisher.publish(batch, count).await?;
     }
-    Ok(index)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -320,7 +280,7 @@ mod tests {
     use std::sync::Arc;
 
     use bytes::Bytes;
-    use fleetrun_common::queue::{Disposition, MemoryQueue, QueueOptions};
+    use fleetrun_common::queue::{Disposition, MemoryQueue, Queue, QueueOptions};
     use fleetrun_common::storage::LocalStorage;
 
     use super::*;
@@ -345,17 +305,12 @@ mod tests {
         queue: &MemoryQueue,
         produced: &Produced,
     ) -> u64 {
-        publish_files(
-            storage,
-            prefix,
-            "j",
-            size,
-            queue,
-            produced,
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap()
+        let mut publisher = Publisher::new("j", queue, produced);
+        let stop = CancellationToken::new();
+        publish_files(storage, prefix, size, &mut publisher, &stop)
+            .await
+            .unwrap();
+        publisher.finish().await.unwrap()
     }
 
     #[tokio::test]
@@ -435,16 +390,10 @@ mod tests {
         let task = {
             let (queue, produced) = (queue.clone(), produced.clone());
             tokio::spawn(async move {
-                publish_files(
-                    &LocalStorage::new(dir.path()),
-                    "",
-                    "j",
-                    1,
-                    &*queue,
-                    &produced,
-                    &CancellationToken::new(),
-                )
-                .await
+                let mut publisher = Publisher::new("j", &*queue, &produced);
+                let (input, stop) = (LocalStorage::new(dir.path()), CancellationToken::new());
+                publish_files(&input, "", 1, &mut publisher, &stop).await?;
+                Ok::<_, PartitionError>(publisher.finish().await?)
             })
         };
         let mut consumer = queue.consume("j", 1).await.unwrap();
@@ -480,17 +429,13 @@ mod tests {
         }
         let queue = MemoryQueue::new(QueueOptions::default());
         let keys = ["user".to_owned(), "genres".to_owned()];
-        let total = publish_partitioned_files(
-            &storage,
-            "{user}/{genres}/{name}.txt",
-            &keys,
-            "j",
-            &queue,
-            &Produced::default(),
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+        let produced = Produced::default();
+        let mut publisher = Publisher::new("j", &queue, &produced);
+        let stop = CancellationToken::new();
+        publish_partitioned_files(&storage, FORMAT, &keys, &mut publisher, &stop)
+            .await
+            .unwrap();
+        let total = publisher.finish().await.unwrap();
         assert_eq!(total, 3);
         let batches = drain(&queue, 3).await;
         type Seen = (Vec<String>, Vec<(String, String)>);
@@ -526,23 +471,18 @@ mod tests {
             .await
             .unwrap();
         let queue = MemoryQueue::new(QueueOptions::default());
-        let e = publish_partitioned_files(
-            &storage,
-            "{user}/{genres}/{name}.txt",
-            &keys,
-            "j",
-            &queue,
-            &Produced::default(),
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap_err();
+        let mut publisher = Publisher::new("j", &queue, &produced);
+        let e = publish_partitioned_files(&storage, FORMAT, &keys, &mut publisher, &stop)
+            .await
+            .unwrap_err();
         assert!(
             e.to_string().contains("\"README.md\" does not match"),
             "{e}"
         );
         assert_eq!(queue.ready("j").await.unwrap(), 0);
     }
+
+    const FORMAT: &str = "{user}/{genres}/{name}.txt";
 
     fn strings(items: &[&str]) -> Vec<String> {
         items.iter().map(|s| (*s).to_owned()).collect()

@@ -59,6 +59,7 @@ pub async fn same_cut(spec: &JobSpec, job: &str, cuts: &[Cut]) -> Result<CutNow,
     let total = crate::fleet::cut(
         spec,
         &*input,
+        None,
         job,
         &crate::fleet::Discard,
         &produced,

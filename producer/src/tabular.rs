@@ -49,17 +49,15 @@
 
 use std::collections::BTreeMap;
 
-use fleetrun_common::queue::{Queue, QueueError};
 use fleetrun_common::storage::{ObjectMeta, Storage, StorageError};
 use fleetrun_common::wire::{Chunk, ChunkFormat, MiniBatch};
 use fleetrun_config::mltable::{MlTable, PATH_COLUMN};
 use fleetrun_config::{Location, Tabular, TabularFormat};
-use futures::future::BoxFuture;
-use futures::stream::FuturesOrdered;
-use futures::{FutureExt, StreamExt, TryStreamExt};
+use futures::{StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::partition::{PartitionError, Produced};
+use crate::partition::PartitionError;
+use crate::publisher::Publisher;
 
 /// Bytes read at once by the CSV pass and the key scan.
 const BLOCK: u64 = 4 << 20;
@@ -67,8 +65,6 @@ const BLOCK: u64 = 4 << 20;
 const EDGE_WINDOW: u64 = 64 << 10;
 /// Edges looked up at once (JSON Lines).
 const EDGE_LOOKUPS: usize = 16;
-/// Publishes awaiting their confirmation at once.
-const PUBLISH_WINDOW: usize = 64;
 /// The 8 bytes that end a Parquet file: the footer's length and `PAR1`.
 const PARQUET_TAIL: u64 = 8;
 
@@ -150,74 +146,33 @@ pub async fn settle_format(
         .ok_or_else(|| TabularError::UnknownFormat { key: first.key }.into())
 }
 
-/// Where mini-batches go, with a window of publishes awaiting confirmation.
-struct Publisher<'a> {
-    job: &'a str,
-    queue: &'a dyn Queue,
-    produced: &'a Produced,
-    index: u64,
-    in_flight: FuturesOrdered<BoxFuture<'a, Result<u64, QueueError>>>,
-}
-
-impl<'a> Publisher<'a> {
-    async fn publish(
-        &mut self,
-        chunks: Vec<Chunk>,
-        partition: Option<fleetrun_common::wire::PartitionValues>,
-    ) -> Result<(), PartitionError> {
-        let rows = chunks.iter().filter_map(|c| c.rows).sum::<u64>();
-        let mut batch = MiniBatch::tabular(self.job, self.index, chunks);
-        batch.partition = partition;
-        self.produced.made(&batch);
-        let body = batch.encode();
-        let (queue, job) = (self.queue, self.job);
-        self.in_flight
-            .push_back(async move { queue.publish(job, body).await.map(|()| rows) }.boxed());
-        self.index += 1;
-        while let Some(Some(published)) = self.in_flight.next().now_or_never() {
-            self.produced.confirmed(published?);
-        }
-        if self.in_flight.len() >= PUBLISH_WINDOW
-            && let Some(published) = self.in_flight.next().await
-        {
-            self.produced.confirmed(published?);
-        }
-        Ok(())
-    }
-
-    async fn finish(mut self) -> Result<u64, PartitionError> {
-        while let Some(published) = self.in_flight.next().await {
-            self.produced.confirmed(published?);
-        }
-        Ok(self.index)
-    }
+/// Publishes one mini-batch of `chunks`, counting their rows (where known).
+async fn publish_chunks(
+    publisher: &mut Publisher<'_>,
+    chunks: Vec<Chunk>,
+    partition: Option<fleetrun_common::wire::PartitionValues>,
+) -> Result<(), PartitionError> {
+    let rows = chunks.iter().filter_map(|c| c.rows).sum::<u64>();
+    let mut batch = MiniBatch::tabular(publisher.job(), publisher.next_index(), chunks);
+    batch.partition = partition;
+    Ok(publisher.publish(batch, rows).await?)
 }
 
 /// Plans the tabular input and publishes its mini-batches (see the module's doc), until
-/// done or `stop` is cancelled. `format` is the settled one ([`settle_format`]). Returns the
-/// number of mini-batches.
+/// done or `stop` is cancelled. `format` is the settled one ([`settle_format`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn publish_tabular(
     input: &dyn Storage,
     one: Option<&str>,
-    job: &str,
     tabular: &Tabular,
     format: TabularFormat,
     size: u64,
     partition_keys: Option<&[String]>,
     mltable: Option<(&MlTable, &Location)>,
-    queue: &dyn Queue,
-    produced: &Produced,
+    publisher: &mut Publisher<'_>,
     stop: &CancellationToken,
-) -> Result<u64, PartitionError> {
+) -> Result<(), PartitionError> {
     let size = size.max(1);
-    let mut publisher = Publisher {
-        job,
-        queue,
-        produced,
-        index: 0,
-        in_flight: FuturesOrdered::new(),
-    };
     // Keys over columns from the path group whole files; the others, their rows.
     let from_path = mltable.map(|(table, _)| table.path_column_names());
     let row_keys: Option<Vec<String>> = partition_keys.map(|keys| {
@@ -243,7 +198,7 @@ pub async fn publish_tabular(
                     break;
                 }
                 chunk.columns.clone_from(&columns);
-                publisher.publish(vec![chunk], None).await?;
+                publish_chunks(publisher, vec![chunk], None).await?;
             }
             continue;
         };
@@ -280,10 +235,10 @@ pub async fn publish_tabular(
                 break;
             }
             let partition = keys.iter().cloned().zip(values).collect();
-            publisher.publish(chunks, Some(partition)).await?;
+            publish_chunks(publisher, chunks, Some(partition)).await?;
         }
     }
-    publisher.finish().await
+    Ok(())
 }
 
 /// The columns an MLTable adds to every record of the file `key`: those of
