@@ -300,3 +300,58 @@ async fn an_acknowledged_recording_survives_the_server_killed() {
     let s = l.status(j).await.unwrap().expect("the job is kept");
     assert!(s.done >= acked.len() as u64, "{s:?}");
 }
+
+/// With a replica, a recording is believed once the replica has it (`WAIT`), and recordings
+/// made at once share one `WAIT`: eight writers' 160 recordings cost far fewer `WAIT`s than
+/// 160, and the replica holds every one of them when the last is acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recordings_made_at_once_share_one_wait_for_the_replica() {
+    let primary = PrivateRedis::start();
+    let replica = PrivateRedis::replica_of(primary.port());
+    let prefix = format!("test-{}", random_suffix());
+    let l = Arc::new(
+        RedisLedger::connect(&primary.url(), &prefix, &Tls::default())
+            .await
+            .unwrap(),
+    );
+    let j = "job-1";
+    l.create(j, Limits::NONE).await.unwrap();
+    redis_cli(&primary.url(), &["CONFIG", "RESETSTAT"]);
+    const WRITERS: u64 = 8;
+    const EACH: u64 = 20;
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let l = l.clone();
+            tokio::spawn(async move {
+                for n in 0..EACH {
+                    l.record(j, n * WRITERS + w, OK, None).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let stats = redis_cli(&primary.url(), &["INFO", "commandstats"]);
+    let waits: u64 = stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_wait:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or_else(|| panic!("no WAIT was sent:\n{stats}"));
+    let recordings = WRITERS * EACH;
+    assert!(
+        waits * 2 <= recordings,
+        "{waits} WAITs for {recordings} recordings made eight at a time"
+    );
+    // Read from the replica alone: every acknowledged recording is there.
+    let on_replica = RedisLedger::connect(&replica.url(), &prefix, &Tls::default())
+        .await
+        .unwrap();
+    let s = on_replica
+        .status(j)
+        .await
+        .unwrap()
+        .expect("the job is on the replica");
+    assert_eq!(s.done, recordings, "{s:?}");
+}

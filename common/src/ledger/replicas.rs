@@ -9,7 +9,11 @@
 //! So every step that writes is sent together with `WAIT n timeout` on the same connection
 //! (one pipeline, one round trip), `n` being the replicas the primary has (`ROLE`, asked
 //! again every few seconds and whenever fewer confirm): the step's answer is believed only
-//! once every replica confirmed it has the write. A replica that does not confirm within
+//! once every replica confirmed it has the write. Steps are committed in groups: while one
+//! pipeline waits for its `WAIT`, the steps that come meanwhile gather, and go together in
+//! the next pipeline, ending in one `WAIT` for them all (`WAIT` blocks the connection it is
+//! sent on, so a step sent behind another's `WAIT` would wait for it anyway). A node with
+//! several slots then sends fewer `WAIT`s than it records mini-batches. A replica that does not confirm within
 //! [`WAIT_MS`] is asked again, with the step (every step is idempotent, see the ledger's
 //! "Retries"), for up to [`PATIENCE`]; then the step fails as an unreachable Redis does, and
 //! its mini-batch goes back to the queue. A primary with no replica costs nothing: no
@@ -25,8 +29,10 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 use redis::{
-    ErrorKind, FromRedisValue, RedisError, RedisResult, ScriptInvocation, ServerErrorKind,
+    Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, ScriptInvocation, ServerErrorKind,
+    Value,
 };
+use tokio::sync::oneshot;
 use tracing::warn;
 
 /// How long one `WAIT` waits for the replicas, in milliseconds.
@@ -55,10 +61,21 @@ impl Replicated for ScriptInvocation<'_> {
     }
 }
 
-/// The primary's replicas, as last counted.
+/// The primary's replicas, as last counted, and the steps waiting for the next group.
 pub(super) struct Replicas {
     count: AtomicUsize,
     counted: Mutex<Option<Instant>>,
+    /// Steps gathered for the next group, each with where its answer goes.
+    gathering: Mutex<Vec<Gathered>>,
+    /// Held by the step that sends a group and waits for its `WAIT`.
+    sending: tokio::sync::Mutex<()>,
+}
+
+/// A step gathered for a group: its command, and where its answer and the replicas that
+/// confirmed the group go.
+struct Gathered {
+    step: Cmd,
+    answer: oneshot::Sender<RedisResult<(Value, usize)>>,
 }
 
 impl Replicas {
@@ -66,6 +83,8 @@ impl Replicas {
         Replicas {
             count: AtomicUsize::new(0),
             counted: Mutex::new(None),
+            gathering: Mutex::new(Vec::new()),
+            sending: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -82,20 +101,14 @@ impl Replicas {
             if expected == 0 {
                 return invocation.invoke_async(conn).await;
             }
-            let reply: RedisResult<(T, usize)> = redis::pipe()
-                .invoke_script(invocation)
-                .cmd("WAIT")
-                .arg(expected)
-                .arg(WAIT_MS)
-                .query_async(conn)
-                .await;
-            let (answer, confirmed) = match reply {
+            let (answer, confirmed) = match self.grouped(conn, invocation, expected).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     invocation.load_async(conn).await?;
                     continue;
                 }
                 reply => reply?,
             };
+            let answer = T::from_redis_value(answer)?;
             if confirmed >= expected {
                 return Ok(answer);
             }
@@ -119,6 +132,49 @@ impl Replicas {
                 replicas = now,
                 "Redis replicas have not confirmed a recording; asking again before it counts."
             );
+        }
+    }
+
+    /// Sends `invocation` in a group of steps ending in one `WAIT expected`, and returns its
+    /// answer and how many replicas confirmed the group. The first step to come while no
+    /// group is being sent sends the steps gathered so far; the others wait for it, and the
+    /// next of them sends what gathered meanwhile.
+    async fn grouped(
+        &self,
+        conn: &mut ConnectionManager,
+        invocation: &ScriptInvocation<'_>,
+        expected: usize,
+    ) -> RedisResult<(Value, usize)> {
+        let mut one = redis::pipe();
+        one.invoke_script(invocation);
+        let step = one
+            .cmd_iter()
+            .next()
+            .expect("a pipeline of one step")
+            .clone();
+        loop {
+            let (answer, mut mine) = oneshot::channel();
+            self.gathering
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(Gathered {
+                    step: step.clone(),
+                    answer,
+                });
+            let _sending = self.sending.lock().await;
+            match mine.try_recv() {
+                Ok(answer) => return answer,
+                // Sent by nobody: the step that took it was dropped before it answered.
+                Err(oneshot::error::TryRecvError::Closed) => continue,
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+            let group =
+                std::mem::take(&mut *self.gathering.lock().unwrap_or_else(|p| p.into_inner()));
+            send_group(conn, group, expected).await;
+            match mine.await {
+                Ok(answer) => return answer,
+                Err(_) => continue,
+            }
         }
     }
 
@@ -154,6 +210,41 @@ impl Replicas {
         self.count.store(count, Ordering::Relaxed);
         *self.counted.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         Ok(count)
+    }
+}
+
+/// Sends `group`'s steps and one `WAIT expected` in one pipeline, and gives each step its own
+/// answer (or the error that kept the group from an answer), with the replicas that
+/// confirmed. A step whose caller is gone (dropped while it waited) is not sent.
+async fn send_group(conn: &mut ConnectionManager, group: Vec<Gathered>, expected: usize) {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    let mut waiting = Vec::with_capacity(group.len());
+    for gathered in group.into_iter().filter(|g| !g.answer.is_closed()) {
+        pipe.add_command(gathered.step);
+        waiting.push(gathered.answer);
+    }
+    if waiting.is_empty() {
+        return;
+    }
+    pipe.cmd("WAIT").arg(expected).arg(WAIT_MS);
+    let reply: RedisResult<Vec<Value>> = pipe.query_async(conn).await;
+    let answers = reply.and_then(|mut answers| {
+        let confirmed = answers.pop().map(Value::extract_error).transpose()?;
+        let confirmed = usize::from_redis_value(confirmed.unwrap_or(Value::Nil))?;
+        Ok((answers, confirmed))
+    });
+    match answers {
+        Ok((answers, confirmed)) => {
+            for (waiting, answer) in waiting.into_iter().zip(answers) {
+                let _ = waiting.send(answer.extract_error().map(|answer| (answer, confirmed)));
+            }
+        }
+        Err(e) => {
+            for waiting in waiting {
+                let _ = waiting.send(Err(e.clone()));
+            }
+        }
     }
 }
 
