@@ -1,7 +1,16 @@
 //! A [`JobFile`] from the TOML table of a job (the file with its overrides, or JSON made
 //! one), and the one-line message of a value of the wrong type or of a key fleetrun does
 //! not know: the dotted field, what it takes, and the value given.
+//!
+//! The table is read through a deserializer of its own ([`Doc`]) whose error, [`Mismatch`],
+//! keeps what serde's visitors report (a key not known, the type expected) as fields, so no
+//! message text is read back.
 
+use std::fmt;
+
+use serde::de::value::{MapDeserializer, SeqDeserializer};
+use serde::de::{self, IntoDeserializer, Visitor};
+use serde::forward_to_deserialize_any;
 use serde_path_to_error::Segment;
 use toml::{Table, Value};
 
@@ -10,31 +19,31 @@ use crate::{FieldError, JobFile};
 
 /// The job in `doc`, every field of the type it takes.
 pub(super) fn job_file(doc: Table) -> Result<JobFile, Fault> {
-    // The table is kept to quote the value at fault, which serde's message leaves out or
-    // cuts short (a list is only "sequence").
-    let file = serde_path_to_error::deserialize(Value::Table(doc.clone())).map_err(|err| {
+    // The table is kept to quote the value at fault, which serde's visitors do not see
+    // whole (a list is only "sequence").
+    let root = Value::Table(doc);
+    let file = serde_path_to_error::deserialize(Doc(&root)).map_err(|err| {
         let field = dotted(err.path());
-        let message = err.inner().message();
-        if message.starts_with("unknown field") {
-            return keys::unknown(&field);
-        }
-        // serde's words: "invalid type: string \"x\", expected i64".
-        let expected = message
-            .strip_prefix("invalid type: ")
-            .and_then(|rest| rest.rsplit_once(", expected "));
-        let problem = match (expected, value_at(&doc, err.path())) {
-            (Some((_, expected)), Some(got)) => format!(
-                "expected {}, got {} ({})",
-                expectation(expected),
-                kind(got),
-                show(got)
-            ),
-            _ => message.to_owned(),
+        let problem = match err.inner() {
+            Mismatch::UnknownField => return keys::unknown(&field),
+            Mismatch::Type { expected, said } => match value_at(&root, err.path()) {
+                Some(got) => format!(
+                    "expected {}, got {} ({})",
+                    expectation(expected),
+                    kind(got),
+                    show(got)
+                ),
+                None => said.clone(),
+            },
+            Mismatch::Other(said) => said.clone(),
         };
         Fault::Invalid(FieldError::new(&field, problem))
     })?;
-    match date_time(&doc) {
-        // toml hands a date-time to serde as its text: `name = 2024-01-01` would pass.
+    let Value::Table(doc) = &root else {
+        unreachable!("made a table above")
+    };
+    match date_time(doc) {
+        // A date-time is handed to serde as its text: `name = 2024-01-01` would pass.
         Some((field, date_time)) => {
             let rule = "a date-time is not a value a job file takes; quote it to make it a string";
             Err(Fault::Invalid(FieldError::rule(
@@ -44,6 +53,109 @@ pub(super) fn job_file(doc: Table) -> Result<JobFile, Fault> {
             )))
         }
         None => Ok(file),
+    }
+}
+
+/// What went wrong deserializing a job's table, as serde's visitors report it.
+#[derive(Debug, thiserror::Error)]
+enum Mismatch {
+    /// A key the table's struct does not take (`deny_unknown_fields`).
+    #[error("unknown field")]
+    UnknownField,
+    /// A value of another type than the field's: what the field expects, in serde's words
+    /// (`i64`, `a sequence`, a visitor's own), and serde's whole sentence.
+    #[error("{said}")]
+    Type { expected: String, said: String },
+    /// Anything else (a value out of range, a missing field), in serde's words.
+    #[error("{0}")]
+    Other(String),
+}
+
+impl de::Error for Mismatch {
+    fn custom<T: fmt::Display>(message: T) -> Mismatch {
+        Mismatch::Other(message.to_string())
+    }
+
+    fn invalid_type(unexpected: de::Unexpected<'_>, expected: &dyn de::Expected) -> Mismatch {
+        Mismatch::Type {
+            expected: expected.to_string(),
+            said: format!("invalid type: {unexpected}, expected {expected}"),
+        }
+    }
+
+    fn unknown_field(_field: &str, _expected: &'static [&'static str]) -> Mismatch {
+        Mismatch::UnknownField
+    }
+}
+
+/// A TOML value as serde reads it, with [`Mismatch`] as its error.
+#[derive(Clone, Copy)]
+struct Doc<'a>(&'a Value);
+
+impl<'de> de::Deserializer<'de> for Doc<'_> {
+    type Error = Mismatch;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Mismatch> {
+        match self.0 {
+            Value::String(s) => visitor.visit_str(s),
+            Value::Integer(n) => visitor.visit_i64(*n),
+            Value::Float(n) => visitor.visit_f64(*n),
+            Value::Boolean(b) => visitor.visit_bool(*b),
+            Value::Datetime(d) => visitor.visit_string(d.to_string()),
+            Value::Array(items) => {
+                let mut seq = SeqDeserializer::new(items.iter().map(Doc));
+                let value = visitor.visit_seq(&mut seq)?;
+                seq.end()?;
+                Ok(value)
+            }
+            Value::Table(table) => {
+                let entries = table.iter().map(|(key, value)| (key.as_str(), Doc(value)));
+                let mut map = MapDeserializer::new(entries);
+                let value = visitor.visit_map(&mut map)?;
+                map.end()?;
+                Ok(value)
+            }
+        }
+    }
+
+    /// TOML has no null: a value present is `Some`.
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Mismatch> {
+        visitor.visit_some(self)
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        visitor: V,
+    ) -> Result<V::Value, Mismatch> {
+        visitor.visit_newtype_struct(self)
+    }
+
+    /// A unit variant by its name (`"csv"`); anything else is read as it is, for the
+    /// visitor to refuse.
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _variants: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, Mismatch> {
+        match self.0 {
+            Value::String(s) => visitor.visit_enum(s.as_str().into_deserializer()),
+            _ => self.deserialize_any(visitor),
+        }
+    }
+
+    forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        unit unit_struct seq tuple tuple_struct map struct identifier ignored_any
+    }
+}
+
+impl<'de, 'a> IntoDeserializer<'de, Mismatch> for Doc<'a> {
+    type Deserializer = Doc<'a>;
+
+    fn into_deserializer(self) -> Doc<'a> {
+        self
     }
 }
 
@@ -76,13 +188,11 @@ fn dotted(path: &serde_path_to_error::Path) -> String {
     keys.join(".")
 }
 
-/// The value a path leads to.
-fn value_at<'a>(doc: &'a Table, path: &serde_path_to_error::Path) -> Option<&'a Value> {
-    let mut segments = path.iter();
-    let Some(Segment::Map { key }) = segments.next() else {
-        return None;
-    };
-    segments.try_fold(doc.get(key)?, |value, segment| match segment {
+/// The value a path leads to from `root`; `None` for the root itself.
+fn value_at<'a>(root: &'a Value, path: &serde_path_to_error::Path) -> Option<&'a Value> {
+    let mut segments = path.iter().peekable();
+    segments.peek()?;
+    segments.try_fold(root, |value, segment| match segment {
         Segment::Map { key } => value.get(key.as_str()),
         Segment::Seq { index } => value.get(*index),
         Segment::Enum { .. } | Segment::Unknown => None,
