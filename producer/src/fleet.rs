@@ -45,10 +45,13 @@ pub enum FleetError {
     /// Listing the input failed: the job is Failed for it.
     #[error("partitioning the input failed: {0}")]
     Partition(#[from] PartitionError),
-    /// The input cannot be read as the job file says (its tabular format cannot be told):
-    /// refused before the job is registered.
+    /// Refused before the job is registered: what was asked cannot be done as asked.
     #[error("{0}")]
     Refused(String),
+    /// The input cannot be read as the job file says (its tabular format cannot be told):
+    /// refused before the job is registered.
+    #[error(transparent)]
+    Unreadable(#[from] crate::tabular::TabularError),
     /// The input lists no item: most often a misspelled folder or prefix, so the job is
     /// refused unless an empty input was asked for ([`EmptyInput::Accept`]).
     #[error(
@@ -91,6 +94,7 @@ impl FleetError {
         match self {
             FleetError::Conflict { .. }
             | FleetError::Refused(_)
+            | FleetError::Unreadable(_)
             | FleetError::EmptyInput { .. }
             | FleetError::InputChanged { .. }
             | FleetError::OutputInUse { .. }
@@ -851,7 +855,7 @@ pub async fn settle_input(
     let format = settle_format(tabular, &*input, one.as_deref())
         .await
         .map_err(|e| match e {
-            PartitionError::Tabular(e) => FleetError::Refused(e.to_string()),
+            PartitionError::Tabular(e) => FleetError::Unreadable(e),
             other => FleetError::Partition(other),
         })?;
     if let fleetrun_config::Input::Tabular(tabular) = &mut spec.input {

@@ -85,14 +85,22 @@ pub enum TabularError {
     },
     #[error("{key}: partition_keys names the column {column:?}, which the file does not have")]
     MissingColumn { key: String, column: String },
-    #[error("{key}: record at byte {offset} is not valid: {why}")]
+    #[error("{key}: record at byte {offset} is not valid: {source}")]
     BadRecord {
         key: String,
         offset: u64,
-        why: String,
+        #[source]
+        source: serde_json::Error,
     },
     #[error("{key}: not a Parquet file: {why}")]
     Parquet { key: String, why: String },
+    /// A Parquet file whose footer or metadata the reader refuses.
+    #[error("{key}: not a Parquet file: {source}")]
+    ParquetMetadata {
+        key: String,
+        #[source]
+        source: parquet::errors::ParquetError,
+    },
     #[error("partition_keys is not supported for Parquet inputs yet ({key})")]
     KeysOnParquet { key: String },
     #[error("input.tabular: nothing found at {0}")]
@@ -495,15 +503,18 @@ async fn plan_parquet(
     let tail: [u8; 8] = tail[..]
         .try_into()
         .map_err(|_| bad("the file changed while it was read".into()))?;
-    let footer = FooterTail::try_from(tail).map_err(|e| bad(e.to_string()))?;
+    let unreadable = |source| TabularError::ParquetMetadata {
+        key: object.key.clone(),
+        source,
+    };
+    let footer = FooterTail::try_from(tail).map_err(unreadable)?;
     let footer_start = (object.size - PARQUET_TAIL)
         .checked_sub(footer.metadata_length() as u64)
         .ok_or_else(|| bad("its footer is longer than the file".into()))?;
     let metadata = input
         .get_range(&object.key, footer_start, object.size - PARQUET_TAIL)
         .await?;
-    let metadata =
-        ParquetMetaDataReader::decode_metadata(&metadata).map_err(|e| bad(e.to_string()))?;
+    let metadata = ParquetMetaDataReader::decode_metadata(&metadata).map_err(unreadable)?;
 
     let mut chunks = Vec::new();
     let mut run: Vec<(u32, [u64; 2], u64)> = Vec::new();
@@ -830,10 +841,10 @@ fn json_line(
         return Ok(());
     }
     let record: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(line).map_err(|e| TabularError::BadRecord {
+        serde_json::from_slice(line).map_err(|source| TabularError::BadRecord {
             key: object.key.clone(),
             offset: start,
-            why: e.to_string(),
+            source,
         })?;
     let values = keys
         .iter()

@@ -112,7 +112,7 @@ impl Link {
             }
             let fresh = connect(&self.brokers, &self.name, &self.blocked)
                 .await
-                .map_err(|e| lapin::Error::from(std::io::Error::other(e.to_string())))?;
+                .map_err(|e| lapin::Error::from(std::io::Error::other(e)))?;
             let old = std::mem::replace(&mut *connection, fresh);
             self.generation.fetch_add(1, Ordering::Relaxed);
             self.down_since
