@@ -363,7 +363,11 @@ impl Job {
                 return None;
             }
         };
-        let digests = match self.join(seen).await {
+        let (joined, outside) = tokio::join!(
+            self.join(seen),
+            manifest::Outside::gather(&self.spec, input)
+        );
+        let digests = match joined {
             Ok(digests) => digests,
             Err(e) => {
                 warn!(job = %self.id, error = %e, "Cannot write the expired job's output.");
@@ -383,7 +387,7 @@ impl Job {
         }
         // The status as joined: the manifest's counts are those of its finished mini-batches.
         let status = self.status().await.ok().flatten().unwrap_or(status);
-        self.write_manifest_of(input, &status, &digests, &unfinished)
+        self.write_manifest(outside, &status, &digests, &unfinished)
             .await
     }
 
@@ -415,7 +419,12 @@ impl Job {
         Fut: std::future::Future<Output = bool>,
     {
         let total = self.status().await.ok().flatten().and_then(|s| s.total);
-        let joined = self.join(total.unwrap_or(0)).await;
+        // What the manifest takes from outside the output is asked while the output is
+        // joined: the input's listing and the Python's packages take their own time.
+        let (joined, outside) = tokio::join!(
+            self.join(total.unwrap_or(0)),
+            manifest::Outside::gather(&self.spec, input)
+        );
         let digests = match joined {
             Ok(digests) => digests,
             Err(e) => {
@@ -452,7 +461,7 @@ impl Job {
                     if let Err(e) = self.parts.clear().await {
                         warn!(job = %self.id, error = %e, "Cannot remove the job's parts.");
                     }
-                    let manifest = self.write_manifest(input, &status, &digests).await;
+                    let manifest = self.write_manifest(outside, &status, &digests, &[]).await;
                     self.tell(&status, manifest).await;
                 }
                 status.state
@@ -516,22 +525,13 @@ impl Job {
         Ok(digests)
     }
 
-    /// Writes the manifest of a job that ended in `status` (see [`super::manifest`]):
-    /// what ran, over `input`'s listing, and what its output holds (`digests`). Returns its
-    /// digest, `None` (and a warning) when it could not be written.
+    /// Writes the manifest of a job that ended in `status` (see [`super::manifest`]): what
+    /// ran, over the input `outside` lists, and what its output holds (`digests`), the
+    /// mini-batches `unfinished` (sorted; an expired job's) marked so. Returns its digest,
+    /// `None` (and a warning) when it could not be written.
     async fn write_manifest(
         &self,
-        input: &dyn Storage,
-        status: &Status,
-        digests: &OutputDigests,
-    ) -> Option<String> {
-        self.write_manifest_of(input, status, digests, &[]).await
-    }
-
-    /// [`Job::write_manifest`] of a job that left the mini-batches `unfinished` (sorted).
-    async fn write_manifest_of(
-        &self,
-        input: &dyn Storage,
+        outside: manifest::Outside,
         status: &Status,
         digests: &OutputDigests,
         unfinished: &[u64],
@@ -540,37 +540,36 @@ impl Job {
             warn!(job = %self.id, error = %e, "Cannot take the job's fingerprint for its manifest.");
             Default::default()
         });
-        let listing = manifest::listing(input).await.inspect_err(|e| {
+        let listing = outside.listing.inspect_err(|e| {
             warn!(job = %self.id, error = %e, "Cannot list the input for the job's manifest.");
         });
-        let report = self.report_rows().await.unwrap_or_else(|e| {
+        let failed_key = format!("logs/{}", logs::FAILED_ITEMS_CSV);
+        let (report, failed_items) = tokio::join!(
+            self.report_rows(),
+            manifest::file_digest(&*self.output, &failed_key)
+        );
+        // The report's rows are many (one per attempt): only their counts are kept.
+        let report = manifest::report_items(&report.unwrap_or_else(|e| {
             warn!(job = %self.id, error = %e, "Cannot read the job's report for its manifest.");
             Vec::new()
-        });
+        }));
         let total = status
             .total
             .unwrap_or(status.done)
             .max(unfinished.last().map_or(0, |last| last + 1));
         let output = (self.spec.output_action == OutputAction::AppendRow)
             .then(|| digests.file(&self.spec.append_row_file_name));
-        let failed_key = format!("logs/{}", logs::FAILED_ITEMS_CSV);
-        let failed_items = manifest::file_digest(&*self.output, &failed_key).await;
         let written = Manifest {
             version: manifest::MANIFEST_VERSION,
             job_id: self.id.clone(),
             state: status.state,
             fingerprint,
-            python: manifest::python_info(&self.spec).await,
+            python: outside.python,
             input: listing.ok(),
             output,
             failed_items: failed_items.ok().flatten(),
             counts: Counts::of(status),
-            mini_batches: manifest::entries(
-                total,
-                &manifest::report_items(&report),
-                digests,
-                unfinished,
-            ),
+            mini_batches: manifest::entries(total, &report, digests, unfinished),
             signature: None,
         };
         match manifest::write(&*self.output, written).await {

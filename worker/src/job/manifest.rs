@@ -229,6 +229,21 @@ pub fn fingerprint(spec: &JobSpec) -> Result<BTreeMap<String, String>, JobError>
     Ok(parts)
 }
 
+/// What a manifest says of what is outside the output: the input's listing and the Python
+/// that ran the script. Gathered while the output is joined ([`Outside::gather`]).
+pub struct Outside {
+    pub listing: Result<Listing, StorageError>,
+    pub python: Option<PythonInfo>,
+}
+
+impl Outside {
+    /// Lists `input` and asks the job's Python, at once.
+    pub async fn gather(spec: &JobSpec, input: &dyn Storage) -> Outside {
+        let (listing, python) = tokio::join!(listing(input), python_info(spec));
+        Outside { listing, python }
+    }
+}
+
 /// The listing of `input`: its objects' keys and sizes, in key order, streamed.
 pub async fn listing(input: &dyn Storage) -> Result<Listing, StorageError> {
     let mut hasher = Sha256::new();
