@@ -387,7 +387,7 @@ impl Job {
         }
         // The status as joined: the manifest's counts are those of its finished mini-batches.
         let status = self.status().await.ok().flatten().unwrap_or(status);
-        self.write_manifest(outside, &status, &digests, &unfinished)
+        self.write_manifest(outside, &status, digests, &unfinished)
             .await
     }
 
@@ -461,7 +461,7 @@ impl Job {
                     if let Err(e) = self.parts.clear().await {
                         warn!(job = %self.id, error = %e, "Cannot remove the job's parts.");
                     }
-                    let manifest = self.write_manifest(outside, &status, &digests, &[]).await;
+                    let manifest = self.write_manifest(outside, &status, digests, &[]).await;
                     self.tell(&status, manifest).await;
                 }
                 status.state
@@ -533,7 +533,7 @@ impl Job {
         &self,
         outside: manifest::Outside,
         status: &Status,
-        digests: &OutputDigests,
+        digests: OutputDigests,
         unfinished: &[u64],
     ) -> Option<String> {
         let fingerprint = manifest::fingerprint(&self.spec).unwrap_or_else(|e| {

@@ -170,7 +170,9 @@ impl Manifest {
 
     /// The manifest as written.
     pub fn to_json(&self) -> Vec<u8> {
-        let mut json = serde_json::to_vec_pretty(self).expect("a manifest always encodes");
+        // About what an entry takes, so that a large manifest is not copied as it grows.
+        let mut json = Vec::with_capacity(4096 + 256 * self.mini_batches.len());
+        serde_json::to_writer_pretty(&mut json, self).expect("a manifest always encodes");
         json.push(b'\n');
         json
     }
@@ -394,14 +396,15 @@ pub fn report_items(rows: &[String]) -> HashMap<u64, (u64, u64)> {
 }
 
 /// The mini-batch entries of a job of `total` mini-batches: their items from the report
-/// (`report_items`), their lines from the join (`parts`); those of `unfinished` (sorted, of
-/// an expired job) are marked so, with no items.
+/// (`report_items`), their lines from the join (`parts`, whose digests move into the
+/// entries); those of `unfinished` (sorted, of an expired job) are marked so, with no items.
 pub fn entries(
     total: u64,
     report: &HashMap<u64, (u64, u64)>,
-    parts: &OutputDigests,
+    parts: OutputDigests,
     unfinished: &[u64],
 ) -> Vec<MiniBatchEntry> {
+    let mut parts = parts.parts;
     let mut first = Some(0u64);
     (0..total)
         .map(|index| {
@@ -418,9 +421,8 @@ pub fn entries(
                 }
             };
             let (rows, sha256) = parts
-                .parts
-                .get(&index)
-                .map_or((0, None), |(lines, sha)| (*lines, Some(sha.clone())));
+                .remove(&index)
+                .map_or((0, None), |(lines, sha)| (lines, Some(sha)));
             MiniBatchEntry {
                 index,
                 items,
@@ -497,12 +499,12 @@ mod tests {
             index: 0,
             rows: b"a\nb\n",
         });
-        let entries = entries(3, &report, &parts, &[]);
+        assert_eq!(parts.file("out").lines, 2);
+        let entries = entries(3, &report, parts, &[]);
         assert_eq!(entries[0].items, Some([0, 2]));
         assert_eq!((entries[0].rows, entries[0].failed), (2, 0));
         assert_eq!(entries[1].items, Some([2, 5]));
         assert_eq!((entries[1].rows, entries[1].failed), (0, 1));
         assert_eq!(entries[2].items, None);
-        assert_eq!(parts.file("out").lines, 2);
     }
 }
