@@ -16,7 +16,7 @@ use fleetrun_common::ledger::redis::RedisLedger;
 use fleetrun_common::ledger::{JobState, Ledger, LedgerError, Limits, Outcome};
 use fleetrun_common::testing::random_suffix;
 use fleetrun_tests::services::redis_url;
-use fleetrun_tests::{PrivateRedis, output_within};
+use fleetrun_tests::{PrivateRedis, output_within, wait_for};
 
 fleetrun_common::ledger_conformance!(|| async {
     Arc::new(
@@ -308,6 +308,16 @@ async fn an_acknowledged_recording_survives_the_server_killed() {
 async fn recordings_made_at_once_share_one_wait_for_the_replica() {
     let primary = PrivateRedis::start();
     let replica = PrivateRedis::replica_of(primary.port());
+    // The replica has synced; the primary counts it (`ROLE`) once it is online there too.
+    wait_for(
+        "the primary to count its replica",
+        Duration::from_secs(30),
+        || {
+            primary
+                .query(&["INFO", "replication"])
+                .contains("state=online")
+        },
+    );
     let prefix = format!("test-{}", random_suffix());
     let l = Arc::new(
         RedisLedger::connect(&primary.url(), &prefix, &Tls::default())

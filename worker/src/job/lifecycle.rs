@@ -8,6 +8,7 @@
 //! [`Ledger::transition`], [`Ledger::record_attempt`], [`Ledger::seal`] or
 //! [`Ledger::reopen`].
 
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use fleetrun_common::ledger::{
 };
 use fleetrun_common::storage::{Storage, StorageError};
 use fleetrun_config::{JobSpec, Location, OutputAction};
+use futures::future::{Either, MaybeDone, maybe_done, select};
 use tracing::{info, warn};
 
 use super::driver::{Ending, Stop};
@@ -363,11 +365,8 @@ impl Job {
                 return None;
             }
         };
-        let (joined, outside) = tokio::join!(
-            self.join(seen),
-            manifest::Outside::gather(&self.spec, input)
-        );
-        let digests = match joined {
+        let mut outside = pin!(maybe_done(manifest::Outside::gather(&self.spec, input)));
+        let digests = match self.join_beside(seen, outside.as_mut()).await {
             Ok(digests) => digests,
             Err(e) => {
                 warn!(job = %self.id, error = %e, "Cannot write the expired job's output.");
@@ -387,6 +386,8 @@ impl Job {
         }
         // The status as joined: the manifest's counts are those of its finished mini-batches.
         let status = self.status().await.ok().flatten().unwrap_or(status);
+        outside.as_mut().await;
+        let outside = outside.as_mut().take_output().expect("gathered");
         self.write_manifest(outside, &status, digests, &unfinished)
             .await
     }
@@ -420,11 +421,10 @@ impl Job {
     {
         let total = self.status().await.ok().flatten().and_then(|s| s.total);
         // What the manifest takes from outside the output is asked while the output is
-        // joined: the input's listing and the Python's packages take their own time.
-        let (joined, outside) = tokio::join!(
-            self.join(total.unwrap_or(0)),
-            manifest::Outside::gather(&self.spec, input)
-        );
+        // joined (the input's listing and the Python's packages take their own time), and
+        // waited for only once the job is Completed.
+        let mut outside = pin!(maybe_done(manifest::Outside::gather(&self.spec, input)));
+        let joined = self.join_beside(total.unwrap_or(0), outside.as_mut()).await;
         let digests = match joined {
             Ok(digests) => digests,
             Err(e) => {
@@ -461,6 +461,8 @@ impl Job {
                     if let Err(e) = self.parts.clear().await {
                         warn!(job = %self.id, error = %e, "Cannot remove the job's parts.");
                     }
+                    outside.as_mut().await;
+                    let outside = outside.as_mut().take_output().expect("gathered");
                     let manifest = self.write_manifest(outside, &status, digests, &[]).await;
                     self.tell(&status, manifest).await;
                 }
@@ -501,6 +503,19 @@ impl Job {
     /// Writes the output file and `failed_items.csv` of a job whose `total` mini-batches
     /// are all recorded, and returns the output's digests; the error says which could not
     /// be written.
+    /// [`Job::join`], while `beside` (what else the job's end needs) runs as far as it can.
+    async fn join_beside<F: Future>(
+        &self,
+        total: u64,
+        beside: Pin<&mut MaybeDone<F>>,
+    ) -> Result<OutputDigests, OutputError> {
+        let join = pin!(self.join(total));
+        match select(join, beside).await {
+            Either::Left((joined, _)) => joined,
+            Either::Right(((), join)) => join.await,
+        }
+    }
+
     async fn join(&self, total: u64) -> Result<OutputDigests, OutputError> {
         let spec = &self.spec;
         let mut digests = OutputDigests::default();
