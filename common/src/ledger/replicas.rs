@@ -147,18 +147,21 @@ impl Replicas {
     ) -> RedisResult<(Value, usize)> {
         let mut one = redis::pipe();
         one.invoke_script(invocation);
-        let step = one
-            .cmd_iter()
-            .next()
-            .expect("a pipeline of one step")
-            .clone();
+        let copy = || {
+            one.cmd_iter()
+                .next()
+                .expect("a pipeline of one step")
+                .clone()
+        };
+        // Copied again only when the step must be gathered again.
+        let mut step = Some(copy());
         loop {
             let (answer, mut mine) = oneshot::channel();
             self.gathering
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push(Gathered {
-                    step: step.clone(),
+                    step: step.take().unwrap_or_else(copy),
                     answer,
                 });
             let _sending = self.sending.lock().await;
